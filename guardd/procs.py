@@ -1,0 +1,259 @@
+"""Process identity, group liveness and signalling: the one implementation guard and supervisor share.
+
+Design note. A pid alone names nothing for long: pid_max can be 32768, so ids come round. A process
+is therefore its pid *and* its start time, field 22 of /proc/<pid>/stat in clock ticks since boot,
+read as an integer. A process group is its pgid and its leader's start (None when the leader had
+already exited when the group was first seen).
+
+A recorded group is alive when some process that is not a zombie still has that pgid and it is the
+same group. The kernel does not hand out a pid that is in use as a pgid, so if a process with
+pid == pgid exists and its start differs from the recorded leader's (or no leader was recorded), the
+recorded group has emptied and the id belongs to someone else: gone. A zombie counts as gone: it runs
+nothing and holds nothing but its id. (`killpg(pgid, 0)` succeeds while only zombies remain, so it
+can only ever prove a group gone, never alive.)
+
+Single processes are signalled through a pidfd opened *before* the identity check, so the check
+and the signal are about the same process. Groups are signalled with killpg; the caller keeps the
+id pinned (by being the subreaper that has not yet reaped a member, or by knowing it alive).
+
+Knows /proc and signals; nothing of records, slots or the bus. Standard library only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from dataclasses import dataclass
+
+_GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of /proc/<pid>/stat that ccsup uses."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    start: int  # field 22: clock ticks since boot
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X", "x")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One process: pid plus start ticks."""
+
+    pid: int
+    start: int
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "start": self.start}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Identity":
+        return cls(int(data["pid"]), int(data["start"]))
+
+
+@dataclass(frozen=True)
+class Group:
+    """One process group: pgid plus the leader's start ticks (None: leader gone when first seen)."""
+
+    pgid: int
+    leader_start: int | None
+
+    def to_json(self) -> dict:
+        return {"pgid": self.pgid, "leader_start": self.leader_start}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Group":
+        start = data.get("leader_start")
+        return cls(int(data["pgid"]), None if start is None else int(start))
+
+
+def parse_stat(pid: int, data: bytes) -> Stat:
+    # The command name (field 2) is in parentheses and may itself hold ')' or spaces.
+    fields = data[data.rindex(b")") + 2 :].split()
+    # fields[0] is field 3 of the man page, so field N is fields[N - 3].
+    return Stat(
+        pid=pid,
+        state=fields[0].decode(),
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        sid=int(fields[3]),
+        start=int(fields[19]),
+    )
+
+
+def read_stat(pid: int) -> Stat | None:
+    """The process's stat, or None when there is no such process (reaped or never was)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError as e:
+        if e.errno in _GONE_ERRNOS:
+            return None
+        raise
+    if not data:
+        return None
+    return parse_stat(pid, data)
+
+
+def start_ticks(pid: int) -> int | None:
+    stat = read_stat(pid)
+    return None if stat is None else stat.start
+
+
+def identity_of(pid: int) -> Identity | None:
+    """The identity of the process that has this pid now, or None."""
+    stat = read_stat(pid)
+    return None if stat is None else Identity(pid, stat.start)
+
+
+def all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def snapshot() -> dict[int, Stat]:
+    """One pass over /proc: every process's stat by pid."""
+    stats = {}
+    for pid in all_pids():
+        try:
+            stat = read_stat(pid)
+        except OSError:
+            continue
+        if stat is not None:
+            stats[pid] = stat
+    return stats
+
+
+def _runs_anything(stat: Stat) -> bool:
+    """A zombie thread-group leader may still have live threads; only then does it run anything."""
+    if not stat.zombie:
+        return True
+    try:
+        tids = os.listdir(f"/proc/{stat.pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{stat.pid}/task/{tid}/stat", "rb") as f:
+                if not parse_stat(int(tid), f.read()).zombie:
+                    return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+def process_running(ident: Identity) -> bool:
+    """True when that very process exists and is not a zombie."""
+    stat = read_stat(ident.pid)
+    return stat is not None and stat.start == ident.start and _runs_anything(stat)
+
+
+def process_exists(ident: Identity) -> bool:
+    """True when that very process exists, zombie or not (its pid is still pinned)."""
+    stat = read_stat(ident.pid)
+    return stat is not None and stat.start == ident.start
+
+
+def _id_taken_by_another(group: Group, leader: Stat | None) -> bool:
+    return leader is not None and leader.start != group.leader_start
+
+
+def group_alive(group: Group, procs: dict[int, Stat] | None = None) -> bool:
+    """Is the recorded group still running anything? See the module's design note.
+
+    `procs` is an optional snapshot() to judge many groups with one pass over /proc.
+    """
+    if procs is None:
+        try:
+            os.killpg(group.pgid, 0)
+        except ProcessLookupError:
+            return False  # no member at all, zombies included
+        except PermissionError:
+            pass  # members exist but belong to another user: look closer
+        leader = read_stat(group.pgid)
+    else:
+        leader = procs.get(group.pgid)
+    if _id_taken_by_another(group, leader):
+        return False
+    if leader is not None and leader.pgid == group.pgid and _runs_anything(leader):
+        return True
+    if procs is None:
+        procs = snapshot()
+    return any(s.pgid == group.pgid and _runs_anything(s) for s in procs.values())
+
+
+def group_members(pgid: int, procs: dict[int, Stat] | None = None) -> list[Stat]:
+    """Every process (zombies included) whose pgid is this one."""
+    if procs is None:
+        procs = snapshot()
+    return [s for s in procs.values() if s.pgid == pgid]
+
+
+def signal_process(ident: Identity, sig: int) -> bool:
+    """Send sig to exactly that process. False when it is gone or its pid is another's now."""
+    try:
+        fd = os.pidfd_open(ident.pid)
+    except ProcessLookupError:
+        return False
+    try:
+        # The pidfd pins the process: if the start matches now, the signal reaches this one.
+        if start_ticks(ident.pid) != ident.start:
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """killpg, False when the group has no member. PermissionError is the caller's to handle."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def environ_has(pid: int, name: str, value: str) -> bool:
+    """Does the process's initial environment hold name=value? False when unreadable or gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return f"{name}={value}".encode() in data.split(b"\0")
+
+
+def processes_with_env(name: str, value: str, procs: dict[int, Stat] | None = None) -> list[Identity]:
+    """Live processes whose environment carries name=value: escapees found by their marker."""
+    if procs is None:
+        procs = snapshot()
+    own = os.getpid()
+    return [
+        Identity(s.pid, s.start)
+        for s in procs.values()
+        if s.pid != own and not s.zombie and environ_has(s.pid, name, value)
+    ]
+
+
+def boot_time() -> float:
+    """Epoch seconds of boot, from /proc/stat's btime."""
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise OSError(errno.ENOENT, "no btime in /proc/stat")
+
+
+def ticks_to_epoch(ticks: int) -> float:
+    return boot_time() + ticks / os.sysconf("SC_CLK_TCK")
