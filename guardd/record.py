@@ -1,0 +1,56 @@
+"""Atomic JSON records: the one place records are written and read back.
+
+A record is written to a temporary file in the same directory whose name does not end in `.json`
+(so a reader globbing `*.json` never sees a half-written one), fsynced, then renamed over the
+target: a reader sees the old record or the new one, never a mix. A crash mid-write leaves at most
+a stray `.tmp` file, which readers ignore.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+RECORD_VERSION = 1
+
+
+class RecordError(ValueError):
+    """A record that cannot be used: unreadable, not JSON, not an object, or a newer version."""
+
+
+def write_json(path: str | os.PathLike, data: dict, mode: int = 0o644) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    body = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_json(path: str | os.PathLike, max_version: int = RECORD_VERSION) -> dict:
+    """Read a record, or raise RecordError naming the file. FileNotFoundError passes through."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise RecordError(f"unable to read {path}: {e.strerror}") from None
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise RecordError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{path} does not hold a JSON object")
+    version = data.get("v")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RecordError(f"{path} has no version field 'v'")
+    if version > max_version:
+        raise RecordError(f"{path} is version {version}, newer than this ccsup knows ({max_version})")
+    return data

@@ -1,0 +1,121 @@
+"""Cap keys and caps: which key may run how many turns at once. Pure: no I/O.
+
+A key is `harness` or `harness:variant` (`codex`, `opencode:xai`), matching
+`[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?`, at most 128 characters. Keys starting with `_` are reserved
+(`_machine` is the machine-wide slot key); no part may start with `.` (a key names a directory).
+
+The cap of a key, first match wins: the key named in `caps`; for `harness:variant`, the bare
+harness named in `caps` (each such key on its own, not shared); the harness's `default_cap`
+(`[harness.X]` in the config); the global `default_cap` (1).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from .errors import UsageError
+
+MACHINE_KEY = "_machine"
+MAX_KEY_LENGTH = 128
+_KEY = re.compile(r"[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?\Z")
+
+
+def key_problem(key: object, *, reserved_ok: bool = False) -> str | None:
+    """Why `key` is not a valid cap key, or None when it is."""
+    if not isinstance(key, str):
+        return f"a cap key must be a string, not {type(key).__name__}"
+    if not key:
+        return "a cap key must not be empty"
+    if len(key) > MAX_KEY_LENGTH:
+        return f"a cap key is at most {MAX_KEY_LENGTH} characters (this one has {len(key)})"
+    if not _KEY.match(key):
+        return "a cap key is `harness` or `harness:variant` of letters, digits, '.', '_' and '-'"
+    if any(part.startswith(".") for part in key.split(":")):
+        return "no part of a cap key may start with '.'"
+    if key.startswith("_") and not (reserved_ok and key == MACHINE_KEY):
+        return "keys starting with '_' are reserved"
+    return None
+
+
+def check_key(key: object, *, reserved_ok: bool = False) -> str:
+    problem = key_problem(key, reserved_ok=reserved_ok)
+    if problem:
+        raise UsageError(f"bad cap key {key!r}: {problem}")
+    return key  # type: ignore[return-value]
+
+
+def check_cap(name: str, value: object) -> int:
+    """A cap is an integer >= 1 (a bool is not an integer here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"bad cap for {name!r}: {value!r} is not a whole number")
+    if value < 1:
+        raise UsageError(f"bad cap for {name!r}: {value} must be at least 1")
+    return value
+
+
+def check_caps_table(table: object) -> dict[str, int]:
+    """Validate a {key: cap} mapping (from TOML or the command line)."""
+    if not isinstance(table, Mapping):
+        raise UsageError(f"caps must be a table of key = cap, not {table!r}")
+    return {check_key(k): check_cap(k, v) for k, v in table.items()}
+
+
+def parse_caps_option(text: str) -> dict[str, int]:
+    """Parse `codex=2,opencode:xai=1` (spaces allowed around items)."""
+    caps: dict[str, int] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise UsageError(f"bad caps item {item!r}: write it as key=N, e.g. codex=2")
+        try:
+            number = int(value)
+        except ValueError:
+            raise UsageError(f"bad caps item {item!r}: {value!r} is not a whole number") from None
+        caps[check_key(key)] = check_cap(key, number)
+    return caps
+
+
+@dataclass(frozen=True)
+class Caps:
+    default_cap: int = 1
+    caps: Mapping[str, int] = field(default_factory=dict)
+    harness_default: Mapping[str, int] = field(default_factory=dict)
+    machine_cap: int | None = None
+    min_free_memory: int | None = None  # bytes
+
+    def __post_init__(self):
+        object.__setattr__(self, "caps", MappingProxyType(dict(self.caps)))
+        object.__setattr__(self, "harness_default", MappingProxyType(dict(self.harness_default)))
+
+    def cap_for(self, key: str) -> int:
+        if key == MACHINE_KEY:
+            if self.machine_cap is None:
+                raise KeyError("no machine cap is configured")
+            return self.machine_cap
+        if key in self.caps:
+            return self.caps[key]
+        harness, sep, _ = key.partition(":")
+        if sep and harness in self.caps:
+            return self.caps[harness]
+        if harness in self.harness_default:
+            return self.harness_default[harness]
+        return self.default_cap
+
+    def with_caps(self, extra: Mapping[str, int]) -> "Caps":
+        """These caps with `extra` (e.g. from --caps) winning over the file's."""
+        merged = dict(self.caps)
+        merged.update(extra)
+        return Caps(self.default_cap, merged, self.harness_default, self.machine_cap, self.min_free_memory)
+
+    def configured_keys(self) -> list[str]:
+        keys = list(self.caps)
+        if self.machine_cap is not None:
+            keys.append(MACHINE_KEY)
+        return keys
