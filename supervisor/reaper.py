@@ -1,0 +1,98 @@
+"""Ending recorded work: polite, then firm, then confirmed. Blocking; the supervisor runs it in a thread.
+
+Given the groups a turn's work was recorded in, its guard's identity and its turn id, end it all:
+SIGTERM (then SIGCONT, so a stopped process sees it) to every live group and to the guard, wait up
+to the grace for them to go, then SIGKILL what is left together with every process that still
+carries the turn's `CCSUP_TURN=<turn>` marker in its environment (an escapee in a group nobody
+recorded), and confirm everything gone within a bounded wait.
+
+Knows signals and group liveness (from guardd); nothing of slots or records. A group that
+group_alive says is gone is never signalled: its pgid may belong to someone else by now. Holds no
+state: running it again on the same work is safe (what is gone is skipped), and stopping half-way
+leaves the work partly ended, which the next run finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Iterable
+
+from guardd import procs
+from guardd.procs import Group, Identity
+
+TURN_ENV = "CCSUP_TURN"
+POLL = 0.01  # seconds between liveness checks while waiting
+CONFIRM_MIN = 2.0  # the least time allowed for SIGKILLed work to be confirmed gone
+
+log = logging.getLogger("ccsup.reaper")
+
+
+def end_work(
+    groups: list[Group], *, guard: Identity | None = None, turn: str | None = None, grace: float = 5.0
+) -> bool:
+    """End the work; True when it is confirmed gone, False when something still runs."""
+    groups = list(dict.fromkeys(groups))
+    marked = _marked(turn)
+    denied = _signal_all(groups, guard, marked, (signal.SIGTERM, signal.SIGCONT))
+    _wait_gone(groups, guard, marked, grace)
+    # Escapees may have started during the grace: look again before the firm round.
+    marked = list(dict.fromkeys(marked + _marked(turn)))
+    if not _all_gone(groups, guard, marked):
+        left = _describe(groups, guard, marked)
+        log.warning("work of turn %s still running after %.1fs grace, sending SIGKILL to %s", turn, grace, left)
+        denied |= _signal_all(groups, guard, marked, (signal.SIGKILL,))
+    if _wait_gone(groups, guard, marked, max(CONFIRM_MIN, grace)):
+        return True
+    reason = "permission denied" if denied else "still alive after SIGKILL"
+    log.error("unable to end the work of turn %s (%s): %s", turn, reason, _describe(groups, guard, marked))
+    return False
+
+
+def _marked(turn: str | None) -> list[Identity]:
+    return procs.processes_with_env(TURN_ENV, turn) if turn else []
+
+
+def _signal_all(groups: list[Group], guard: Identity | None, marked: list[Identity], sigs: Iterable[int]) -> bool:
+    """Send each signal to what is alive; True when some signal was refused (EPERM)."""
+    denied = False
+    for sig in sigs:
+        for group in groups:
+            if not procs.group_alive(group):
+                continue
+            try:
+                procs.signal_group(group.pgid, sig)
+            except PermissionError:
+                denied = True
+        for ident in ([guard] if guard is not None else []) + marked:
+            try:
+                procs.signal_process(ident, sig)
+            except PermissionError:
+                denied = True
+    return denied
+
+
+def _all_gone(groups: list[Group], guard: Identity | None, marked: list[Identity]) -> bool:
+    if guard is not None and procs.process_running(guard):
+        return False
+    if any(procs.process_running(i) for i in marked):
+        return False
+    return not any(procs.group_alive(g) for g in groups)
+
+
+def _wait_gone(groups, guard, marked, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not _all_gone(groups, guard, marked):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL)
+    return True
+
+
+def _describe(groups, guard, marked) -> str:
+    parts = [f"group {g.pgid}" for g in groups if procs.group_alive(g)]
+    if guard is not None and procs.process_running(guard):
+        parts.append(f"guard {guard.pid}")
+    parts.extend(f"process {i.pid}" for i in marked if procs.process_running(i))
+    return ", ".join(parts) or "nothing"
