@@ -21,6 +21,7 @@ from .errors import UsageError
 MACHINE_KEY = "_machine"
 MAX_KEY_LENGTH = 128
 _KEY = re.compile(r"[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?\Z")
+_NUMBER = re.compile(r"-?[0-9]+\Z")
 
 
 def key_problem(key: object, *, reserved_ok: bool = False) -> str | None:
@@ -74,11 +75,13 @@ def parse_caps_option(text: str) -> dict[str, int]:
         key, value = key.strip(), value.strip()
         if not sep or not key or not value:
             raise UsageError(f"bad caps item {item!r}: write it as key=N, e.g. codex=2")
-        try:
-            number = int(value)
-        except ValueError:
-            raise UsageError(f"bad caps item {item!r}: {value!r} is not a whole number") from None
-        caps[check_key(key)] = check_cap(key, number)
+        # int() alone would take "2_0", "+2" and non-ASCII digits; a cap is plain decimal digits.
+        if not _NUMBER.match(value):
+            raise UsageError(f"bad caps item {item!r}: {value!r} is not a whole number")
+        check_key(key)
+        if key in caps:
+            raise UsageError(f"bad caps item {item!r}: {key!r} is given twice")
+        caps[key] = check_cap(key, int(value))
     return caps
 
 
