@@ -54,3 +54,33 @@ def read_json(path: str | os.PathLike, max_version: int = RECORD_VERSION) -> dic
     if version > max_version:
         raise RecordError(f"{path} is version {version}, newer than this ccsup knows ({max_version})")
     return data
+
+
+# --- Guard records ----------------------------------------------------------------------------
+# `<record-dir>/<guard pid>-<guard start>.json`, written by guardd.guard, read by the supervisor
+# and its reaper. A guard killed outright leaves its last record behind; `work_alive` then says
+# whether what it recorded still runs.
+
+
+def record_path(record_dir: str | os.PathLike, guard) -> Path:
+    """The record file of the guard with this identity (anything with .pid and .start)."""
+    return Path(record_dir) / f"{guard.pid}-{guard.start}.json"
+
+
+def record_groups(record: dict) -> list:
+    """The groups a guard record names: its own group (when CMD started) and every recorded one."""
+    from guardd.procs import Group
+
+    groups = []
+    own = record.get("own_group")
+    if own is not None:
+        groups.append(Group.from_json(own))
+    groups.extend(Group.from_json(g) for g in record.get("groups") or ())
+    return groups
+
+
+def work_alive(record: dict) -> bool:
+    """Does any group of this guard record still run anything (guardd.procs.group_alive)?"""
+    from guardd.procs import group_alive
+
+    return any(group_alive(g) for g in record_groups(record))

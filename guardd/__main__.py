@@ -1,0 +1,116 @@
+"""`ccsup-guard` / `python -m guardd`: parse the arguments, then run one turn under a guard.
+
+    ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT] -- CMD [ARG...]
+
+T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`). Defaults come from the environment:
+CCSUP_GUARD_DIR (no record without it or --record-dir), CCSUP_GUARD_GRACE_MS (5000),
+CCSUP_GUARD_SCAN_MS (2000). A usage error exits 125, the guard's own failure status, so that a
+caller never mistakes it for CMD's. The parser is hand-written: argparse costs a few milliseconds
+of every turn's start, and the grammar is small. Stateless.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from guardd.guard import EXIT_GUARD_FAILURE, Options, run_guard
+
+USAGE = (
+    "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
+    " -- CMD [ARG...]"
+)
+_UNITS = (("ms", 0.001), ("s", 1.0), ("m", 60.0))
+_OPTIONS = {"--record-dir": "record_dir", "--grace": "grace", "--scan": "scan",
+            "--turn": "turn", "--bus": "bus"}
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_duration(text: str, what: str) -> float:
+    """'0.5' -> 0.5, '500ms' -> 0.5, '2s' -> 2.0, '1m' -> 60.0; seconds, >= 0."""
+    value, scale = text.strip(), 1.0
+    for unit, factor in _UNITS:
+        if value.endswith(unit) and value[: -len(unit)][-1:].isdigit():
+            value, scale = value[: -len(unit)], factor
+            break
+    try:
+        seconds = float(value) * scale
+    except ValueError:
+        raise UsageError(f"{what}: {text!r} is not a duration (like 0.5, 500ms, 2s)") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise UsageError(f"{what}: {text!r} must be a finite duration >= 0")
+    return seconds
+
+
+def _env_ms(env: dict, name: str, default_ms: int) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default_ms / 1000.0
+    try:
+        ms = float(raw)
+    except ValueError:
+        raise UsageError(f"${name}: {raw!r} is not a number of milliseconds") from None
+    if not ms >= 0 or ms == float("inf"):
+        raise UsageError(f"${name}: {raw!r} must be a finite number of milliseconds >= 0")
+    return ms / 1000.0
+
+
+def parse_args(args: list[str], env: dict | None = None) -> Options:
+    env = os.environ if env is None else env
+    values: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg in ("-h", "--help"):
+            raise SystemExit(print(USAGE) or 0)
+        if not arg.startswith("-"):
+            break  # CMD without a `--`
+        name, eq, value = arg.partition("=")
+        if name not in _OPTIONS:
+            raise UsageError(f"unknown option {name}")
+        if not eq:
+            i += 1
+            if i >= len(args):
+                raise UsageError(f"{name} needs a value")
+            value = args[i]
+        values[_OPTIONS[name]] = value
+        i += 1
+    argv = args[i:]
+    if not argv:
+        raise UsageError("no command given")
+    grace = (parse_duration(values["grace"], "--grace") if "grace" in values
+             else _env_ms(env, "CCSUP_GUARD_GRACE_MS", 5000))
+    scan = (parse_duration(values["scan"], "--scan") if "scan" in values
+            else _env_ms(env, "CCSUP_GUARD_SCAN_MS", 2000))
+    if scan <= 0:
+        raise UsageError("the scan interval must be > 0")
+    turn = values.get("turn")
+    if turn is not None and not turn:
+        raise UsageError("--turn must not be empty")
+    return Options(
+        argv=argv,
+        record_dir=values.get("record_dir") or env.get("CCSUP_GUARD_DIR") or None,
+        grace=grace,
+        scan=scan,
+        turn=turn,
+        bus=values.get("bus") or None,
+    )
+
+
+def main(args: list[str] | None = None) -> int:
+    try:
+        opts = parse_args(sys.argv[1:] if args is None else args)
+    except UsageError as e:
+        print(f"ccsup-guard: {e}\n{USAGE}", file=sys.stderr)
+        return EXIT_GUARD_FAILURE
+    return run_guard(opts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

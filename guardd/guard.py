@@ -1,0 +1,443 @@
+"""The guard's loop: run CMD in a group of its own, watch every group its work creates, end it all.
+
+Design note (why it is built this way).
+- One reaper. Every child, CMD and every orphan reparented to us as a child subreaper, is reaped by
+  `_reap` alone, with waitpid(-1). A second reaper (subprocess.Popen.wait) would steal statuses:
+  Popen would report 0 for a child that exited 7. So CMD is started with a bare fork/exec.
+- Signal handlers only wake the loop: Python writes each signal number to a self-pipe
+  (signal.set_wakeup_fd); the loop polls that pipe, the parent's pidfd, and a timer for scans.
+  Handlers are installed, and those signals unblocked, before CMD starts.
+- CMD is forked and exec'd rather than posix_spawn'd: glibc's posix_spawn leaves its two internal
+  signals (32, 33) ignored in the child, and CMD must start with every disposition at default and
+  an empty mask. The child resets all that itself and reports an exec failure through a
+  close-on-exec pipe (127 not found, 126 found but not executable).
+- Groups are signalled with killpg only after `procs.group_alive` said the recorded group (pgid
+  and leader start) is still the same and running: a reaped group's id can be reused. Single
+  processes are signalled by identity through a pidfd (`procs.signal_process`).
+- Judging "gone": reap first (a zombie keeps killpg(pgid, 0) succeeding), then `group_alive`,
+  which counts zombies as gone, and finally "no child left" (waitpid says ECHILD): as a subreaper
+  every descendant whose parent died is our child, so no child means no descendant.
+- A group whose leader is alive but not one of our descendants belongs to someone else (CMD may
+  join a group of the guard's session): it is never recorded; its members that are ours are still
+  signalled one by one.
+
+State. The record `<record-dir>/<guard pid>-<guard start>.json` is rewritten atomically at start
+and at every change. A guard killed outright leaves it with state "running" (or "stopping") and
+its groups: the supervisor's reaper ends those groups. A guard that runs again is a new process
+with a new identity and a new record; it never reads old ones. A guard that cannot end the work
+exits 125 and leaves state "stopping" with a reason.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from guardd import linux, procs, record, scan
+
+EXIT_GUARD_FAILURE = 125
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_WATCHED_SIGNALS = (signal.SIGCHLD, *_STOP_SIGNALS)
+_STOP_POLL = 0.02  # while stopping, groups whose members are not our children do not wake us
+_GIVE_UP_GRACES = 10
+_MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
+
+
+@dataclass
+class Options:
+    argv: list[str]
+    record_dir: str | None = None
+    grace: float = 5.0
+    scan: float = 2.0
+    turn: str | None = None
+    bus: str | None = None
+
+
+class GuardFailure(Exception):
+    """The guard itself failed (exit 125): the message names the operation and the reason."""
+
+
+@dataclass
+class _Exit:
+    code: int | None
+    signal: int | None
+
+    @classmethod
+    def from_status(cls, status: int) -> "_Exit":
+        if os.WIFSIGNALED(status):
+            return cls(None, os.WTERMSIG(status))
+        return cls(os.waitstatus_to_exitcode(status), None)
+
+    def exit_code(self) -> int:
+        return 128 + self.signal if self.signal is not None else self.code
+
+    def to_json(self) -> dict:
+        return {"code": self.code, "signal": self.signal}
+
+
+def _ignore(signum, frame):
+    """The handler only exists so the signal wakes the loop through the wakeup fd."""
+
+
+def new_turn_id() -> str:
+    return "g" + os.urandom(6).hex()
+
+
+@dataclass
+class Guard:
+    opts: Options
+    clock: object = time.monotonic
+    me: procs.Identity = field(init=False)
+    turn: str = field(init=False)
+
+    def __post_init__(self):
+        pid = os.getpid()
+        self.me = procs.identity_of(pid)
+        self.my_pgid = os.getpgrp()
+        self.turn = self.opts.turn or new_turn_id()
+        self.started_at = time.time()
+        self.record_file = (
+            record.record_path(self.opts.record_dir, self.me) if self.opts.record_dir else None
+        )
+        self.cmd_pid: int | None = None
+        self.own: procs.Group | None = None
+        self.groups: dict[procs.Group, float] = {}  # group -> seen_at, in the order seen
+        self.by_pgid: dict[int, procs.Group] = {}  # the latest recorded group of each pgid
+        self.descendants: dict[int, scan.Proc] = {}
+        self.exit: _Exit | None = None
+        self.state = "running"
+        self.reason: str | None = None
+        self.has_children = True
+        self.phase = "running"  # running -> terminating -> killing
+        self.deadline = 0.0
+        self.eperm: list[str] = []
+        self.hints = None
+        self.parent_fd: int | None = None
+
+    # --- the whole life, one call per step --------------------------------------------------
+
+    def run(self) -> int:
+        wake_fd = self._install_signals()
+        linux.register_subreaper()
+        self.parent_fd = linux.open_parent_pidfd()
+        if self.record_file is not None:
+            self._prepare_record_dir()
+        failed = self._spawn_cmd()
+        if failed is not None:
+            return failed
+        self._write_record()
+        if self.opts.bus:
+            from guardd.hints import Publisher
+
+            self.hints = Publisher(self.opts.bus, self.turn, self.me.to_json())
+        if self.parent_fd is None:
+            self._begin_stop("parent_gone")
+        return self._loop(wake_fd)
+
+    def _install_signals(self) -> int:
+        rfd, wfd = os.pipe()
+        os.set_blocking(rfd, False)
+        os.set_blocking(wfd, False)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        for sig in _WATCHED_SIGNALS:
+            signal.signal(sig, _ignore)
+        # A parent may have blocked them; handlers come first so a pending one is not fatal.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED_SIGNALS)
+        return rfd
+
+    def _prepare_record_dir(self) -> None:
+        try:
+            os.makedirs(self.opts.record_dir, exist_ok=True)
+        except OSError as e:
+            raise GuardFailure(
+                f"unable to create record directory {self.opts.record_dir}: {e.strerror}"
+            ) from None
+
+    def _spawn_cmd(self) -> int | None:
+        """Fork and exec CMD in a new group; None when it runs, else the exit code to return."""
+        argv = self.opts.argv
+        env = dict(os.environ, CCSUP_TURN=self.turn)
+        errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
+        pid = os.fork()
+        if pid == 0:
+            _exec_child(argv, env, errw)  # never returns
+        os.close(errw)
+        try:
+            os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
+        except OSError:
+            pass  # EACCES: the child already exec'd (and set it); ESRCH: it already died
+        with os.fdopen(errr, "rb") as f:
+            err = f.read()
+        self.cmd_pid = pid
+        if not err:
+            self.own = procs.Group(pid, procs.start_ticks(pid))
+            return None
+        errno_ = int(err)
+        # The loop (the one reaper) has not started and this child is our only one: wait for it.
+        os.waitpid(pid, 0)
+        self.has_children = False
+        code = EXIT_NOT_FOUND if errno_ in (2, 20) else EXIT_NOT_EXECUTABLE  # ENOENT, ENOTDIR
+        what = "not_found" if code == EXIT_NOT_FOUND else "not_executable"
+        self.reason = f"{what}: unable to run {argv[0]}: {os.strerror(errno_)}"
+        print(f"ccsup-guard: unable to run {argv[0]}: {os.strerror(errno_)}", file=sys.stderr)
+        self.exit = _Exit(code, None)
+        self.state = "gone"
+        self._write_record()
+        return code
+
+    def _loop(self, wake_fd: int) -> int:
+        poller = select.poll()
+        poller.register(wake_fd, select.POLLIN)
+        if self.parent_fd is not None:
+            poller.register(self.parent_fd, select.POLLIN)
+        next_scan = self.clock() + self.opts.scan
+        while True:
+            timeout = next_scan - self.clock()
+            if self.phase != "running":
+                timeout = min(timeout, self.deadline - self.clock(), _STOP_POLL)
+            events = poller.poll(max(0, int(timeout * 1000) + 1))
+            sigs = set()
+            for fd, _ in events:
+                if fd == wake_fd:
+                    sigs.update(_drain(wake_fd))
+                elif fd == self.parent_fd:
+                    poller.unregister(fd)
+                    os.close(fd)
+                    self.parent_fd = None
+                    self._begin_stop("parent_gone")
+            for sig in _STOP_SIGNALS:
+                if sig in sigs:
+                    self._begin_stop(f"signal:{signal.Signals(sig).name}")
+            cmd_exited = self._reap()
+            if cmd_exited:
+                if self.hints:
+                    self.hints.publish("exited", **self.exit.to_json())
+                if self.phase == "running":
+                    self._begin_stop("exited")  # writes the record, exit included
+                else:
+                    self._write_record()
+            now = self.clock()
+            if signal.SIGCHLD in sigs or now >= next_scan or self.phase != "running":
+                self._scan()
+                next_scan = now + self.opts.scan
+            if self.phase == "running":
+                continue
+            if self._all_gone():
+                return self._finish()
+            if self.phase == "terminating" and self.clock() >= self.deadline:
+                self._kill_all()
+                self.phase = "killing"
+                self.deadline = self.clock() + max(_GIVE_UP_GRACES * self.opts.grace, _MIN_GIVE_UP)
+            elif self.phase == "killing":
+                if self.eperm or self.clock() >= self.deadline:
+                    return self._give_up()
+                self._kill_all()
+
+    # --- reaping, scanning, stopping -----------------------------------------------------------
+
+    def _reap(self) -> bool:
+        """Reap every child that has ended; True when CMD was among them."""
+        cmd_exited = False
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                self.has_children = False
+                return cmd_exited
+            if pid == 0:
+                self.has_children = True
+                return cmd_exited
+            if pid == self.cmd_pid and self.exit is None:
+                self.exit = _Exit.from_status(status)
+                cmd_exited = True
+
+    def _scan(self) -> None:
+        found = scan.descendants(self.me.pid)
+        self.descendants = found
+        changed = False
+        own_pgid = self.own.pgid if self.own else None
+        for proc in found.values():
+            pgid = proc.pgid
+            if pgid in (self.my_pgid, own_pgid):
+                continue
+            leader = found.get(pgid)
+            known = self.by_pgid.get(pgid)
+            if known is not None and (leader is None or leader.start == known.leader_start):
+                continue  # already recorded (a leader with a new start is a new group: the id
+                # was free again, so the old group had ended)
+            if leader is None:
+                stat = procs.read_stat(pgid)
+                if stat is not None:
+                    continue  # the leader lives and is not ours: not a group the turn made
+                group = procs.Group(pgid, None)
+            else:
+                group = procs.Group(pgid, leader.start)
+            self.groups[group] = time.time()
+            self.by_pgid[pgid] = group
+            changed = True
+            if self.hints:
+                self.hints.publish("group", **group.to_json())
+            if self.phase == "terminating":
+                self._signal_group(group, signal.SIGTERM, signal.SIGCONT)
+            elif self.phase == "killing":
+                self._signal_group(group, signal.SIGKILL)
+        if changed:
+            self._write_record()
+
+    def _begin_stop(self, reason: str) -> None:
+        if self.phase != "running":
+            return
+        self.phase = "terminating"
+        self.state = "stopping"
+        self.reason = reason
+        self._reap()
+        self._scan()
+        self._write_record()
+        for group in list(self.groups):
+            self._signal_group(group, signal.SIGTERM, signal.SIGCONT)
+        if self.own is not None:
+            self._signal_group(self.own, signal.SIGTERM, signal.SIGCONT)
+        # Descendants left in the guard's own group are in no recorded group: tell them one by one.
+        for proc in self.descendants.values():
+            if proc.pgid == self.my_pgid and not proc.zombie:
+                for sig in (signal.SIGTERM, signal.SIGCONT):
+                    procs.signal_process(procs.Identity(proc.pid, proc.start), sig)
+        self.deadline = self.clock() + self.opts.grace
+
+    def _kill_all(self) -> None:
+        for group in list(self.groups):
+            self._signal_group(group, signal.SIGKILL)
+        if self.own is not None:
+            self._signal_group(self.own, signal.SIGKILL)
+        for proc in self.descendants.values():
+            if not proc.zombie:
+                procs.signal_process(procs.Identity(proc.pid, proc.start), signal.SIGKILL)
+
+    def _signal_group(self, group: procs.Group, *sigs: int) -> None:
+        # Only a group still the same and running is signalled: a gone group's id may be reused.
+        if not procs.group_alive(group):
+            return
+        for sig in sigs:
+            try:
+                procs.signal_group(group.pgid, sig)
+            except PermissionError:
+                note = f"unable to signal group {group.pgid}: permission denied"
+                if note not in self.eperm:
+                    self.eperm.append(note)
+                print(f"ccsup-guard: {note}", file=sys.stderr)
+                return
+
+    def _all_gone(self) -> bool:
+        if self.has_children:
+            return False
+        if self.own is not None and procs.group_alive(self.own):
+            return False
+        return not any(procs.group_alive(g) for g in self.groups)
+
+    def _finish(self) -> int:
+        self.state = "gone"
+        self._write_record()
+        self._close_hints()
+        return self.exit.exit_code() if self.exit is not None else EXIT_GUARD_FAILURE
+
+    def _give_up(self) -> int:
+        left = [g.pgid for g in self.groups if procs.group_alive(g)]
+        if self.own is not None and procs.group_alive(self.own):
+            left.append(self.own.pgid)
+        why = "; ".join(self.eperm) or (
+            f"still alive {_GIVE_UP_GRACES} graces after SIGKILL"
+        )
+        self.reason = f"unkillable: groups {left}: {why}"
+        print(f"ccsup-guard: unable to end the work of turn {self.turn}: {self.reason}",
+              file=sys.stderr)
+        self._write_record()  # state stays "stopping": the slot stays counted
+        self._close_hints()
+        return EXIT_GUARD_FAILURE
+
+    def _close_hints(self) -> None:
+        if self.hints is None:
+            return
+        if self.state == "gone":
+            self.hints.publish("gone", record=str(self.record_file) if self.record_file else None)
+        self.hints.close()
+
+    # --- the record ----------------------------------------------------------------------------
+
+    def to_record(self) -> dict:
+        return {
+            "v": 1,
+            "guard": self.me.to_json(),
+            "turn": self.turn,
+            "argv": list(self.opts.argv),
+            "own_group": self.own.to_json() if self.own else None,
+            "groups": [{**g.to_json(), "seen_at": seen} for g, seen in self.groups.items()],
+            "state": self.state,
+            "exit": self.exit.to_json() if self.exit else None,
+            "reason": self.reason,
+            "started_at": self.started_at,
+        }
+
+    def _write_record(self) -> None:
+        if self.record_file is None:
+            return
+        try:
+            record.write_json(self.record_file, self.to_record())
+        except OSError as e:
+            # Containment matters more than the record: keep going, loudly.
+            print(f"ccsup-guard: unable to write record {self.record_file}: {e.strerror}",
+                  file=sys.stderr)
+
+
+def _drain(fd: int) -> set[int]:
+    sigs = set()
+    while True:
+        try:
+            data = os.read(fd, 512)
+        except BlockingIOError:
+            return sigs
+        if not data:
+            return sigs
+        sigs.update(data)
+
+
+def _exec_child(argv: list[str], env: dict, errw: int) -> None:
+    """In the forked child: a new group, default dispositions, empty mask, then exec CMD."""
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        signal.set_wakeup_fd(-1)
+        for sig in signal.valid_signals():
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass  # glibc's own signals cannot be set; the kernel resets handlers at exec
+        os.setpgid(0, 0)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        try:
+            os.write(errw, str(e.errno or 0).encode())
+        finally:
+            os._exit(EXIT_NOT_FOUND)
+    except BaseException:
+        os._exit(EXIT_GUARD_FAILURE)
+
+
+def run_guard(opts: Options) -> int:
+    """Run one turn under a guard; returns the guard's exit status."""
+    try:
+        return Guard(opts).run()
+    except GuardFailure as e:
+        print(f"ccsup-guard: {e}", file=sys.stderr)
+        return EXIT_GUARD_FAILURE
+    except OSError as e:
+        print(f"ccsup-guard: {e}", file=sys.stderr)
+        return EXIT_GUARD_FAILURE
