@@ -1,0 +1,457 @@
+"""A small synchronous client of one supervisor: control requests, bus subscriptions, turns.
+
+The CLI is built on it, and a Python sidecar needs a few lines:
+
+    with Client(state_dir) as client:
+        for topic, body in client.run_turn("codex", ["codex", "exec", "..."]):
+            ...
+
+Design note. "Is a supervisor running?" is answered before any request, without touching the
+daemon: its lock (<state>/supervisor.lock) is looked up in /proc/locks by inode. Taking the lock,
+even for a moment with LOCK_NB, would make a daemon starting at that instant see it taken and exit
+"already running" (`ccsup start` polls `status` exactly while its daemon starts); a flock probe is
+the fallback only where /proc/locks cannot be read. A missing ipc control socket also means
+nothing runs. A request that gets no answer within the timeout is then either NotRunning (the lock
+is free now) or a plain failure "did not answer" (the lock is held: the daemon is there but stuck).
+
+Control replies are matched by request id: a late reply to an earlier, timed-out request is
+dropped, and the DEALER is replaced after a timeout so that nothing stale stays queued on it.
+
+A bus subscription is live only once the supervisor has seen it; the client subscribes to its
+topics and to a unique `ccsup.hello.<nonce>` topic, and returns once the supervisor's answer on
+that topic arrives (re-subscribing every 0.5 s, as the XPUB only answers a new subscription).
+Every supervisor event carries `seq`; a subscription to everything ("") counts the holes in it
+(`gaps`, and `on_gap`), so a caller can catch up with `ps`. A filtered subscription sees holes by
+design and counts none.
+
+State: none on disk. Each Client owns one zmq context and its sockets, closed with a short linger;
+it is not thread-safe (one per thread).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import zmq
+
+from . import protocol
+from .errors import CcsupError, NotRunning, UsageError
+from .paths import StatePaths
+
+LINGER_MS = 100
+HELLO_PREFIX = "ccsup.hello."
+HELLO_RETRY = 0.5
+TERMINAL = ("released", "cancelled", "rejected")
+# Reply codes that mean the request itself was wrong (the CLI exits 2 for them).
+_USAGE_CODES = ("bad_request", "too_large", "unknown_command", "unsupported_version")
+
+
+class RemoteError(CcsupError):
+    """The supervisor refused or failed a request: `code` is the protocol's error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.exit_code = 2 if code in _USAGE_CODES else 1
+
+
+def is_terminal(topic: str) -> bool:
+    return topic.startswith("turn.") and topic.rsplit(".", 1)[-1] in TERMINAL
+
+
+def not_running_message(state_dir: Path) -> str:
+    return f"no supervisor is running on {state_dir}; start one with `ccsup start`"
+
+
+# -- is a supervisor there? ------------------------------------------------------------------------
+
+
+def _held_in_proc_locks(st: os.stat_result) -> bool | None:
+    """Whether /proc/locks lists a lock on this inode; None when /proc/locks cannot be read."""
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in lines:
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; blocked waiters have a "->" field.
+        fields = line.split()
+        if "->" in fields:
+            continue
+        for field in fields:
+            parts = field.split(":")
+            if len(parts) == 3:
+                try:
+                    found = (int(parts[0], 16), int(parts[1], 16), int(parts[2]))
+                except ValueError:
+                    continue
+                if found == want:
+                    return True
+                break
+    return False
+
+
+def lock_held(lock_path: Path) -> bool:
+    """Whether some process holds the flock on lock_path (a missing file is not held)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise CcsupError(f"unable to open supervisor lock {lock_path}: {e.strerror}") from None
+    try:
+        held = _held_in_proc_locks(os.fstat(fd))
+        if held is not None:
+            return held
+        try:  # fallback probe: may, for an instant, look taken to a starting daemon
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise CcsupError(f"unable to probe supervisor lock {lock_path}: {e.strerror}") from None
+        return False
+    finally:
+        os.close(fd)
+
+
+def _ipc_path(endpoint: str) -> Path | None:
+    return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+
+
+# -- the client ------------------------------------------------------------------------------------
+
+
+class Client:
+    """One supervisor, found by its state directory (and its endpoints when they are not default).
+
+    `endpoints` is a config's Endpoints (with .control, .bus_in, .bus_out, .curve) or None for the
+    ipc:// sockets in the state directory. `timeout` bounds every control request.
+    """
+
+    def __init__(self, state_dir: Path, *, endpoints: Any = None, timeout: float = 5.0):
+        self.state_dir = Path(state_dir)
+        self.paths = StatePaths(self.state_dir)
+        self.timeout = timeout
+        if endpoints is None:
+            self.control_endpoint = self.paths.endpoint("control")
+            self.bus_in_endpoint = self.paths.endpoint("bus-in")
+            self.bus_out_endpoint = self.paths.endpoint("bus-out")
+            self._curve = None
+        else:
+            self.control_endpoint = endpoints.control
+            self.bus_in_endpoint = endpoints.bus_in
+            self.bus_out_endpoint = endpoints.bus_out
+            self._curve = getattr(endpoints, "curve", None)
+        self._ctx = zmq.Context()
+        self._dealer: zmq.Socket | None = None
+
+    # -- lifetime
+
+    def close(self) -> None:
+        if self._dealer is not None:
+            self._dealer.close(linger=0)
+            self._dealer = None
+        self._ctx.destroy(linger=LINGER_MS)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _socket(self, kind: int, endpoint: str) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.linger = LINGER_MS
+        if self._curve and endpoint.startswith("tcp://"):
+            public, secret = zmq.curve_keypair()
+            sock.curve_publickey, sock.curve_secretkey = public, secret
+            sock.curve_serverkey = self._curve["public_key"].encode()
+        sock.connect(endpoint)
+        return sock
+
+    # -- is it running
+
+    def running(self) -> bool:
+        """Whether a supervisor holds this state directory's lock (and its control socket exists)."""
+        if not lock_held(self.paths.lock):
+            return False
+        path = _ipc_path(self.control_endpoint)
+        return path is None or path.exists()
+
+    def check_running(self) -> None:
+        if not self.running():
+            raise NotRunning(not_running_message(self.state_dir))
+
+    # -- control
+
+    def call(self, cmd: str, **args: Any) -> dict:
+        """Send one control request and return its result; RemoteError for an error reply."""
+        self.check_running()
+        if self._dealer is None:
+            self._dealer = self._socket(zmq.DEALER, self.control_endpoint)
+        req_id = uuid.uuid4().hex
+        self._dealer.send(protocol.encode_request(req_id, cmd, args))
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._dealer.poll(int(left * 1000) + 1, zmq.POLLIN):
+                if time.monotonic() < deadline:
+                    continue
+                self._dealer.close(linger=0)  # drop the unanswered request with its socket
+                self._dealer = None
+                self.check_running()
+                raise CcsupError(
+                    f"the supervisor on {self.state_dir} did not answer {cmd!r} within {self.timeout:g} s"
+                )
+            frames = self._dealer.recv_multipart()
+            try:
+                reply = protocol.decode_reply(frames[-1])
+            except protocol.ProtocolError as e:
+                raise CcsupError(f"unable to read the supervisor's reply to {cmd!r}: {e.message}") from None
+            if reply.get("id") != req_id:
+                continue  # a late answer to an earlier request
+            if reply["ok"]:
+                result = reply.get("result")
+                return result if isinstance(result, dict) else {}
+            error = reply.get("error") or {}
+            raise RemoteError(str(error.get("code", "failed")), str(error.get("message", "(no message)")))
+
+    def status(self) -> dict:
+        return self.call("status")
+
+    def ps(self) -> dict:
+        return self.call("ps")
+
+    def turn(
+        self,
+        key: str,
+        argv: list[str],
+        *,
+        id: str | None = None,
+        cwd: str | None = None,
+        env: dict | None = None,
+        holder: dict | None = None,
+        reservation: str | None = None,
+        wait_timeout: float | None = None,
+    ) -> dict:
+        """Request a turn; answers {"id","state","position"}. Follow it with subscribe/run_turn."""
+        return self.call("turn", **_turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout))
+
+    def reserve(
+        self, key: str, *, holder: dict | None = None, id: str | None = None, wait_timeout: float | None = None
+    ) -> dict:
+        args: dict[str, Any] = {"key": key, "holder": holder or {}}
+        if id is not None:
+            args["id"] = id
+        if wait_timeout is not None:
+            args["wait_timeout"] = wait_timeout
+        return self.call("reserve", **args)
+
+    def cancel(self, id: str) -> dict:
+        return self.call("cancel", id=id)
+
+    def send(self, id: str, data: str, eof: bool = False) -> dict:
+        return self.call("send", id=id, data=data, eof=eof)
+
+    def reap(self, key: str | None = None) -> dict:
+        return self.call("reap", **({} if key is None else {"key": key}))
+
+    def reload(self) -> dict:
+        return self.call("reload")
+
+    def quit(self) -> dict:
+        return self.call("quit")
+
+    # -- bus
+
+    def subscribe(
+        self, prefixes: list[str] | str, *, timeout: float | None = None, on_gap: Callable[[int, int], None] | None = None
+    ) -> "Subscription":
+        """A live subscription to these topic prefixes ("" for everything)."""
+        if isinstance(prefixes, str):
+            prefixes = [prefixes]
+        self.check_running()
+        sock = self._socket(zmq.SUB, self.bus_out_endpoint)
+        sock.rcvhwm = 0  # a slow reader queues rather than loses; seq still reveals any loss
+        sub = Subscription(sock, list(prefixes), on_gap=on_gap)
+        try:
+            sub._handshake(self.timeout if timeout is None else timeout)
+        except BaseException:
+            sub.close()
+            raise
+        if not sub.live:
+            sub.close()
+            self.check_running()
+            raise CcsupError(f"the supervisor on {self.state_dir} did not answer a bus subscription")
+        return sub
+
+    def run_turn(self, key: str, argv: list[str], **kw: Any) -> Iterator[tuple[str, dict]]:
+        """Request a turn and yield its events (topic, body) up to and including the terminal one.
+
+        The subscription is made (and live) before the request, so no event is missed. The turn id
+        is made here unless given; it is `body["id"]` of every event.
+        """
+        turn_id = kw.pop("id", None) or uuid.uuid4().hex
+        with self.subscribe([f"turn.{turn_id}."]) as sub:
+            self.turn(key, argv, id=turn_id, **kw)
+            yield from sub.until_terminal(idle_check=self.check_running)
+
+    def publish_request(
+        self, kind: str, body: dict, *, prefix: str | None = None, timeout: float | None = None
+    ) -> "Subscription":
+        """Publish `request.<kind>` on the bus and return a subscription to its events.
+
+        A fresh PUB drops what it sends before its connection is up, so the request is re-sent
+        (requests are idempotent by id) until the first event for it arrives; that event is the
+        first the returned subscription yields. `prefix` defaults to `turn.<id>.`.
+        """
+        topic = f"request.{kind}"
+        if topic not in protocol.REQUEST_TOPICS:
+            raise UsageError(f"unknown bus request {kind!r}; known: turn, reserve, cancel")
+        if not isinstance(body.get("id"), str):
+            raise UsageError(f"a bus request carries a client-made 'id' (a string)")
+        sub = self.subscribe([prefix or f"turn.{body['id']}."], timeout=timeout)
+        pub = self._socket(zmq.PUB, self.bus_in_endpoint)
+        try:
+            deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+            frames = [topic.encode(), protocol.dumps({"v": protocol.VERSION, "ts": time.time(), **body})]
+            interval = 0.02
+            while True:
+                pub.send_multipart(frames)
+                if sub.peek(interval):
+                    return sub
+                if time.monotonic() > deadline:
+                    sub.close()
+                    self.check_running()
+                    raise CcsupError(f"no event answered {topic} {body['id']!r} on {self.state_dir}")
+                interval = min(interval * 2, 0.5)
+        except BaseException:
+            sub.close()
+            raise
+        finally:
+            pub.close()
+
+
+def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> dict:
+    args: dict[str, Any] = {"key": key, "argv": list(argv)}
+    for name, value in (
+        ("id", id), ("cwd", cwd), ("env", env), ("holder", holder),
+        ("reservation", reservation), ("wait_timeout", wait_timeout),
+    ):
+        if value is not None:
+            args[name] = value
+    return args
+
+
+class Subscription:
+    """A live SUB on the bus: recv(timeout) -> (topic, body) | None, iteration, close."""
+
+    def __init__(self, sock: zmq.Socket, prefixes: list[str], *, on_gap: Callable[[int, int], None] | None = None):
+        self._sock = sock
+        self.prefixes = prefixes
+        self.live = False
+        self.gaps = 0  # events missed, by seq (counted only when subscribed to everything)
+        self.on_gap = on_gap
+        self._check_seq = "" in prefixes
+        self._last_seq: int | None = None
+        self._pending: list[tuple[str, dict]] = []
+        for prefix in prefixes:
+            sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+
+    def _handshake(self, timeout: float) -> None:
+        hello = f"{HELLO_PREFIX}{uuid.uuid4().hex}".encode()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.live:
+            self._sock.setsockopt(zmq.SUBSCRIBE, hello)
+            retry_at = min(deadline, time.monotonic() + HELLO_RETRY)
+            while not self.live:
+                left = retry_at - time.monotonic()
+                if left <= 0 or not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                    if time.monotonic() >= retry_at:
+                        break
+                    continue
+                frames = self._sock.recv_multipart()
+                if frames and frames[0] == hello:
+                    self.live = True
+                else:
+                    self._accept(frames)
+            self._sock.setsockopt(zmq.UNSUBSCRIBE, hello)
+
+    def _accept(self, frames: list[bytes]) -> None:
+        """Queue one received message, unless it is not an event or someone else's hello."""
+        try:
+            topic, body = protocol.decode_event(frames)
+        except protocol.ProtocolError:
+            return  # anyone may publish on the bus; garbage is not an event
+        if topic.startswith(HELLO_PREFIX):
+            return
+        seq = body.get("seq")
+        if self._check_seq and isinstance(seq, int) and not isinstance(seq, bool):
+            if self._last_seq is not None and seq > self._last_seq + 1:
+                missed = seq - self._last_seq - 1
+                self.gaps += missed
+                if self.on_gap is not None:
+                    self.on_gap(self._last_seq + 1, seq)
+            # a lower seq is a restarted supervisor: follow its count from here
+            self._last_seq = seq
+        self._pending.append((topic, body))
+
+    def peek(self, timeout: float) -> bool:
+        """Wait up to timeout for an event to be available without taking it."""
+        if self._pending:
+            return True
+        deadline = time.monotonic() + timeout
+        while not self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                if time.monotonic() >= deadline:
+                    return False
+                continue
+            self._accept(self._sock.recv_multipart())
+        return True
+
+    def recv(self, timeout: float | None = None) -> tuple[str, dict] | None:
+        """The next event, waiting up to timeout seconds (None: forever); None on timeout."""
+        if timeout is None:
+            while not self.peek(3600.0):
+                pass
+        elif not self.peek(timeout):
+            return None
+        return self._pending.pop(0)
+
+    def __iter__(self) -> Iterator[tuple[str, dict]]:
+        while True:
+            yield self.recv()  # type: ignore[misc]
+
+    def until_terminal(
+        self, *, idle_check: Callable[[], None] | None = None, idle: float = 1.0
+    ) -> Iterator[tuple[str, dict]]:
+        """Events up to and including the first terminal one (released, cancelled, rejected).
+
+        `idle_check` runs after every `idle` seconds without an event; it raises to end the wait
+        (Client.check_running: the supervisor is gone, so no terminal event will come).
+        """
+        while True:
+            event = self.recv(idle if idle_check else None)
+            if event is None:
+                idle_check()  # type: ignore[misc]
+                continue
+            yield event
+            if is_terminal(event[0]):
+                return
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
