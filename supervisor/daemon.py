@@ -1,0 +1,264 @@
+"""The daemon: wiring, the single-instance lock, signals, the periodic reaper, and shutdown.
+
+One asyncio process per state directory. `<state>/supervisor.lock` is flock'd for the daemon's
+life: a second daemon finds it taken and says who runs; the kernel frees it when this one dies,
+even by SIGKILL, so a stale lock never blocks a restart. Signals are turned into the same calls as
+the control commands (SIGTERM/SIGINT = quit, SIGHUP = reload).
+
+State question: at start the daemon reads every slot the last one left (through the slot gate):
+orphaned work is reaped and its slot released, with `slot.<key>.orphaned` and `slot.<key>.reaped`
+on the bus; stale ipc socket files are replaced (we hold the instance lock, so they are dead).
+Stopping half-way (SIGKILL): the guards see their parent gone and end their work; the next start
+reaps whatever is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from . import protocol
+from .config import Config, load
+from .errors import AlreadyRunning, CcsupError, os_failure
+from .manager import RETRY_INTERVAL, Manager, Settings
+from .paths import StatePaths
+from .protocol import ProtocolError, Request
+from .server import Server
+from .slots import ORPHANED, SlotGate
+
+log = logging.getLogger("ccsup.daemon")
+
+
+def take_instance_lock(paths: StatePaths) -> int:
+    """Hold <state>/supervisor.lock for the daemon's life; AlreadyRunning when someone else does."""
+    try:
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise os_failure("open", paths.lock, e) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise AlreadyRunning(f"a supervisor is already running on {paths.root} (pid {owner})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; nothing when not under systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+    except OSError as e:
+        log.warning("unable to notify systemd at %s: %s", address, e)
+
+
+def setup_logging(paths: StatePaths, foreground: bool) -> None:
+    if foreground:
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.handlers.RotatingFileHandler(paths.log, maxBytes=5 << 20, backupCount=3)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("ccsup")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+class Daemon:
+    def __init__(self, config: Config, paths: StatePaths, *, config_path: str | None, caps_override: dict | None):
+        self.config = config
+        self.paths = paths
+        self.config_path = config_path
+        self.caps_override = caps_override or {}
+        endpoints = config.endpoints.resolve(paths.root)
+        self.server = Server(endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve)
+        self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
+        self.manager: Manager | None = None
+        self._stop = asyncio.Event()
+        self._reaping: asyncio.Task | None = None
+        self._bus_in = endpoints.bus_in
+
+    def _settings(self, config: Config) -> Settings:
+        return Settings(grace=config.grace, scan=config.scan, bus_in=self._bus_in, config_source=config.source)
+
+    async def run(self) -> int:
+        self.server.bind()
+        self.manager = Manager(
+            paths=self.paths, gate=self.gate, publish=self.server.publish, settings=self._settings(self.config)
+        )
+        self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.quit)
+        loop.add_signal_handler(signal.SIGINT, self.quit)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
+        self.server.publish("supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)})
+        log.info("started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source)
+        await self.reap_orphans()
+        sd_notify("READY=1")
+        ticker = asyncio.create_task(self._tick())
+        await self._stop.wait()
+        sd_notify("STOPPING=1")
+        self.server.publish("supervisor.stopping", {"pid": os.getpid()})
+        log.info("stopping: ending every turn")
+        self.manager.begin_stop()
+        await self.manager.wait_idle()
+        ticker.cancel()
+        self.server.publish("supervisor.stopped", {"pid": os.getpid()})
+        await asyncio.sleep(0.05)  # let the last events leave before the sockets close
+        self.manager.close()
+        self.server.close()
+        log.info("stopped")
+        return 0
+
+    def quit(self) -> None:
+        self._stop.set()
+
+    async def _tick(self) -> None:
+        elapsed = 0.0
+        while True:
+            await asyncio.sleep(RETRY_INTERVAL)
+            self.manager.tick()
+            elapsed += RETRY_INTERVAL
+            if elapsed >= self.manager.settings.scan:
+                elapsed = 0.0
+                if self._reaping is None or self._reaping.done():
+                    self._reaping = asyncio.create_task(self.reap_orphans())
+
+    async def reap_orphans(self, key: str | None = None) -> list[dict]:
+        """Find orphaned slots, end their work and release them (in a thread: it waits a grace)."""
+        views = self.gate.inspect(key) if key else self.gate.inspect_all()
+        orphans = [v for v in views if v.state == ORPHANED]
+        for view in orphans:
+            self.server.publish(f"slot.{view.key}.orphaned", view.to_json())
+        if not orphans:
+            return []
+        reaped = await asyncio.to_thread(self.gate.reap, key, grace=self.manager.settings.grace)
+        for view in reaped:
+            self.server.publish(f"slot.{view.key}.reaped", view.to_json())
+        if reaped:
+            self.manager.grant_waiters()
+        return [view.to_json() for view in reaped]
+
+    # -- the control socket ----------------------------------------------------------------------
+
+    async def handle_request(self, request: Request) -> dict:
+        handler = getattr(self, f"cmd_{request.cmd}")
+        try:
+            return await handler(request.args)
+        except ProtocolError:
+            raise
+        except CcsupError as e:
+            raise ProtocolError("failed", e.message) from None
+        except Exception as e:  # a bug must not take the supervisor down with it
+            log.exception("bug while answering %s", request.cmd)
+            raise ProtocolError("failed", f"internal error answering {request.cmd}: {type(e).__name__}; see the log") from None
+
+    async def cmd_status(self, args: dict) -> dict:
+        result = self.manager.status()
+        result["caps"] = dict(self.gate.caps.caps)
+        result["default_cap"] = self.gate.caps.default_cap
+        result["bus_rejected"] = self.server.rejected_bus_messages
+        return result
+
+    async def cmd_turn(self, args: dict) -> dict:
+        return self.manager.request_turn(protocol.parse_turn(args))
+
+    async def cmd_reserve(self, args: dict) -> dict:
+        raise ProtocolError("failed", "reservations are not implemented yet in this version")
+
+    async def cmd_cancel(self, args: dict) -> dict:
+        return self.manager.cancel(protocol.parse_cancel(args))
+
+    async def cmd_send(self, args: dict) -> dict:
+        return self.manager.send(protocol.parse_send(args))
+
+    async def cmd_ps(self, args: dict) -> dict:
+        return self.manager.ps()
+
+    async def cmd_reap(self, args: dict) -> dict:
+        return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}
+
+    async def cmd_reload(self, args: dict) -> dict:
+        return self.reload()
+
+    async def cmd_quit(self, args: dict) -> dict:
+        asyncio.get_running_loop().call_soon(self.quit)
+        return {"stopping": True}
+
+    def reload(self) -> dict:
+        config = load(self.config_path, os.environ)  # ConfigError: the old config stays
+        self.config = config
+        self.gate.caps = config.caps.with_caps(self.caps_override)
+        self.manager.settings = self._settings(config)
+        self.server.publish("supervisor.reloaded", {"config": config.source})
+        log.info("reloaded %s", config.source)
+        self.manager.grant_waiters()  # a raised cap may admit waiters now
+        return {"config": config.source}
+
+    def _reload_from_signal(self) -> None:
+        try:
+            self.reload()
+        except CcsupError as e:
+            log.error("reload refused, the old configuration stays: %s", e.message)
+
+    # -- the bus ---------------------------------------------------------------------------------
+
+    def handle_bus(self, topic: str, body: dict) -> None:
+        if topic.startswith("guard."):
+            self.manager.on_guard_hint(topic, body)
+            return
+        kind = protocol.REQUEST_TOPICS.get(topic)
+        if kind is None:
+            return
+        req_id = body.get("id")
+        try:
+            protocol.check_id(req_id)
+            if kind == "turn":
+                self.manager.request_turn(protocol.parse_turn(body))
+            elif kind == "cancel":
+                self.manager.cancel(protocol.parse_cancel(body), reason="cancelled")
+            else:
+                raise ProtocolError("failed", "reservations are not implemented yet in this version")
+        except ProtocolError as e:
+            if isinstance(req_id, str) and protocol.TURN_ID.match(req_id):
+                self.manager.reject(req_id, e.message)
+            else:
+                self.handle_bad_bus(topic, body, e.message)
+
+    def handle_bad_bus(self, topic: str, body: dict | None, reason: str) -> None:
+        log.warning("ignored a bad bus message on %r: %s", topic[:64], reason)
+
+
+def serve(
+    config: Config,
+    state_dir: Path,
+    *,
+    caps_override: dict | None = None,
+    foreground: bool = True,
+    config_path: str | None = None,
+) -> int:
+    """Run the daemon in this process until it is told to stop; returns the exit code."""
+    paths = StatePaths(Path(state_dir))
+    paths.ensure()
+    lock_fd = take_instance_lock(paths)
+    setup_logging(paths, foreground)
+    try:
+        daemon = Daemon(config, paths, config_path=config_path, caps_override=caps_override)
+        return asyncio.run(daemon.run())
+    finally:
+        os.close(lock_fd)

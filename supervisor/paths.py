@@ -1,0 +1,86 @@
+"""Where everything of one supervisor lives inside its state directory.
+
+The state directory is private to its user: created 0700, and refused when another user owns it or
+group or others may write to it (anyone who can write there can take slots or plant sockets).
+Knows names and permissions; opens nothing but the directories it creates.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import CcsupError, os_failure
+
+TURN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    root: Path
+
+    @property
+    def lock(self) -> Path:
+        """flock'd for the daemon's life: one supervisor per state directory."""
+        return self.root / "supervisor.lock"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "ccsup.log"
+
+    @property
+    def guards(self) -> Path:
+        return self.root / "guards"
+
+    @property
+    def slots(self) -> Path:
+        return self.root / "slots"
+
+    @property
+    def turns(self) -> Path:
+        return self.root / "turns"
+
+    @property
+    def queue(self) -> Path:
+        return self.root / "queue.json"
+
+    def endpoint(self, name: str) -> str:
+        """The default ipc:// endpoint: control, bus-in or bus-out."""
+        return f"ipc://{self.root / name}"
+
+    def turn_dir(self, turn_id: str) -> Path:
+        if not TURN_ID.match(turn_id):
+            raise ValueError(f"not a turn id: {turn_id!r}")
+        return self.turns / turn_id
+
+    def output_log(self, turn_id: str, stream: str) -> Path:
+        return self.turn_dir(turn_id) / f"{stream}.log"
+
+    def ensure(self) -> None:
+        """Create the directory tree (0700) and refuse an unsafe state directory."""
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            check_private(self.root)
+            for sub in (self.guards, self.slots, self.turns):
+                sub.mkdir(mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise os_failure("create state directory", self.root, e) from None
+
+
+def check_private(path: Path) -> None:
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CcsupError(f"state directory {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise CcsupError(
+            f"refusing state directory {path}: it belongs to uid {st.st_uid}, not to you "
+            f"(uid {os.geteuid()}); use a directory of your own (--state-dir)"
+        )
+    if st.st_mode & 0o022:
+        raise CcsupError(
+            f"refusing state directory {path}: group or others may write to it "
+            f"(mode {stat.S_IMODE(st.st_mode):o}); run `chmod 700 {path}`"
+        )

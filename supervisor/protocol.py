@@ -1,0 +1,328 @@
+"""Protocol v1: the closed vocabulary of the control socket and the bus, encode and decode.
+
+Control: a request is one JSON frame {"v":1, "id", "cmd", "args"}; the reply is
+{"v":1, "id", "ok":true, "result"} or {"v":1, "id", "ok":false, "error":{"code","message"}}.
+Bus: a message is two frames, a topic and a JSON body carrying "v", "ts" and the event's fields
+(the supervisor's own events also "seq"). Sidecars publish `request.turn|reserve|cancel` with the
+same bodies as the control commands' args plus a client-made "id".
+
+Everything that arrives is checked here and becomes either a typed request or a ProtocolError with
+a code from ERROR_CODES and a message that names the field. Frames over MAX_FRAME bytes are refused
+before they are parsed. Knows JSON and field types; nothing of sockets, slots or processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .caps import key_problem
+from .paths import TURN_ID
+
+VERSION = 1
+MAX_FRAME = 1 << 20  # 1 MiB: larger frames are refused unparsed
+MAX_ARGV = 4096
+MAX_WAIT_TIMEOUT = 7 * 24 * 3600.0
+
+COMMANDS = ("status", "turn", "reserve", "cancel", "send", "ps", "reap", "reload", "quit")
+REQUEST_TOPICS = {"request.turn": "turn", "request.reserve": "reserve", "request.cancel": "cancel"}
+
+# The fixed set of error codes a reply may carry.
+ERROR_CODES = (
+    "bad_request",  # not JSON, wrong frames, wrong types, missing fields
+    "too_large",  # a frame over MAX_FRAME
+    "unknown_command",
+    "unsupported_version",
+    "not_found",  # no such turn or reservation
+    "conflict",  # an id reused for a different request, a reservation of another holder
+    "stopping",  # the supervisor is shutting down and takes no new work
+    "failed",  # the command was understood but could not be carried out
+)
+
+HOLDER_LABELS = ("session", "agent", "harness", "model", "effort", "mode")
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: str, message: str):
+        assert code in ERROR_CODES, code
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError("bad_request", message)
+
+
+# -- encoding -------------------------------------------------------------------------------------
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_request(req_id: str, cmd: str, args: dict | None = None) -> bytes:
+    return dumps({"v": VERSION, "id": req_id, "cmd": cmd, "args": args or {}})
+
+
+def encode_ok(req_id: Any, result: dict) -> bytes:
+    return dumps({"v": VERSION, "id": req_id, "ok": True, "result": result})
+
+
+def encode_error(req_id: Any, code: str, message: str) -> bytes:
+    return dumps({"v": VERSION, "id": req_id, "ok": False, "error": {"code": code, "message": message}})
+
+
+def encode_event(topic: str, fields: dict, *, seq: int | None = None, ts: float | None = None) -> list[bytes]:
+    body = {"v": VERSION, "ts": time.time() if ts is None else ts}
+    if seq is not None:
+        body["seq"] = seq
+    body.update(fields)
+    return [topic.encode(), dumps(body)]
+
+
+def decode_event(frames: list[bytes]) -> tuple[str, dict]:
+    """A bus message -> (topic, body). ProtocolError when it is not one."""
+    if len(frames) != 2:
+        raise _bad(f"a bus message has 2 frames (topic, body), not {len(frames)}")
+    topic_raw, body_raw = frames
+    if len(topic_raw) > 512 or len(body_raw) > MAX_FRAME:
+        raise ProtocolError("too_large", f"a bus message frame is limited to {MAX_FRAME} bytes")
+    try:
+        topic = topic_raw.decode()
+    except UnicodeDecodeError:
+        raise _bad("the topic is not UTF-8") from None
+    body = _load_object(body_raw, "the body")
+    return topic, body
+
+
+def decode_reply(raw: bytes) -> dict:
+    reply = _load_object(raw, "the reply")
+    if not isinstance(reply.get("ok"), bool):
+        raise _bad("a reply has a boolean 'ok'")
+    return reply
+
+
+# -- decoding requests ----------------------------------------------------------------------------
+
+
+def _load_object(raw: bytes, what: str) -> dict:
+    if len(raw) > MAX_FRAME:
+        raise ProtocolError("too_large", f"{what} is {len(raw)} bytes, over the limit of {MAX_FRAME}")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise _bad(f"{what} is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise _bad(f"{what} must be a JSON object")
+    return obj
+
+
+@dataclass(frozen=True)
+class Request:
+    id: Any  # echoed back as it came, even when not a string
+    cmd: str
+    args: dict
+
+
+def decode_request(raw: bytes) -> Request:
+    """One control frame -> Request. ProtocolError otherwise; its `request_id` is set if known."""
+    obj = _load_object(raw, "the request")
+    req_id = obj.get("id")
+    try:
+        version = obj.get("v")
+        if version != VERSION:
+            raise ProtocolError("unsupported_version", f"this supervisor speaks protocol v{VERSION}, not {version!r}")
+        if not isinstance(req_id, str) or not 1 <= len(req_id) <= 128:
+            raise _bad("'id' must be a string of 1 to 128 characters")
+        cmd = obj.get("cmd")
+        if not isinstance(cmd, str):
+            raise _bad("'cmd' must be a string")
+        if cmd not in COMMANDS:
+            raise ProtocolError("unknown_command", f"unknown command {cmd[:64]!r}; known: {', '.join(COMMANDS)}")
+        args = obj.get("args", {})
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise _bad("'args' must be an object")
+    except ProtocolError as e:
+        e.request_id = req_id if isinstance(req_id, (str, int)) else None  # type: ignore[attr-defined]
+        raise
+    return Request(req_id, cmd, args)
+
+
+# -- the commands' arguments ----------------------------------------------------------------------
+
+
+def _opt_str(args: dict, name: str, limit: int = 4096) -> str | None:
+    value = args.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise _bad(f"'{name}' must be a string of at most {limit} characters")
+    return value
+
+
+def _opt_int(args: dict, name: str, low: int, high: int) -> int | None:
+    value = args.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(f"'{name}' must be a whole number from {low} to {high}")
+    return value
+
+
+def check_id(value: Any, name: str = "id") -> str:
+    if not isinstance(value, str) or not TURN_ID.match(value):
+        raise _bad(f"'{name}' must be 1 to 128 letters, digits, '_' or '-'")
+    return value
+
+
+def check_key(value: Any) -> str:
+    problem = key_problem(value)
+    if problem:
+        raise _bad(f"bad 'key' {str(value)[:140]!r}: {problem}")
+    return value
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    session: str | None = None
+    agent: str | None = None
+    harness: str | None = None
+    model: str | None = None
+    effort: str | None = None
+    mode: str | None = None
+    pid: int | None = None  # the requester's pid, watched when given
+    start: int | None = None  # its start ticks; read at request time when only pid is given
+
+    def labels(self) -> dict:
+        return {name: getattr(self, name) for name in HOLDER_LABELS}
+
+    def to_json(self) -> dict:
+        return {**self.labels(), "pid": self.pid, "start": self.start}
+
+
+def parse_holder(value: Any) -> HolderInfo:
+    if value is None:
+        return HolderInfo()
+    if not isinstance(value, dict):
+        raise _bad("'holder' must be an object")
+    unknown = set(value) - set(HOLDER_LABELS) - {"pid", "start"}
+    if unknown:
+        raise _bad(f"'holder' has unknown field {sorted(unknown)[0][:64]!r}")
+    labels = {name: _opt_str(value, name, 256) for name in HOLDER_LABELS}
+    pid = _opt_int(value, "pid", 1, 1 << 22)
+    start = _opt_int(value, "start", 0, 1 << 62)
+    return HolderInfo(**labels, pid=pid, start=start)
+
+
+def _wait_timeout(args: dict) -> float | None:
+    value = args.get("wait_timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad("'wait_timeout' must be a number of seconds")
+    if not 0 < value <= MAX_WAIT_TIMEOUT:
+        raise _bad(f"'wait_timeout' must be above 0 and at most {MAX_WAIT_TIMEOUT:.0f} seconds")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class TurnArgs:
+    id: str | None
+    key: str
+    argv: list[str]
+    cwd: str | None = None
+    env: dict = field(default_factory=dict)  # name -> str | None (None removes)
+    holder: HolderInfo = HolderInfo()
+    reservation: str | None = None
+    wait_timeout: float | None = None
+
+
+_TURN_FIELDS = {"id", "key", "argv", "cwd", "env", "holder", "reservation", "wait_timeout", "v", "ts"}
+
+
+def _reject_unknown(args: dict, known: set[str], what: str) -> None:
+    unknown = set(args) - known
+    if unknown:
+        raise _bad(f"{what} has unknown field {sorted(map(str, unknown))[0][:64]!r}")
+
+
+def parse_turn(args: dict) -> TurnArgs:
+    _reject_unknown(args, _TURN_FIELDS, "a turn request")
+    turn_id = None if args.get("id") is None else check_id(args["id"])
+    key = check_key(args.get("key"))
+    argv = args.get("argv")
+    if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGV:
+        raise _bad(f"'argv' must be a non-empty list of at most {MAX_ARGV} strings")
+    if not all(isinstance(a, str) and "\0" not in a for a in argv):
+        raise _bad("'argv' must hold only strings without NUL characters")
+    cwd = _opt_str(args, "cwd")
+    if cwd is not None and (not cwd.startswith("/") or "\0" in cwd):
+        raise _bad("'cwd' must be an absolute path")
+    env = args.get("env") or {}
+    if not isinstance(env, dict):
+        raise _bad("'env' must be an object of name: string or null")
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or len(name) > 1024:
+            raise _bad(f"'env' has a bad variable name {name[:64]!r}")
+        if value is not None and (not isinstance(value, str) or "\0" in value):
+            raise _bad(f"'env' value of {name[:64]!r} must be a string or null")
+    reservation = None if args.get("reservation") is None else check_id(args["reservation"], "reservation")
+    return TurnArgs(
+        id=turn_id,
+        key=key,
+        argv=list(argv),
+        cwd=cwd,
+        env=dict(env),
+        holder=parse_holder(args.get("holder")),
+        reservation=reservation,
+        wait_timeout=_wait_timeout(args),
+    )
+
+
+@dataclass(frozen=True)
+class ReserveArgs:
+    id: str | None
+    key: str
+    holder: HolderInfo
+    wait_timeout: float | None = None
+
+
+def parse_reserve(args: dict) -> ReserveArgs:
+    _reject_unknown(args, {"id", "key", "holder", "wait_timeout", "v", "ts"}, "a reserve request")
+    res_id = None if args.get("id") is None else check_id(args["id"])
+    return ReserveArgs(res_id, check_key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args))
+
+
+def parse_cancel(args: dict) -> str:
+    _reject_unknown(args, {"id", "v", "ts"}, "a cancel request")
+    return check_id(args.get("id"))
+
+
+@dataclass(frozen=True)
+class SendArgs:
+    id: str
+    data: bytes
+    eof: bool
+
+
+def parse_send(args: dict) -> SendArgs:
+    _reject_unknown(args, {"id", "data", "eof"}, "a send request")
+    data = args.get("data", "")
+    if not isinstance(data, str):
+        raise _bad("'data' must be a string (written as UTF-8)")
+    eof = args.get("eof", False)
+    if not isinstance(eof, bool):
+        raise _bad("'eof' must be true or false")
+    return SendArgs(check_id(args.get("id")), data.encode(), eof)
+
+
+def parse_reap(args: dict) -> str | None:
+    _reject_unknown(args, {"key"}, "a reap request")
+    key = args.get("key")
+    return None if key is None else check_key(key)

@@ -1,0 +1,195 @@
+"""The supervisor's sockets: the control ROUTER and the bus proxy (XSUB in, XPUB out).
+
+Design note. The proxy is ours rather than zmq.proxy() because the supervisor must look at what
+passes: it subscribes its XSUB to everything, reads each message published on bus-in, hands
+`request.*` and `guard.*` to the daemon, and forwards to bus-out only what others may publish.
+Topics the supervisor alone speaks (`turn.`, `supervisor.`, `slot.`) are never forwarded from
+publishers, so nobody can forge a turn's events. The supervisor's own events go straight out on
+the XPUB with a per-supervisor `seq`. High-water marks are raised for bursts (the default 1000
+lost up to half of a 100k burst here); a subscriber that still misses one sees a `seq` gap.
+
+Subscription handshake: the XPUB is verbose, so the server sees every subscription; one to a
+topic starting with `ccsup.hello.` is answered at once with a message on exactly that topic. A
+client that receives it knows its earlier subscriptions are live (they travel in order).
+
+Oversized frames: the sockets drop peers sending messages over MAX_MESSAGE (never buffered);
+frames between protocol.MAX_FRAME and that get an error reply without being parsed.
+
+Knows ZeroMQ and the protocol's framing; nothing of turns, slots or pids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Awaitable, Callable
+
+import zmq
+import zmq.asyncio
+
+from . import protocol
+from .errors import ConfigError
+
+log = logging.getLogger("ccsup.server")
+
+HWM = 500_000
+MAX_MESSAGE = 8 * protocol.MAX_FRAME
+RESERVED_TOPICS = ("turn.", "supervisor.", "slot.")
+HELLO = "ccsup.hello."
+
+RequestHandler = Callable[[protocol.Request], Awaitable[dict]]
+BusHandler = Callable[[str, dict], None]
+BadBusHandler = Callable[[str, dict | None, str], None]
+
+
+def check_endpoint(name: str, endpoint: str, curve: dict | None) -> None:
+    if endpoint.startswith("ipc://"):
+        return
+    if endpoint.startswith("tcp://"):
+        if not curve:
+            raise ConfigError(
+                f"endpoints.{name}: {endpoint} is a tcp:// endpoint; configure [endpoints.curve] keys "
+                "or use an ipc:// endpoint"
+            )
+        return
+    raise ConfigError(f"endpoints.{name}: {endpoint!r} must be an ipc:// or tcp:// endpoint")
+
+
+def _secure_ipc(endpoint: str) -> None:
+    if endpoint.startswith("ipc://"):
+        os.chmod(endpoint[len("ipc://") :], 0o600)
+
+
+def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
+    """Send without waiting; False when the high-water mark is reached (the message is dropped).
+
+    pyzmq's asyncio socket completes a NOBLOCK send at once and puts any error in the future.
+    """
+    future = sock.send_multipart(frames, flags=zmq.NOBLOCK)
+    if future.done() and future.exception() is not None:
+        if isinstance(future.exception(), zmq.Again):
+            return False
+        raise future.exception()
+    return True
+
+
+class Server:
+    def __init__(self, control: str, bus_in: str, bus_out: str, curve: dict | None = None):
+        for name, endpoint in (("control", control), ("bus_in", bus_in), ("bus_out", bus_out)):
+            check_endpoint(name, endpoint, curve)
+        self.endpoints = {"control": control, "bus_in": bus_in, "bus_out": bus_out}
+        self.curve = curve
+        self.ctx = zmq.asyncio.Context()
+        self.seq = 0
+        self.rejected_bus_messages = 0
+        self._tasks: list[asyncio.Task] = []
+
+    def bind(self) -> None:
+        ctx = self.ctx
+        self.control = ctx.socket(zmq.ROUTER)
+        self.bus_in = ctx.socket(zmq.XSUB)
+        self.bus_out = ctx.socket(zmq.XPUB)
+        for sock in (self.control, self.bus_in, self.bus_out):
+            sock.setsockopt(zmq.LINGER, 500)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+            if self.curve:
+                sock.curve_secretkey = self.curve["secret_key"].encode()
+                sock.curve_publickey = self.curve["public_key"].encode()
+                sock.curve_server = True
+        self.control.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.bus_in.setsockopt(zmq.RCVHWM, HWM)
+        self.bus_out.setsockopt(zmq.SNDHWM, HWM)
+        self.bus_out.setsockopt(zmq.XPUB_VERBOSE, 1)
+        old_umask = os.umask(0o177)  # ipc socket files are created 0600
+        try:
+            for sock, name in ((self.control, "control"), (self.bus_in, "bus_in"), (self.bus_out, "bus_out")):
+                try:
+                    sock.bind(self.endpoints[name])
+                except zmq.ZMQError as e:
+                    raise ConfigError(f"endpoints.{name}: unable to bind {self.endpoints[name]}: {e}") from None
+                _secure_ipc(self.endpoints[name])
+        finally:
+            os.umask(old_umask)
+        self.bus_in.send(b"\x01")  # subscribe to everything published on bus-in
+
+    def start(self, on_request: RequestHandler, on_bus: BusHandler, on_bad_bus: BadBusHandler) -> None:
+        self._on_request = on_request
+        self._on_bus = on_bus
+        self._on_bad_bus = on_bad_bus
+        self._tasks = [
+            asyncio.create_task(self._serve_control(), name="control"),
+            asyncio.create_task(self._serve_bus_in(), name="bus-in"),
+            asyncio.create_task(self._serve_subscriptions(), name="bus-out"),
+        ]
+
+    def publish(self, topic: str, fields: dict) -> None:
+        """Publish one of the supervisor's own events, with the next seq."""
+        self.seq += 1
+        if not _send_nowait(self.bus_out, protocol.encode_event(topic, fields, seq=self.seq)):
+            log.warning("bus-out is full: dropped %s (seq %d)", topic, self.seq)
+
+    async def _serve_control(self) -> None:
+        while True:
+            frames = await self.control.recv_multipart(copy=True)
+            asyncio.create_task(self._answer(frames))
+
+    async def _answer(self, frames: list[bytes]) -> None:
+        identity, rest = frames[0], frames[1:]
+        envelope = [identity]
+        if rest and rest[0] == b"":  # a REQ peer: keep its delimiter
+            envelope.append(b"")
+            rest = rest[1:]
+        req_id = None
+        try:
+            if len(rest) != 1:
+                raise protocol.ProtocolError("bad_request", f"a request is one frame, not {len(rest)}")
+            try:
+                request = protocol.decode_request(rest[0])
+            except protocol.ProtocolError as e:
+                req_id = getattr(e, "request_id", None)
+                raise
+            req_id = request.id
+            reply = protocol.encode_ok(req_id, await self._on_request(request))
+        except protocol.ProtocolError as e:
+            reply = protocol.encode_error(req_id, e.code, e.message)
+        await self.control.send_multipart(envelope + [reply])
+
+    async def _serve_bus_in(self) -> None:
+        while True:
+            frames = await self.bus_in.recv_multipart()
+            try:
+                topic, body = protocol.decode_event(frames)
+            except protocol.ProtocolError as e:
+                self.rejected_bus_messages += 1
+                topic = frames[0][:128].decode(errors="replace") if frames else ""
+                self._on_bad_bus(topic, None, e.message)
+                continue
+            if topic.startswith(RESERVED_TOPICS):
+                self.rejected_bus_messages += 1
+                log.warning("dropped a %s message published by someone else: only the supervisor speaks it", topic)
+                continue
+            if not _send_nowait(self.bus_out, frames):
+                log.warning("bus-out is full: dropped a forwarded %s", topic)
+            self._on_bus(topic, body)
+
+    async def _serve_subscriptions(self) -> None:
+        while True:
+            frame = await self.bus_out.recv()
+            if frame[:1] == b"\x01" and frame[1:].startswith(HELLO.encode()):
+                _send_nowait(self.bus_out, protocol.encode_event(frame[1:].decode(errors="replace"), {}))
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for name in ("control", "bus_in", "bus_out"):
+            sock = getattr(self, name, None)
+            if isinstance(sock, zmq.Socket):
+                sock.close(linger=200)
+        self.ctx.term()
+        for endpoint in self.endpoints.values():
+            if endpoint.startswith("ipc://"):
+                try:
+                    os.unlink(endpoint[len("ipc://") :])
+                except OSError:
+                    pass
