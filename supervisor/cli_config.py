@@ -42,6 +42,13 @@ def _seconds(value: float) -> str:
     return f"{value:g}s"
 
 
+def _bytes(size: int) -> str:
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= factor:
+            return f"{size} bytes ({size / factor:.4g} {unit})"
+    return f"{size} bytes"
+
+
 def _summary(config: cfg.Config, state_dir: Path) -> dict:
     caps = config.caps
     return {
@@ -72,7 +79,7 @@ def _print_summary(s: dict) -> None:
     if harness:
         click.echo(f"  harness caps     {harness}")
     machine = s["machine_cap"] if s["machine_cap"] is not None else "none"
-    memory = f"{s['min_free_memory']} bytes" if s["min_free_memory"] is not None else "none"
+    memory = _bytes(s["min_free_memory"]) if s["min_free_memory"] is not None else "none"
     click.echo(f"  machine_cap      {machine} ({MACHINE_KEY})")
     click.echo(f"  min_free_memory  {memory}")
     click.echo(f"  reservation_ttl  {_seconds(s['reservation_ttl'])}")

@@ -207,15 +207,15 @@ _DOTTED = rf"{_SIMPLE}(?:[ \t]*\.[ \t]*{_SIMPLE})*"
 _HEADER = re.compile(rf"[ \t]*\[\[?[ \t]*({_DOTTED})[ \t]*\]")
 _ASSIGN = re.compile(rf"[ \t]*({_DOTTED})[ \t]*=")
 
-Path_ = tuple  # a key path: ("slots", "caps", "opencode:xai")
+KeyPath = tuple  # a key path: ("slots", "caps", "opencode:xai")
 
 
-def dotted(path: Path_) -> str:
+def dotted(path: KeyPath) -> str:
     """The key path as TOML writes it: slots.caps."opencode:xai"."""
     return ".".join(p if _BARE_KEY.match(p) else tomli_w.dumps({p: 0}).split(" = ")[0] for p in path)
 
 
-def _key_path(text: str) -> Path_:
+def _key_path(text: str) -> KeyPath:
     """The path a TOML dotted key denotes, decoded by tomllib itself (quotes and escapes)."""
     data: object = tomllib.loads(f"{text} = 0")
     path = []
@@ -229,8 +229,8 @@ class _LineMap:
     """Line numbers of table headers and key assignments, by key path (first occurrence wins)."""
 
     def __init__(self, text: str):
-        self.lines: dict[Path_, int] = {}
-        table: Path_ = ()
+        self.lines: dict[KeyPath, int] = {}
+        table: KeyPath = ()
         in_string = None  # the delimiter of a multi-line string we are inside
         for number, line in enumerate(text.splitlines(), start=1):
             if in_string:
@@ -252,7 +252,7 @@ class _LineMap:
                     in_string = delimiter
                     break
 
-    def line_of(self, path: Path_) -> int | None:
+    def line_of(self, path: KeyPath) -> int | None:
         """The line of the key, or of the nearest enclosing key or table that is written down."""
         for length in range(len(path), 0, -1):
             if path[:length] in self.lines:
@@ -355,10 +355,10 @@ class _Checker:
         self.lines = _LineMap(text)
         self.problems: list[Problem] = []
 
-    def add(self, path: Path_, message: str) -> None:
+    def add(self, path: KeyPath, message: str) -> None:
         self.problems.append(Problem(self.source, self.lines.line_of(path), dotted(path), message))
 
-    def table(self, data: dict, path: Path_, known: set[str]) -> dict:
+    def table(self, data: dict, path: KeyPath, known: set[str]) -> dict:
         """The sub-table at `path` (empty if absent); reports unknown keys and a non-table value."""
         value = data.get(path[-1], {}) if path else data
         if not isinstance(value, dict):
@@ -371,7 +371,7 @@ class _Checker:
                 self.add(path + (name,), "unknown key" + hint)
         return value
 
-    def run(self, path: Path_, check, value):
+    def run(self, path: KeyPath, check, value):
         """check(value, where) or None, recording the ConfigError/UsageError it raises."""
         try:
             return check(value, where=dotted(path))

@@ -136,6 +136,11 @@ ERRORS = [
     ('[harness."opencode:xai"]\ndefault_cap = 2\n', 'harness."opencode:xai"', 1, "no :variant part"),
     ("[harness._x]\n", "harness._x", 1, "reserved"),
     ("harness = { codex = { default_cap = 0 } }\n", "harness.codex.default_cap", 1, "whole number >= 1"),
+    # Lines inside a multi-line string are not keys.
+    ('[harness.codex]\ncommand = ["""x\ndefault_cap = 0\n"""]\ndefault_cap = 0\n', "harness.codex.default_cap", 5,
+     "whole number >= 1"),
+    ("[harness.codex]\ncommand = [\n'''\n[guard]\ngrace = 1\n''']\n[guard]\ngrace = true\n", "guard.grace", 8,
+     "not a boolean"),
     ('[slots]\ndefault_cap = 1 # caps = 0\n\n[guard]\n"grace" = "never"\n', "guard.grace", 5, "not a duration"),
 ]
 
@@ -392,9 +397,10 @@ def test_check_ok_prints_source_and_caps(cli_env, tmp_path):
     result = run(["check", "--config", str(ROOT / "conf" / "ccsup.toml")], cli_env)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines()[0] == f"ok: {ROOT / 'conf' / 'ccsup.toml'}"
-    assert "codex=2, opencode:xai=1, opencode=3" in result.stdout.replace("codex=2, opencode=3, opencode:xai=1",
-                                                                          "codex=2, opencode:xai=1, opencode=3")
+    assert "  caps             codex=2, opencode=3, opencode:xai=1\n" in result.stdout
+    assert "  harness caps     claude:*=3, codex:*=2\n" in result.stdout
     assert "machine_cap      8" in result.stdout
+    assert "  min_free_memory  1073741824 bytes (1 GiB)\n" in result.stdout
     result = run(["check"], cli_env)  # nothing found: the embedded defaults
     assert result.exit_code == 0
     assert result.stdout.splitlines()[0] == "ok: <embedded defaults>"
