@@ -598,18 +598,24 @@ class SlotGate:
         confirmed gone stay orphaned and are listed in self.reap_failures with an error.
         """
         keys = [check_key(key, reserved_ok=True)] if key is not None else self._keys()
+        locks = held_locks()
+        # Unreadable with a readable slot record: only the guard record is unreadable.
+        # Every candidate is found before any is reaped: ending a key slot's work also ends its
+        # `_machine` slot's (the same work), which must then be released too, not skipped as free.
+        candidates = [
+            view
+            for k in keys
+            for view in self._inspect_key(k, locks)
+            if view.state == ORPHANED or (view.state == UNREADABLE and view.record is not None)
+        ]
         reaped, self.reap_failures = [], []
-        for k in keys:
-            for view in self.inspect(k):
-                # Unreadable with a readable slot record: only the guard record is unreadable.
-                if view.state != ORPHANED and not (view.state == UNREADABLE and view.record is not None):
-                    continue
-                outcome = self._reap_slot(view, grace)
-                if outcome is True:
-                    reaped.append(view)
-                elif outcome is not None:
-                    view.error = outcome
-                    self.reap_failures.append(view)
+        for view in candidates:
+            outcome = self._reap_slot(view, grace)
+            if outcome is True:
+                reaped.append(view)
+            elif outcome is not None:
+                view.error = outcome
+                self.reap_failures.append(view)
         return reaped
 
     def _reap_slot(self, view: SlotView, grace: float) -> bool | str | None:
