@@ -149,17 +149,22 @@ def states(gate: SlotGate, key: str) -> list[tuple[int, str]]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("machine_cap", [0, 2], ids=["key-cap", "machine-cap"])
-def test_racers_for_the_last_slot_never_both_hold_it_even_when_one_is_stopped(state_dir, machine_cap):
+@pytest.mark.parametrize(
+    "cap,machine_cap,first_key",
+    [(2, 0, "race"), (8, 2, "other")],
+    ids=["last-slot-of-the-key", "last-slot-of-the-machine"],
+)
+def test_racers_for_the_last_slot_never_both_hold_it_even_when_one_is_stopped(state_dir, cap, machine_cap, first_key):
     key, seconds, n = "race", 3.0, 8
-    caps = Caps(caps={key: 2}, machine_cap=machine_cap or None)
+    caps = Caps(caps={key: cap, "other": 1}, machine_cap=machine_cap or None)
     gate = SlotGate(state_dir, caps)
-    first = gate.try_acquire(key, ME)  # slot 0 (and a machine slot) stay taken: one slot is left
+    # One slot stays taken (of the key, or of the machine through another key): one slot is left.
+    first = gate.try_acquire(first_key, ME)
     assert first.index == 0
     witness = state_dir / "witness"
     racers = [
         subprocess.Popen(
-            [PYTHON, "-c", RACER, str(state_dir), key, "2", str(machine_cap), str(witness), str(seconds)],
+            [PYTHON, "-c", RACER, str(state_dir), key, str(cap), str(machine_cap), str(witness), str(seconds)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=child_env(),
@@ -193,9 +198,9 @@ def test_racers_for_the_last_slot_never_both_hold_it_even_when_one_is_stopped(st
     assert [res["violations"] for res in results] == [0] * n
     assert sum(res["got"] for res in results) > 50, results
     first.release()
-    assert states(gate, key) == [(0, "free"), (1, "free")]
-    for i in (0, 1):
-        assert json.loads((state_dir / "slots" / key / f"slot-{i}.json").read_text())["released"] is True
+    assert states(gate, key) == [(i, "free") for i in range(cap)]
+    for path in (state_dir / "slots").glob("*/slot-*.json"):
+        assert json.loads(path.read_text())["released"] is True, path
     if machine_cap:
         assert states(gate, MACHINE_KEY) == [(0, "free"), (1, "free")]
 
