@@ -1,0 +1,148 @@
+"""Process identity and group liveness (guardd.procs), the guard record helpers and the scan,
+on real processes. Pid reuse is simulated by a record naming a live pid with a wrong start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, wait_until
+from guardd import procs, record, scan
+
+
+@pytest.fixture
+def sleeper():
+    """A `sleep` leading a process group of its own."""
+    p = subprocess.Popen(["sleep", "300"], process_group=0)
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_live_group_is_alive_only_with_the_right_leader_start(sleeper):
+    start = procs.start_ticks(sleeper.pid)
+    assert procs.group_alive(procs.Group(sleeper.pid, start))
+    # pid reuse: a record naming this id with another start is about another, gone, group
+    assert not procs.group_alive(procs.Group(sleeper.pid, start + 1))
+    assert not procs.group_alive(procs.Group(sleeper.pid, start - 1))
+    # no leader recorded, yet a process has pid == pgid: the recorded group had emptied
+    assert not procs.group_alive(procs.Group(sleeper.pid, None))
+
+
+def test_work_alive_of_a_record_follows_identity(sleeper):
+    start = procs.start_ticks(sleeper.pid)
+    rec = {"v": 1, "own_group": {"pgid": sleeper.pid, "leader_start": start}, "groups": []}
+    assert record.work_alive(rec)
+    rec_reused = {"v": 1, "own_group": {"pgid": sleeper.pid, "leader_start": start + 7},
+                  "groups": [{"pgid": sleeper.pid, "leader_start": None, "seen_at": 1.0}]}
+    assert not record.work_alive(rec_reused)
+    assert not record.work_alive({"v": 1, "own_group": None, "groups": []})
+
+
+def test_signal_process_checks_identity(sleeper):
+    ident = procs.identity_of(sleeper.pid)
+    assert not procs.signal_process(procs.Identity(ident.pid, ident.start + 1), signal.SIGKILL)
+    assert procs.process_running(ident)  # the wrong identity was not signalled
+    assert procs.signal_process(ident, signal.SIGKILL)
+    assert sleeper.wait(5) == -signal.SIGKILL
+
+
+LEADER_EXITS = (
+    "import os, time\n"
+    "os.setpgid(0, 0)\n"
+    "if os.fork() == 0:\n"
+    "    os.write(1, f'member {os.getpid()}\\n'.encode())\n"
+    "    time.sleep(300)\n"
+    "    os._exit(0)\n"
+    "os.read(0, 1)\n"  # exit once the test has read the member's line
+)
+
+
+def test_group_whose_leader_is_gone_is_alive_while_a_member_runs():
+    leader = subprocess.Popen([PYTHON, "-c", LEADER_EXITS], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    leader_start = procs.start_ticks(leader.pid)
+    member = procs.identity_of(int(leader.stdout.readline().split()[1]))
+    leader.stdin.close()
+    assert leader.wait(10) == 0
+    leader.stdout.close()
+    pgid = leader.pid
+    assert procs.read_stat(pgid) is None  # the leader is reaped; its id stays pinned by the group
+    assert procs.group_alive(procs.Group(pgid, None))
+    assert procs.group_alive(procs.Group(pgid, leader_start))
+    assert procs.signal_process(member, signal.SIGKILL)
+    # the member is an orphan now; whoever reaps it, zombie or reaped, the group is gone
+    wait_until(lambda: not procs.group_alive(procs.Group(pgid, None)), what="group gone")
+
+
+def test_zombie_counts_as_gone_although_killpg_succeeds():
+    p = subprocess.Popen(["true"], process_group=0)
+    start = procs.start_ticks(p.pid)
+    wait_until(lambda: procs.read_stat(p.pid).zombie, what="the child a zombie")
+    os.killpg(p.pid, 0)  # does not raise: the zombie still holds the group id
+    assert not procs.group_alive(procs.Group(p.pid, start))
+    assert procs.process_exists(procs.Identity(p.pid, start))
+    assert not procs.process_running(procs.Identity(p.pid, start))
+    assert p.wait(5) == 0
+
+
+def test_record_path_names_pid_and_start(tmp_path):
+    ident = procs.Identity(123, 456)
+    assert record.record_path(tmp_path, ident) == Path(tmp_path) / "123-456.json"
+
+
+def test_scan_reads_the_children_of_every_thread():
+    # A child is listed under the thread that forked it (while that thread lives), not under the
+    # main thread; a guard's orphans can land on any of its threads the same way.
+    box, spawned, done = {}, threading.Event(), threading.Event()
+
+    def spawn():
+        box["p"] = subprocess.Popen(["sleep", "300"])
+        spawned.set()
+        done.wait(30)
+
+    t = threading.Thread(target=spawn)
+    t.start()
+    spawned.wait(10)
+    p = box["p"]
+    try:
+        me = os.getpid()
+        main_children = Path(f"/proc/{me}/task/{me}/children").read_text().split()
+        assert str(p.pid) not in main_children  # the test means something
+        found = scan.descendants(me)
+        assert p.pid in found
+        assert found[p.pid].ppid == me
+        assert found[p.pid].start == procs.start_ticks(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+        done.set()
+        t.join()
+    assert p.pid not in scan.descendants(os.getpid())
+
+
+def test_scan_finds_grandchildren_and_their_groups():
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    os.write(1, f'{os.getpid()}\\n'.encode())\n"
+        "    time.sleep(300)\n"
+        "os.read(0, 1)\n"
+    )
+    p = subprocess.Popen([PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        grandchild = int(p.stdout.readline())
+        found = scan.descendants(os.getpid())
+        assert found[grandchild].ppid == p.pid
+        assert found[grandchild].pgid == grandchild
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
+        p.stdin.close()
+        p.wait(10)
+        p.stdout.close()
