@@ -67,6 +67,19 @@ def work_groups(record: dict) -> list[procs.Group]:
     return groups
 
 
+def exit_from_record(record: dict | None) -> dict | None:
+    """CMD's outcome as events give it: code as a shell reports it (128+N for signal N)."""
+    exit_info = (record or {}).get("exit")
+    if not isinstance(exit_info, dict):
+        return None
+    code, signal_number = exit_info.get("code"), exit_info.get("signal")
+    if isinstance(signal_number, int):
+        return {"code": 128 + signal_number, "signal": signal_number, "reason": None}
+    if isinstance(code, int):
+        return {"code": code, "signal": None, "reason": None}
+    return None
+
+
 class Manager:
     def __init__(
         self,
@@ -325,9 +338,9 @@ class Manager:
         if turn.exit is not None or turn.state not in (State.RUNNING, State.STOPPING):
             return
         turn.guard.drain()  # output first, then the outcome
-        exit_info = (record or {}).get("exit")
-        if isinstance(exit_info, dict) and exit_info.get("code") is not None:
-            turn.exit = {"code": exit_info["code"], "signal": exit_info.get("signal"), "reason": None}
+        recorded = exit_from_record(record)
+        if recorded is not None:
+            turn.exit = recorded
         elif returncode is not None and 0 <= returncode != 125:
             signal_number = returncode - 128 if returncode > 128 else None
             turn.exit = {"code": returncode, "signal": signal_number, "reason": None}
@@ -363,7 +376,7 @@ class Manager:
         if kind == "group":
             self._publish_new_groups(turn, record)
         elif kind == "exited":
-            if (record.get("exit") or {}).get("code") is not None:
+            if exit_from_record(record) is not None:
                 self._learn_exit(turn, record, None)
         elif kind == "gone" and record.get("state") == "gone":
             asyncio.get_running_loop().create_task(self._confirm_gone(turn, record, guard_done=False))
@@ -430,6 +443,9 @@ class Manager:
                 del self.finished[turn_id]
         if self.queue:
             self.grant_waiters()
+        for turn in self.turns.values():
+            if turn.guard is not None:
+                turn.guard.terminate_if_pending()
         self.retry_unconfirmed()
 
     # -- views -----------------------------------------------------------------------------------

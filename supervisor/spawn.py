@@ -43,6 +43,7 @@ class Guard:
         self._on_output: OutputCallback | None = None
         self._stdin_buffer = bytearray()
         self._stdin_eof = False
+        self.terminate_pending = False
 
     @property
     def pid(self) -> int:
@@ -136,8 +137,21 @@ class Guard:
             stdin.close()
 
     def terminate(self) -> bool:
-        """Ask the guard to end the turn (it sends SIGTERM, waits its grace, then SIGKILL)."""
+        """Ask the guard to end the turn (it sends SIGTERM, waits its grace, then SIGKILL).
+
+        Until the guard has written its record it may not have its handlers yet, and SIGTERM
+        would kill it outright: then the request stays pending and `terminate_if_pending`
+        (called on every tick) sends it once the record is there.
+        """
+        if not self.record_path.exists():
+            self.terminate_pending = True
+            return False
+        self.terminate_pending = False
         return procs.signal_process(self.identity, signal.SIGTERM)
+
+    def terminate_if_pending(self) -> None:
+        if self.terminate_pending and self.returncode is None:
+            self.terminate()
 
     def reap(self) -> int | None:
         """The daemon's one waitpid for this guard; returns its status once it has exited."""

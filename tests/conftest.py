@@ -91,3 +91,157 @@ def state_dir():
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+# -- a real supervisor in a temporary state directory ---------------------------------------------
+
+
+def write_config(state_dir: Path, *, caps: str = "codex = 2", grace: str = "300ms", scan: str = "200ms",
+                 extra: str = "") -> Path:
+    path = state_dir / "ccsup.toml"
+    path.write_text(
+        f"[slots]\ncaps = {{ {caps} }}\n{extra}\n[guard]\ngrace = \"{grace}\"\nscan = \"{scan}\"\n"
+    )
+    return path
+
+
+class RunningDaemon:
+    """`ccsup start --foreground` as a child of the test, found again by its state directory."""
+
+    def __init__(self, state_dir: Path, config: Path):
+        self.state_dir = state_dir
+        self.config = config
+        self.proc = None
+        self.stderr_path = state_dir / "daemon.stderr"
+
+    def start(self, *extra: str, timeout: float = 15.0) -> "RunningDaemon":
+        import subprocess
+
+        command = [PYTHON, "-m", "supervisor", "--state-dir", str(self.state_dir), "--config", str(self.config),
+                   "start", "--foreground", *extra]
+        with open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                         start_new_session=True)
+        from supervisor.client import Client
+        from supervisor.errors import CcsupError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the daemon exited {self.proc.returncode}: {self.stderr_path.read_text()[-2000:]}")
+            try:
+                with Client(self.state_dir, timeout=1.0) as client:
+                    client.status()
+                return self
+            except CcsupError:
+                if time.monotonic() > deadline:
+                    pytest.fail("the daemon did not answer status in time")
+                time.sleep(0.02)
+
+    def client(self, timeout: float = 5.0):
+        from supervisor.client import Client
+
+        return Client(self.state_dir, timeout=timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        from supervisor.errors import CcsupError
+
+        try:
+            with self.client() as client:
+                client.quit()
+        except CcsupError:
+            pass
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the supervisor, by pid, and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def daemon(state_dir):
+    """A factory: daemon(caps=..., grace=...) starts a supervisor; all are stopped afterwards."""
+    started: list[RunningDaemon] = []
+
+    def make(start: bool = True, **config) -> RunningDaemon:
+        d = RunningDaemon(state_dir, write_config(state_dir, **config))
+        started.append(d)
+        return d.start() if start else d
+
+    yield make
+    for d in started:
+        if d.proc is not None and d.proc.poll() is None:
+            try:
+                d.stop(timeout=20)
+            except Exception:
+                d.kill()
+
+
+class EventLog:
+    """Every bus event, collected by a thread from a live subscription, for tests to wait on."""
+
+    def __init__(self, daemon: RunningDaemon, prefixes=("",)):
+        import threading
+
+        self.events: list[tuple[str, dict, float]] = []
+        self._cond = threading.Condition()
+        self._client = daemon.client()
+        self._sub = self._client.subscribe(list(prefixes))
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop:
+            event = self._sub.recv(0.05)
+            if event is not None:
+                with self._cond:
+                    self.events.append((event[0], event[1], time.monotonic()))
+                    self._cond.notify_all()
+
+    def topics(self, prefix: str = "") -> list[str]:
+        with self._cond:
+            return [t for t, _, _ in self.events if t.startswith(prefix)]
+
+    def find(self, topic: str) -> list[dict]:
+        with self._cond:
+            return [b for t, b, _ in self.events if t == topic]
+
+    def wait_for(self, topic: str, timeout: float = 15.0) -> dict:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for t, body, _ in self.events:
+                    if t == topic:
+                        return body
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail(f"no {topic} within {timeout}s; saw {[t for t, _, _ in self.events][-20:]}")
+                self._cond.wait(left)
+
+    def time_of(self, topic: str) -> float:
+        with self._cond:
+            return next(at for t, _, at in self.events if t == topic)
+
+    def close(self):
+        self._stop = True
+        self._thread.join(2)
+        self._sub.close()
+        self._client.close()
+
+
+@pytest.fixture
+def event_log():
+    """A factory: event_log(daemon) follows its bus until the test ends."""
+    logs: list[EventLog] = []
+
+    def make(d: RunningDaemon, prefixes=("",)) -> EventLog:
+        log = EventLog(d, prefixes)
+        logs.append(log)
+        return log
+
+    yield make
+    for log in logs:
+        log.close()
