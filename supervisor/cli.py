@@ -40,6 +40,7 @@ from .paths import TURN_ID, StatePaths
 
 START_WAIT = 10.0  # seconds `ccsup start` waits for a detached supervisor to answer
 STDERR_FILE = "ccsup.stderr"
+WAIT_NOTICE = 0.25  # seconds a turn waits before `ccsup run` says so
 
 
 class CcsupGroup(click.Group):
@@ -134,7 +135,12 @@ def start(ctx, foreground: bool, config_path: str | None, caps: dict | None, log
     if foreground:
         from .daemon import serve
 
-        ctx.exit(serve(config, state_dir, caps_override=caps, foreground=not log_to_file))
+        ctx.exit(
+            serve(
+                config, state_dir, caps_override=caps, foreground=not log_to_file,
+                config_path=config_path or where.config_option,
+            )
+        )
     paths = StatePaths(state_dir)
     paths.ensure()
     with where.client(timeout=1.0) as probe:
@@ -498,6 +504,8 @@ class _TurnRunner:
         self.as_json = as_json
         self.exited: dict | None = None
         self._shown_position = None
+        self._waiting: tuple | None = None
+        self.granted = False
         paths = client.paths
         self.outputs = {
             stream: OutputFollower(paths.output_log(turn_id, stream), getattr(sys, stream).buffer)
@@ -505,28 +513,37 @@ class _TurnRunner:
         }
 
     def waiting(self, position) -> None:
-        if self.as_json or position == self._shown_position:
+        """Note that the turn waits; said on stderr only if it still waits WAIT_NOTICE s later
+        (every turn passes through `queued`, and a free slot grants it at once)."""
+        if not self.granted:
+            self._waiting = (position, time.monotonic())
+
+    def _show_waiting(self) -> None:
+        if self._waiting is None or self.granted or self.as_json:
+            return
+        position, since = self._waiting
+        if position == self._shown_position or time.monotonic() - since < WAIT_NOTICE:
             return
         self._shown_position = position
         where = f" (position {position})" if position is not None else ""
         click.echo(f"ccsup: waiting for a slot of {self.key}{where}", err=True)
 
     def follow(self, sub, interrupts: list[int]) -> int:
-        handled = 0
+        cancel_sent = False
         quiet_since = time.monotonic()
         while True:
-            if len(interrupts) > handled:
-                handled = len(interrupts)
-                if handled == 1:
-                    click.echo(f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)", err=True)
-                    try:
-                        self.client.cancel(self.turn_id)
-                    except RemoteError as e:
-                        click.echo(f"ccsup: unable to cancel turn {self.turn_id}: {e.message}", err=True)
-                else:
-                    click.echo(f"ccsup: turn {self.turn_id} is still being stopped; not waiting for it", err=True)
-                    return 130
-            event = sub.recv(0.2)
+            if interrupts and not cancel_sent:
+                cancel_sent = True
+                click.echo(f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)", err=True)
+                try:
+                    self.client.cancel(self.turn_id)
+                except RemoteError as e:
+                    click.echo(f"ccsup: unable to cancel turn {self.turn_id}: {e.message}", err=True)
+            if len(interrupts) >= 2:
+                click.echo(f"ccsup: turn {self.turn_id} is still being stopped; not waiting for it", err=True)
+                return 130
+            event = sub.recv(0.1)
+            self._show_waiting()
             if event is None:
                 if time.monotonic() - quiet_since > 1.0:
                     self.client.check_running()  # NotRunning ends the wait: no terminal event will come
@@ -546,6 +563,8 @@ class _TurnRunner:
                 self.outputs[kind].on_event(body)
         elif kind == "queued":
             self.waiting(body.get("position"))
+        elif kind in ("granted", "started"):
+            self.granted = True
         elif kind == "exited":
             self.exited = body
         if not is_terminal(topic):
@@ -631,6 +650,8 @@ def logs(ctx, turn_id: str, follow: bool, use_stderr: bool) -> None:
     try:
         path = client.paths.output_log(turn_id, stream)
         out = OutputFollower(path, sys.stdout.buffer)
+        if follow and not client.running() and not path.exists():
+            client.check_running()  # nothing to print and nothing to follow: NotRunning
         if not follow or not client.running():
             if not out._from_file():
                 raise CcsupError(f"unable to read the {stream} of turn {turn_id}: no file {path}")
