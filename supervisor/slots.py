@@ -389,7 +389,14 @@ class SlotGate:
     def try_acquire(
         self, key: str, holder: Holder, *, turn: str | None = None, reservation: dict | None = None
     ) -> Slot | None:
-        """Take a slot of key now, or None (self.last_refusal says why). Never blocks on a holder."""
+        """Take a slot of key now, or None. Never blocks on a holder.
+
+        On None, self.last_refusal says why: "low_memory" (below min_free_memory; nothing was
+        touched), "machine_full", "key_full", or "unreadable" (the slots that filled the machine or
+        the key include an unreadable one, or the key's directory cannot be read: a person must look).
+        With a machine cap, the `_machine` slot is locked first and unlocked again if the key is full.
+        A bad key raises UsageError.
+        """
         check_key(key)
         reservation = _reservation(reservation)
         caps = self.caps
