@@ -363,12 +363,27 @@ def test_ps_shows_a_running_turn_and_a_waiter(daemon):
                 p.wait()
 
 
-def test_stop_returns_and_frees_the_lock(daemon):
+def test_stop_returns_only_when_everything_is_gone_and_the_lock_is_free(daemon):
     state_dir, pid = daemon
-    done = ccsup("stop", "--timeout", "10", state_dir=state_dir)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.decode() == f"ccsup stopped (state {state_dir})\n"
-    assert not lock_held(state_dir / "supervisor.lock")
+    run = subprocess.Popen(
+        [*CCSUP, "run", "--key", "t", "--", "sh", "-c", "trap '' TERM; sleep 30 & echo $!; wait"],
+        env=_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        sleeper = procs.identity_of(int(run.stdout.readline()))
+        assert sleeper is not None
+        done = ccsup("stop", "--timeout", "10", state_dir=state_dir)
+        # Checked at once: the TERM-ignoring work outlives the 300 ms grace, so a stop that did not
+        # wait for the daemon would return while the lock is still held and the sleeper runs.
+        assert not lock_held(state_dir / "supervisor.lock")
+        assert not procs.process_running(sleeper)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.decode() == f"ccsup stopped (state {state_dir})\n"
+        assert run.wait(10) == 128 + 9
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
     wait_until(lambda: procs.read_stat(pid) is None or procs.read_stat(pid).zombie, 5, what="the daemon to exit")
     again = ccsup("stop", state_dir=state_dir, timeout=10)
     assert again.returncode == 3
@@ -421,3 +436,30 @@ def test_killed_run_gets_its_turn_ended(daemon):
             run.kill()
             run.wait()
     wait_until(lambda: _all_free(state_dir), 10, interval=0.1, what="the dead requester's turn to be released")
+
+
+def test_stop_that_runs_out_of_time_says_what_still_runs(start_daemon):
+    state_dir, _ = start_daemon(FAST_CONFIG.replace('grace = "300ms"', 'grace = "3s"'))
+    run = subprocess.Popen(
+        [*CCSUP, "run", "--key", "one", "--json", "--", "sh", "-c", "trap '' TERM; echo ready; sleep 30"],
+        env=_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        turn_id = None
+        for line in run.stdout:
+            event = json.loads(line)
+            turn_id = event["body"]["id"]
+            if event["topic"].endswith(".stdout"):
+                break
+        done = ccsup("stop", "--timeout", "0.2", state_dir=state_dir)
+        assert done.returncode == 1
+        message = done.stderr.decode()
+        assert message.startswith(f"ccsup: the supervisor on {state_dir} is still stopping after 0.2 s; still running: ")
+        assert f"one[0] held turn {turn_id} (guard pid " in message, message
+        assert lock_held(state_dir / "supervisor.lock")
+        assert ccsup("stop", "--timeout", "10", state_dir=state_dir).returncode in (0, 3)
+        assert not lock_held(state_dir / "supervisor.lock")
+    finally:
+        if run.poll() is None:
+            run.kill()
+        run.wait()
