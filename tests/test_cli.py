@@ -463,3 +463,15 @@ def test_stop_that_runs_out_of_time_says_what_still_runs(start_daemon):
         if run.poll() is None:
             run.kill()
         run.wait()
+
+
+def test_logs_prints_a_finished_turns_exact_output(daemon):
+    state_dir, _ = daemon
+    done = ccsup("run", "--key", "t", "--json", "--", "sh", "-c", r"printf 'a\377b\n'; printf 'e\n' >&2",
+                 state_dir=state_dir)
+    assert done.returncode == 0
+    turn_id = json.loads(done.stdout.splitlines()[0])["body"]["id"]
+    assert ccsup("logs", turn_id, state_dir=state_dir).stdout == b"a\xffb\n"
+    assert ccsup("logs", turn_id, "--stderr", state_dir=state_dir).stdout == b"e\n"
+    followed = ccsup("logs", turn_id, "-f", state_dir=state_dir, timeout=10)  # finished: returns at once
+    assert (followed.returncode, followed.stdout) == (0, b"a\xffb\n")
