@@ -36,7 +36,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from guardd import linux, procs, record, scan
 

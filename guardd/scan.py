@@ -15,16 +15,20 @@ Stateless. Standard library only.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
 class Proc:
-    pid: int
-    ppid: int
-    pgid: int
-    start: int
-    zombie: bool
+    """One descendant as the scan saw it. A plain slotted class: cheap to build, and importing
+    typing or dataclasses for it would cost the guard's start more than the scan saves."""
+
+    __slots__ = ("pid", "ppid", "pgid", "start", "zombie")
+
+    def __init__(self, pid: int, ppid: int, pgid: int, start: int, zombie: bool):
+        self.pid, self.ppid, self.pgid, self.start, self.zombie = pid, ppid, pgid, start, zombie
+
+    def __repr__(self) -> str:
+        return (f"Proc(pid={self.pid}, ppid={self.ppid}, pgid={self.pgid}, start={self.start},"
+                f" zombie={self.zombie})")
 
 
 def _read(path: str) -> bytes | None:
