@@ -4,7 +4,8 @@ Design note. A child is listed under the *thread* that forked it, and an orphan 
 subreaper may land on any live thread of it, so every thread's `children` file is read (for the
 common single-threaded process, only its main thread's, known from the thread count in `stat`).
 Walking down from the guard finds exactly its descendants without reading every process on the
-machine, which keeps a scan of 500 processes in a few milliseconds. The walk is a snapshot: a
+machine; its cost is two small reads a process (about 16-22 us each process on these machines,
+so 50 processes take under 1 ms and 500 about 8-11 ms). The walk is a snapshot: a
 process that forks or exits meanwhile may be missed or listed after it died; callers scan again
 (every interval and on every SIGCHLD) and judge liveness through guardd.procs, never through a
 scan alone. Files are read with os.open/os.read: the buffered `open()` costs several times more.
