@@ -1,0 +1,170 @@
+"""Throughput and latency through the daemon, against a plain driver in the same run.
+
+    .venv/bin/python tests/bench/bench_daemon.py [--turns 200] [--cap 4]
+
+Prints one JSON line:
+- `ccsup_s` / `plain_s`: wall time of N turns of `sleep 0.05` at cap C through a real daemon
+  (requests from one client, all at once) and through subprocess + a semaphore of C threads;
+  `ratio` = ccsup_s / plain_s (goal <= 1.3).
+- `handoff_ms_median` / `_p90`: from a turn's `gone` (its last group gone) to the next waiter's
+  CMD running (the moment it writes its start), cap 1, 30 turns (goal median < 50 ms).
+- `ps_ms_median`: `ccsup ps --json` as a subprocess (CLI start-up included) with 100 slots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from supervisor.client import Client
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_daemon(state: Path, caps: str) -> subprocess.Popen:
+    config = state / "ccsup.toml"
+    config.write_text(f'[slots]\ncaps = {{ {caps} }}\n[guard]\ngrace = "1s"\nscan = "2s"\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "--state-dir", str(state), "--config", str(config), "start", "--foreground"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(state / "daemon.err", "wb"),
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            with Client(state, timeout=1) as c:
+                c.status()
+            return proc
+        except Exception:
+            time.sleep(0.02)
+    proc.kill()
+    raise SystemExit("daemon did not start")
+
+
+def stop_daemon(proc: subprocess.Popen, state: Path) -> None:
+    try:
+        with Client(state) as c:
+            c.quit()
+        proc.wait(30)
+    except Exception:
+        proc.kill()
+        proc.wait()
+
+
+def plain_driver(turns: int, cap: int) -> float:
+    gate = threading.Semaphore(cap)
+
+    def one():
+        with gate:
+            subprocess.run(["sleep", "0.05"])
+
+    threads = [threading.Thread(target=one) for _ in range(turns)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0
+
+
+def through_ccsup(state: Path, turns: int, cap: int) -> float:
+    proc = start_daemon(state, f"bench = {cap}")
+    try:
+        with Client(state, timeout=10) as client, client.subscribe(["turn.b"]) as sub:
+            t0 = time.monotonic()
+            for i in range(turns):
+                client.turn("bench", ["sleep", "0.05"], id=f"b{i}")
+            done = 0
+            while done < turns:
+                event = sub.recv(60)
+                if event is None:
+                    raise SystemExit("no event for 60 s")
+                if event[0].endswith((".released", ".cancelled", ".rejected")):
+                    done += 1
+            return time.monotonic() - t0
+    finally:
+        stop_daemon(proc, state)
+
+
+def handoff(state: Path, turns: int = 30) -> list[float]:
+    proc = start_daemon(state, "hand = 1")
+    marks = state / "marks"
+    marks.mkdir()
+    gaps = []
+    try:
+        with Client(state, timeout=10) as client, client.subscribe(["turn.h"]) as sub:
+            gone_at = {}
+            for i in range(turns):
+                client.turn("hand", ["sh", "-c", f"date +%s.%N > {marks}/h{i}"], id=f"h{i}")
+            done = 0
+            while done < turns:
+                topic, body = sub.recv(60)
+                if topic.endswith(".gone"):
+                    gone_at[int(body["id"][1:])] = body["ts"]
+                if topic.endswith(".released"):
+                    done += 1
+        for i in range(1, turns):
+            started = float((marks / f"h{i}").read_text())
+            gaps.append((started - gone_at[i - 1]) * 1000)
+    finally:
+        stop_daemon(proc, state)
+    return gaps
+
+
+def ps_roundtrip(state: Path, runs: int = 10) -> list[float]:
+    caps = ", ".join(f"k{i} = 10" for i in range(10))  # 10 keys x 10 slots = 100 slots
+    proc = start_daemon(state, caps)
+    times = []
+    try:
+        ccsup = [sys.executable, "-m", "supervisor", "--state-dir", str(state), "ps", "--json"]
+        for _ in range(runs):
+            t0 = time.monotonic()
+            out = subprocess.run(ccsup, capture_output=True, check=True).stdout
+            times.append((time.monotonic() - t0) * 1000)
+        assert len(json.loads(out)["slots"]) == 100
+    finally:
+        stop_daemon(proc, state)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--cap", type=int, default=4)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="ccsup-b-", dir="/tmp"))
+    try:
+        dirs = {}
+        for name in ("throughput", "handoff", "ps"):
+            dirs[name] = root / name
+            dirs[name].mkdir(mode=0o700)
+        plain = plain_driver(args.turns, args.cap)
+        ccsup = through_ccsup(dirs["throughput"], args.turns, args.cap)
+        gaps = handoff(dirs["handoff"])
+        ps = ps_roundtrip(dirs["ps"])
+        print(json.dumps({
+            "bench": "daemon",
+            "turns": args.turns,
+            "cap": args.cap,
+            "plain_s": round(plain, 3),
+            "ccsup_s": round(ccsup, 3),
+            "ratio": round(ccsup / plain, 3),
+            "handoff_ms_median": round(statistics.median(gaps), 1),
+            "handoff_ms_p90": round(sorted(gaps)[int(len(gaps) * 0.9)], 1),
+            "ps_ms_median": round(statistics.median(ps), 1),
+        }))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
