@@ -1,0 +1,96 @@
+"""CLI start-up: `ccsup --version`, `ccsup status` and `ccsup ps --json` (100 slots) as subprocesses.
+
+    .venv/bin/python tests/bench/bench_cli.py [--runs 15]
+
+Prints one JSON line of medians in milliseconds over `--runs` runs each, all measured in this run:
+- `python_ms`: `python -I -c pass`, the interpreter alone (the floor);
+- `zmq_ms`: `python -c "import zmq"`, the floor of any command that talks to the daemon;
+- `version_ms`: `ccsup --version` (the installed console script);
+- `status_ms`, `ps_ms`: `ccsup --config C --state-dir D status` and `... ps --json` against a real
+  daemon with 10 keys x cap 10 = 100 slots, started with `python -m supervisor ... start` (detached)
+  in a temporary state directory and stopped with `ccsup stop` afterwards (issue 4's goal:
+  `ps_ms` < 150).
+The runs of each command alternate (a round of every command, then the next round), so that a
+burst of load on the shared machine falls on all of them alike. The temporary XDG directories keep
+the user's own configuration out of the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+CCSUP = str(Path(PYTHON).parent / "ccsup")
+
+
+def timed(argv: list[str], env: dict) -> tuple[float, bytes]:
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, env=env, cwd=ROOT)
+    elapsed = (time.perf_counter() - t0) * 1000
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode(errors='replace')}")
+    return elapsed, done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="ccb-", dir="/tmp"))
+    state = root / "s"
+    config = root / "ccsup.toml"
+    caps = ", ".join(f"k{i} = 10" for i in range(10))  # 10 keys x 10 slots = 100 slots
+    config.write_text(f"[slots]\ncaps = {{ {caps} }}\n")
+    env = {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(root / "config"),
+        "XDG_STATE_HOME": str(root / "state"),
+    }
+    env.pop("CCSUP_CONFIG", None)
+    env.pop("CCSUP_STATE_DIR", None)
+    where = ["--state-dir", str(state), "--config", str(config)]
+    commands = {
+        "python_ms": [PYTHON, "-I", "-c", "pass"],
+        "zmq_ms": [PYTHON, "-c", "import zmq"],
+        "version_ms": [CCSUP, "--version"],
+        "status_ms": [CCSUP, *where, "status"],
+        "ps_ms": [CCSUP, *where, "ps", "--json"],
+    }
+    try:
+        timed([PYTHON, "-m", "supervisor", *where, "start"], env)
+        try:
+            _, out = timed(commands["ps_ms"], env)
+            slots = len(json.loads(out)["slots"])
+            if slots != 100:
+                raise SystemExit(f"expected 100 slots, ps shows {slots}")
+            times: dict[str, list[float]] = {name: [] for name in commands}
+            for _ in range(args.runs):
+                for name, argv in commands.items():
+                    times[name].append(timed(argv, env)[0])
+        finally:
+            timed([CCSUP, *where, "stop", "--timeout", "30"], env)
+        medians = {name: round(statistics.median(values), 1) for name, values in times.items()}
+        print(json.dumps({
+            "bench": "cli",
+            "runs": args.runs,
+            "slots": slots,
+            **medians,
+            "ps_over_zmq_ms": round(medians["ps_ms"] - medians["zmq_ms"], 1),
+            "version_over_python_ms": round(medians["version_ms"] - medians["python_ms"], 1),
+        }))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
