@@ -21,19 +21,19 @@ holds it. The same `_SECTIONS` table drives the known-key check and the commente
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
 import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
-import tomli_w
-
+# Start-up cost matters here (every `ccsup` command parses the config): difflib, tomli_w and
+# importlib.resources are imported where they are needed, regular expressions used only for an
+# error, a size or a CURVE key are compiled on first use (re caches them), and the line map of a
+# file is built only when there is a problem to place.
 from .caps import Caps, check_cap, key_problem
 from .errors import ConfigError, UsageError
 
@@ -46,7 +46,7 @@ TTL_ENV = "CCSUP_RESERVATION_TTL_MS"
 # sun_path is 108 bytes including the terminating NUL: a longer ipc path cannot be bound.
 MAX_IPC_PATH = 107
 Z85_KEY_LENGTH = 40  # a 32-byte CURVE key in Z85
-_Z85 = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}\Z")
+_Z85 = r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}\Z"  # compiled on first use
 
 
 # ----------------------------------------------------------------------------- the values
@@ -136,7 +136,7 @@ class ConfigProblems(ConfigError):
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*\Z", re.IGNORECASE)
 _DURATION_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*\Z", re.IGNORECASE)
+_SIZE = r"(?i)\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*\Z"  # compiled on first use
 # Single letters and IEC names are powers of 1024 (as systemd and docker read "1G"); kB, MB... are SI.
 _SIZE_UNIT = {"": 1, "b": 1}
 for _i, _letter in enumerate("kmgt", start=1):
@@ -185,7 +185,7 @@ def parse_size(value: object, *, where: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         size = value
     elif isinstance(value, str):
-        match = _SIZE.match(value)
+        match = re.match(_SIZE, value)
         unit = match.group(2).lower() if match else None
         if not match or unit not in _SIZE_UNIT:
             raise ConfigError(
@@ -204,14 +204,18 @@ def parse_size(value: object, *, where: str) -> int:
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
 _SIMPLE = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
 _DOTTED = rf"{_SIMPLE}(?:[ \t]*\.[ \t]*{_SIMPLE})*"
-_HEADER = re.compile(rf"[ \t]*\[\[?[ \t]*({_DOTTED})[ \t]*\]")
-_ASSIGN = re.compile(rf"[ \t]*({_DOTTED})[ \t]*=")
+_HEADER = rf"[ \t]*\[\[?[ \t]*({_DOTTED})[ \t]*\]"  # both compiled on first use
+_ASSIGN = rf"[ \t]*({_DOTTED})[ \t]*="
 
 KeyPath = tuple  # a key path: ("slots", "caps", "opencode:xai")
 
 
 def dotted(path: KeyPath) -> str:
     """The key path as TOML writes it: slots.caps."opencode:xai"."""
+    if all(_BARE_KEY.match(p) for p in path):
+        return ".".join(path)
+    import tomli_w  # only for a key that needs quoting
+
     return ".".join(p if _BARE_KEY.match(p) else tomli_w.dumps({p: 0}).split(" = ")[0] for p in path)
 
 
@@ -237,8 +241,8 @@ class _LineMap:
                 if line.count(in_string) % 2:
                     in_string = None
                 continue
-            header = _HEADER.match(line)
-            assign = None if header else _ASSIGN.match(line)
+            header = re.match(_HEADER, line)
+            assign = None if header else re.match(_ASSIGN, line)
             try:
                 if header:
                     table = _key_path(header.group(1))
@@ -352,8 +356,16 @@ class _Checker:
 
     def __init__(self, text: str, source: str):
         self.source = source
-        self.lines = _LineMap(text)
+        self.text = text
+        self._lines: _LineMap | None = None
         self.problems: list[Problem] = []
+
+    @property
+    def lines(self) -> _LineMap:
+        """The line map, made on the first problem (a valid file never needs it)."""
+        if self._lines is None:
+            self._lines = _LineMap(self.text)
+        return self._lines
 
     def add(self, path: KeyPath, message: str) -> None:
         self.problems.append(Problem(self.source, self.lines.line_of(path), dotted(path), message))
@@ -366,6 +378,8 @@ class _Checker:
             return {}
         for name in value:
             if name not in known:
+                import difflib  # only for a mistake
+
                 close = difflib.get_close_matches(name, sorted(known), n=1)
                 hint = f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(sorted(known))})"
                 self.add(path + (name,), "unknown key" + hint)
@@ -416,7 +430,7 @@ def _endpoint(value: object, *, where: str) -> str:
 
 def _z85_key(value: object, *, where: str) -> str:
     value = _string(value, where=where)
-    if not _Z85.match(value):
+    if not re.match(_Z85, value):
         raise ConfigError(f"{where}: a CURVE key is {Z85_KEY_LENGTH} Z85 characters (see zmq.curve_keypair())")
     return value
 
@@ -598,6 +612,8 @@ def find_config_path(cli_path: str | None, env: Mapping[str, str]) -> Path | Non
 
 def embedded_text() -> str:
     """The text of the embedded supervisor/default.toml."""
+    from importlib import resources  # 5 ms of imports, for the case of no config file
+
     return resources.files("supervisor").joinpath("default.toml").read_text(encoding="utf-8")
 
 
@@ -637,6 +653,8 @@ def _toml_value(value: object) -> str:
         return "{ " + ", ".join(items) + " }"
     if isinstance(value, list):  # one line, so that commenting it out is one "# "
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    import tomli_w  # only `config init` and its tests render values
+
     return tomli_w.dumps({"x": value}).split(" = ", 1)[1].strip()
 
 
