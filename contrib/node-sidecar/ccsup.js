@@ -1,0 +1,372 @@
+// A small Node.js client of the ccsup supervisor, for sidecars (ES module, zeromq v6).
+//
+// What it does: finds the state directory as the ccsup CLI does, connects a SUB to bus-out (made
+// live by the `ccsup.hello.<nonce>` handshake before anything is requested), a PUB to bus-in and a
+// DEALER to the control socket. A turn is requested by publishing `request.turn` on the bus and
+// re-publishing (requests are idempotent by id) until the supervisor's first event for that id
+// arrives: a fresh PUB drops what it sends before its connection is up, so one send is not enough.
+// The turn's events are then yielded in order by an async iterator that ends after the terminal
+// one (`released`, `cancelled` or `rejected`).
+//
+// Design note (seq gaps). Every supervisor event carries `seq`, one counter for all its topics. A
+// filtered subscription sees holes by design, so this client subscribes to every topic the
+// supervisor speaks (`turn.`, `supervisor.`, `slot.`) and checks the count there; a hole is a
+// real loss. On one, each followed turn gets a `ccsup.gap` event and the client catches up with
+// `ps` on the control socket. A turn that `ps` no longer shows has ended; a second hello round
+// trip (answered after every event the supervisor published before it) then delivers its real
+// terminal event if it is still in flight, else the client yields an *inferred* terminal event
+// (`inferred: true`): `released` when the turn was granted, else `cancelled` with reason
+// `unknown`. Lost output is in `<state>/turns/<id>/stdout.log` (exact bytes, by `offset`).
+//
+// State: none on disk. What the client does not read: the TOML config (its `state_dir` and
+// endpoints) — pass `stateDir` and `endpoints` when the supervisor does not use the defaults.
+// When the supervisor restarts, seq starts again from 1: a lower seq is followed, not a gap.
+
+import { Dealer, Publisher, Subscriber } from "zeromq";
+import { randomUUID } from "node:crypto";
+import { homedir } from "node:os";
+import { join } from "node:path";
+
+export const TERMINAL = new Set(["released", "cancelled", "rejected"]);
+const SUPERVISOR_TOPICS = ["turn.", "supervisor.", "slot."];
+const HELLO_PREFIX = "ccsup.hello.";
+const HELLO_RETRY_MS = 500;
+
+export class CcsupError extends Error {
+  constructor(message, code = "failed") {
+    super(message);
+    this.name = "CcsupError";
+    this.code = code;
+  }
+}
+
+/** The state directory: $CCSUP_STATE_DIR, else $XDG_STATE_HOME/ccsup, else ~/.local/state/ccsup. */
+export function findStateDir(env = process.env) {
+  if (env.CCSUP_STATE_DIR) return env.CCSUP_STATE_DIR;
+  if (env.XDG_STATE_HOME) return join(env.XDG_STATE_HOME, "ccsup");
+  return join(env.HOME || homedir(), ".local", "state", "ccsup");
+}
+
+/** The default ipc:// endpoints inside a state directory. */
+export function defaultEndpoints(stateDir) {
+  return {
+    control: `ipc://${join(stateDir, "control")}`,
+    busIn: `ipc://${join(stateDir, "bus-in")}`,
+    busOut: `ipc://${join(stateDir, "bus-out")}`,
+  };
+}
+
+export function newId() {
+  return randomUUID().replaceAll("-", "");
+}
+
+/** One followed turn (or reservation): its events, in order, as an async iterator. */
+export class Turn {
+  constructor(id, sidecar) {
+    this.id = id;
+    this.events = []; // every event seen so far: {topic, kind, body}
+    this.terminal = null;
+    this.granted = false;
+    this._sidecar = sidecar;
+    this._queue = [];
+    this._waiters = [];
+    this._firstEvent = new Promise((resolve) => (this._resolveFirst = resolve));
+    this._ended = new Promise((resolve) => (this._resolveEnded = resolve));
+  }
+
+  _push(event) {
+    if (this.terminal) return; // nothing follows a terminal event
+    if (event.kind === "granted") this.granted = true;
+    if (TERMINAL.has(event.kind)) this.terminal = event;
+    if (!event.topic.startsWith("ccsup.")) this._resolveFirst(event);
+    this.events.push(event);
+    const waiter = this._waiters.shift();
+    if (waiter) waiter(event);
+    else this._queue.push(event);
+    if (this.terminal) {
+      this._resolveEnded(this.terminal);
+      for (const w of this._waiters.splice(0)) w(null);
+      this._sidecar._forget(this.id);
+    }
+  }
+
+  /** The next event, or null after the terminal one has been taken. */
+  next() {
+    if (this._queue.length) return Promise.resolve(this._queue.shift());
+    if (this.terminal) return Promise.resolve(null);
+    return new Promise((resolve) => this._waiters.push(resolve));
+  }
+
+  async *[Symbol.asyncIterator]() {
+    for (;;) {
+      const event = await this.next();
+      if (event === null) return;
+      yield event;
+      if (TERMINAL.has(event.kind)) return;
+    }
+  }
+
+  /** Resolves with the terminal event (consumes nothing from the iterator). */
+  done() {
+    return this._ended;
+  }
+
+  send(data, eof = false) {
+    return this._sidecar.send(this.id, data, eof);
+  }
+
+  cancel() {
+    return this._sidecar.cancel(this.id);
+  }
+}
+
+export class Sidecar {
+  /** Connect and make the bus subscription live; rejects when no supervisor answers. */
+  static async connect(options = {}) {
+    const sidecar = new Sidecar(options);
+    try {
+      await sidecar._hello(sidecar.timeout);
+    } catch (e) {
+      sidecar.close();
+      throw e;
+    }
+    return sidecar;
+  }
+
+  constructor({ stateDir, endpoints, timeout = 5000, holder } = {}) {
+    this.stateDir = stateDir || findStateDir();
+    this.endpoints = endpoints || defaultEndpoints(this.stateDir);
+    this.timeout = timeout;
+    this.holder = holder; // default holder for requests (session, agent, ...)
+    this.gaps = 0; // supervisor events missed, by seq
+    this._turns = new Map();
+    this._hellos = new Map();
+    this._lastSeq = null;
+    this._closed = false;
+    this._controlChain = Promise.resolve();
+    this._sub = new Subscriber({ receiveHighWaterMark: 0 });
+    this._sub.connect(this.endpoints.busOut);
+    for (const prefix of SUPERVISOR_TOPICS) this._sub.subscribe(prefix);
+    this._pub = new Publisher();
+    this._pub.connect(this.endpoints.busIn);
+    this._pumping = this._pump().catch((e) => {
+      for (const turn of this._turns.values()) turn._push({ topic: "ccsup.error", kind: "error", body: { id: turn.id, error: e.message } });
+    });
+  }
+
+  close() {
+    if (this._closed) return;
+    this._closed = true;
+    for (const sock of [this._sub, this._pub, this._dealer]) {
+      if (sock) {
+        sock.linger = 0;
+        sock.close();
+      }
+    }
+  }
+
+  // -- the bus --------------------------------------------------------------------------------
+
+  async _pump() {
+    try {
+      for await (const frames of this._sub) this._dispatch(frames);
+    } catch (e) {
+      if (!this._closed) throw e;
+    }
+  }
+
+  _dispatch(frames) {
+    if (frames.length !== 2) return; // anyone may publish on the bus; not an event
+    const topic = frames[0].toString();
+    if (topic.startsWith(HELLO_PREFIX)) {
+      const resolve = this._hellos.get(topic);
+      if (resolve) resolve();
+      return;
+    }
+    let body;
+    try {
+      body = JSON.parse(frames[1].toString());
+    } catch {
+      return;
+    }
+    if (body === null || typeof body !== "object") return;
+    if (Number.isInteger(body.seq) && SUPERVISOR_TOPICS.some((p) => topic.startsWith(p))) {
+      if (this._lastSeq !== null && body.seq > this._lastSeq + 1) this._onGap(this._lastSeq + 1, body.seq - 1);
+      this._lastSeq = body.seq; // a lower seq: a restarted supervisor; follow its count
+    }
+    if (!topic.startsWith("turn.")) return;
+    const kind = topic.slice(topic.lastIndexOf(".") + 1);
+    const id = topic.slice(5, topic.lastIndexOf("."));
+    const turn = this._turns.get(id);
+    if (turn) turn._push({ topic, kind, body });
+  }
+
+  /** Subscribe to a fresh hello topic and wait for the supervisor's answer on it. */
+  async _hello(timeoutMs) {
+    const topic = `${HELLO_PREFIX}${newId()}`;
+    const answered = new Promise((resolve) => this._hellos.set(topic, resolve));
+    const deadline = Date.now() + timeoutMs;
+    try {
+      while (Date.now() < deadline) {
+        this._sub.subscribe(topic);
+        const got = await Promise.race([answered.then(() => true), sleep(HELLO_RETRY_MS).then(() => false)]);
+        this._sub.unsubscribe(topic);
+        if (got) return;
+      }
+    } finally {
+      this._hellos.delete(topic);
+    }
+    throw new CcsupError(`no supervisor answered a bus subscription on ${this.endpoints.busOut}`, "not_running");
+  }
+
+  _onGap(from, to) {
+    this.gaps += to - from + 1;
+    const followed = [...this._turns.values()];
+    for (const turn of followed) turn._push({ topic: "ccsup.gap", kind: "gap", body: { id: turn.id, from, to } });
+    this._catchUp(followed).catch((e) => {
+      for (const turn of followed) turn._push({ topic: "ccsup.gap", kind: "catchup_failed", body: { id: turn.id, error: e.message } });
+    });
+  }
+
+  async _catchUp(turns) {
+    const ps = await this.ps();
+    const present = new Set([...ps.slots.map((s) => s.turn), ...ps.waits.map((w) => w.id)]);
+    const ended = turns.filter((t) => !t.terminal && !present.has(t.id));
+    if (!ended.length) return;
+    // Events published before ps answered may still be on their way: a hello answered now comes
+    // after all of them (the XPUB keeps order), so a real terminal event wins over an inferred one.
+    await this._hello(this.timeout);
+    for (const turn of ended) {
+      if (turn.terminal) continue;
+      const kind = turn.granted ? "released" : "cancelled";
+      const body = turn.granted ? { id: turn.id, inferred: true } : { id: turn.id, reason: "unknown", inferred: true };
+      turn._push({ topic: `turn.${turn.id}.${kind}`, kind, body });
+    }
+  }
+
+  /** Follow a turn requested elsewhere (another process, the control socket) by its id. */
+  follow(id) {
+    return this._follow(id);
+  }
+
+  _forget(id) {
+    this._turns.delete(id);
+  }
+
+  _follow(id) {
+    let turn = this._turns.get(id);
+    if (!turn) {
+      turn = new Turn(id, this);
+      this._turns.set(id, turn);
+    }
+    return turn;
+  }
+
+  /** Publish request.<kind> until the first event for `turn` arrives (or the timeout passes). */
+  async _request(kind, body, turn) {
+    const frames = [`request.${kind}`, JSON.stringify({ v: 1, ts: Date.now() / 1000, ...body })];
+    const deadline = Date.now() + this.timeout;
+    let interval = 20;
+    let answered = false;
+    turn._firstEvent.then(() => (answered = true));
+    while (!answered) {
+      await this._pub.send(frames);
+      await Promise.race([turn._firstEvent, sleep(interval)]);
+      if (answered) break;
+      if (Date.now() > deadline) {
+        this._forget(turn.id);
+        throw new CcsupError(`no event answered request.${kind} ${JSON.stringify(body.id)} on ${this.stateDir}`);
+      }
+      interval = Math.min(interval * 2, 500);
+    }
+    return turn;
+  }
+
+  /** Request a turn on the bus; resolves with its Turn once the supervisor answered. */
+  turn({ key, argv, id = newId(), cwd, env, holder = this.holder, reservation, waitTimeout } = {}) {
+    const body = compact({ id, key, argv, cwd, env, holder, reservation, wait_timeout: waitTimeout });
+    return this._request("turn", body, this._follow(id));
+  }
+
+  /** Reserve a slot on the bus; its events are followed like a turn's (`turn.<id>.*`). */
+  reserve({ key, id = newId(), holder = this.holder, waitTimeout } = {}) {
+    const body = compact({ id, key, holder, wait_timeout: waitTimeout });
+    return this._request("reserve", body, this._follow(id));
+  }
+
+  /**
+   * Cancel a turn or reservation. One this client follows is cancelled on the bus (re-published
+   * until the turn shows a new event, or has ended); any other through the control socket.
+   */
+  async cancel(id) {
+    const turn = this._turns.get(id);
+    if (!turn) return this.call("cancel", { id });
+    const seen = turn.events.length;
+    const frames = ["request.cancel", JSON.stringify({ v: 1, ts: Date.now() / 1000, id })];
+    const deadline = Date.now() + this.timeout;
+    let interval = 20;
+    while (!turn.terminal && turn.events.length === seen) {
+      if (Date.now() > deadline) throw new CcsupError(`no event answered request.cancel ${JSON.stringify(id)} on ${this.stateDir}`);
+      await this._pub.send(frames);
+      await sleep(interval);
+      interval = Math.min(interval * 2, 500);
+    }
+    return { id };
+  }
+
+  // -- the control socket ---------------------------------------------------------------------
+
+  /** One control request; resolves with `result`, rejects with CcsupError(code) on an error reply. */
+  call(cmd, args = {}) {
+    // A DEALER allows one reader at a time: requests are chained.
+    const run = this._controlChain.then(() => this._call(cmd, args));
+    this._controlChain = run.catch(() => {});
+    return run;
+  }
+
+  async _call(cmd, args) {
+    if (this._closed) throw new CcsupError("the client is closed");
+    if (!this._dealer) {
+      this._dealer = new Dealer({ receiveTimeout: this.timeout, linger: 0 });
+      this._dealer.connect(this.endpoints.control);
+    }
+    const id = newId();
+    await this._dealer.send(JSON.stringify({ v: 1, id, cmd, args }));
+    for (;;) {
+      let frames;
+      try {
+        frames = await this._dealer.receive();
+      } catch (e) {
+        // Nothing stale may stay queued on it: a timed-out DEALER is replaced.
+        this._dealer.close();
+        this._dealer = null;
+        throw new CcsupError(`the supervisor on ${this.stateDir} did not answer ${cmd} (${e.message})`, "not_running");
+      }
+      const reply = JSON.parse(frames[frames.length - 1].toString());
+      if (reply.id !== id) continue; // a late reply to an earlier request
+      if (reply.ok) return reply.result;
+      throw new CcsupError(`${cmd}: ${reply.error.message}`, reply.error.code);
+    }
+  }
+
+  status() {
+    return this.call("status");
+  }
+
+  ps() {
+    return this.call("ps");
+  }
+
+  /** Write to a turn's stdin (`eof` closes it). */
+  send(id, data, eof = false) {
+    return this.call("send", { id, data, eof });
+  }
+}
+
+function compact(obj) {
+  return Object.fromEntries(Object.entries(obj).filter(([, v]) => v !== undefined && v !== null));
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

@@ -1,0 +1,151 @@
+// The sidecar against a real supervisor (and, for seq gaps, a fake one whose losses we choose).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { Router, XPublisher } from "zeromq";
+import { Sidecar, findStateDir, newId } from "../ccsup.js";
+import { startDaemon } from "./daemon.js";
+
+const LIFECYCLE = new Set(["queued", "granted", "started", "exited", "stopping", "gone", "released", "cancelled", "rejected"]);
+let daemon;
+let sidecar;
+
+before(async () => {
+  daemon = startDaemon('solo = 1, capped = 1, res = 1');
+  sidecar = await Sidecar.connect({ stateDir: daemon.stateDir, holder: { session: "node-test", agent: "a" } });
+});
+
+after(() => {
+  sidecar?.close();
+  daemon?.stop();
+});
+
+async function collect(turn) {
+  const events = [];
+  for await (const event of turn) events.push(event);
+  return events;
+}
+
+test("the state directory is found as the CLI finds it", () => {
+  assert.equal(findStateDir({ CCSUP_STATE_DIR: "/s", XDG_STATE_HOME: "/x", HOME: "/h" }), "/s");
+  assert.equal(findStateDir({ XDG_STATE_HOME: "/x", HOME: "/h" }), "/x/ccsup");
+  assert.equal(findStateDir({ HOME: "/h" }), "/h/.local/state/ccsup");
+});
+
+test("a turn runs, reads what is sent to its stdin, and ends released", async () => {
+  const turn = await sidecar.turn({ key: "solo", argv: ["sh", "-c", "read line; echo got $line"] });
+  await turn.send("hello\n", true);
+  const events = await collect(turn);
+  const kinds = events.map((e) => e.kind).filter((k) => LIFECYCLE.has(k));
+  assert.deepEqual(kinds, ["queued", "granted", "started", "exited", "gone", "released"]);
+  const out = events.filter((e) => e.kind === "stdout").map((e) => e.body.data).join("");
+  assert.equal(out, "got hello\n");
+  assert.equal(events.find((e) => e.kind === "exited").body.code, 0);
+  const seqs = events.map((e) => e.body.seq);
+  assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b), "events come in seq order");
+  assert.equal(sidecar.gaps, 0);
+});
+
+test("a cancel mid-turn stops it and it still ends released", async () => {
+  const turn = await sidecar.turn({ key: "solo", argv: ["sh", "-c", "echo ready; exec sleep 30"] });
+  const t0 = Date.now();
+  const events = [];
+  for await (const event of turn) {
+    events.push(event);
+    if (event.kind === "stdout" && event.body.data.includes("ready")) await turn.cancel();
+  }
+  assert.ok(Date.now() - t0 < 10000, "the cancel ended the turn well before its 30 s");
+  const kinds = events.map((e) => e.kind).filter((k) => LIFECYCLE.has(k));
+  assert.deepEqual(kinds.slice(-4), ["stopping", "exited", "gone", "released"]);
+  const exited = events.find((e) => e.kind === "exited").body;
+  assert.equal(exited.signal, 15);
+});
+
+test("a queued turn cancelled takes nothing and ends cancelled", async () => {
+  const first = await sidecar.turn({ key: "solo", argv: ["sh", "-c", "echo ready; exec sleep 30"] });
+  const second = await sidecar.turn({ key: "solo", argv: ["true"] });
+  for await (const event of first) if (event.kind === "stdout") break;
+  await second.cancel();
+  const events = await collect(second);
+  assert.deepEqual(events.map((e) => e.kind), ["queued", "cancelled"]);
+  await first.cancel();
+  assert.equal((await first.done()).kind, "released");
+});
+
+test("the cap holds across two Node processes", async () => {
+  const ids = [newId(), newId()];
+  const followed = ids.map((id) => sidecar.follow(id));
+  const children = ids.map((id) =>
+    spawn(process.execPath, [join(import.meta.dirname, "helper-turn.js"), daemon.stateDir, "capped", id, "0.4"], {
+      stdio: ["ignore", "pipe", "inherit"],
+    }),
+  );
+  const outputs = await Promise.all(
+    children.map(
+      (child) =>
+        new Promise((resolve, reject) => {
+          let out = "";
+          child.stdout.on("data", (d) => (out += d));
+          child.on("exit", (code) => (code === 0 ? resolve(out) : reject(new Error(`helper exited ${code}`))));
+        }),
+    ),
+  );
+  for (const out of outputs) assert.equal(out.trim().split("\n").map((l) => JSON.parse(l).kind).at(-1), "released");
+  const span = await Promise.all(
+    followed.map(async (turn) => {
+      await turn.done();
+      const seq = (kind) => turn.events.find((e) => e.kind === kind).body.seq;
+      return [seq("granted"), seq("released")];
+    }),
+  );
+  span.sort((a, b) => a[0] - b[0]);
+  assert.ok(span[0][1] < span[1][0], `the second turn was granted only after the first was released: ${JSON.stringify(span)}`);
+  const queuedBehind = followed.map((t) => t.events[0].body.position);
+  assert.ok(queuedBehind.includes(1), `one of them waited: ${queuedBehind}`);
+});
+
+test("a seq gap is noticed and caught up with ps (fake supervisor)", async () => {
+  const dir = mkdtempSync("/tmp/ccsup-fake-");
+  const xpub = new XPublisher({ verbosity: "allSubs" });
+  const router = new Router();
+  await xpub.bind(`ipc://${dir}/bus-out`);
+  await router.bind(`ipc://${dir}/control`);
+  // The fake answers hellos; it "loses" seq 3 (the released event) and answers ps with nothing.
+  let subscriptions = (async () => {
+    for await (const [frame] of xpub) {
+      if (frame[0] === 1 && frame.subarray(1).toString().startsWith("ccsup.hello.")) {
+        await xpub.send([frame.subarray(1), "{}"]);
+      }
+    }
+  })().catch(() => {});
+  let psCalls = 0;
+  let control = (async () => {
+    for await (const [identity, frame] of router) {
+      const request = JSON.parse(frame.toString());
+      psCalls += request.cmd === "ps" ? 1 : 0;
+      await router.send([identity, JSON.stringify({ v: 1, id: request.id, ok: true, result: { slots: [], waits: [] } })]);
+    }
+  })().catch(() => {});
+  const client = await Sidecar.connect({ stateDir: dir, timeout: 2000 });
+  try {
+    const turn = client.follow("t1");
+    const ev = (topic, seq, fields) => xpub.send([topic, JSON.stringify({ v: 1, ts: 0, seq, id: "t1", ...fields })]);
+    await ev("turn.t1.queued", 1, { position: 0 });
+    await ev("turn.t1.granted", 2, { index: 0 });
+    await ev("supervisor.reloaded", 4, {});
+    const events = await collect(turn);
+    assert.deepEqual(events.map((e) => e.topic), ["turn.t1.queued", "turn.t1.granted", "ccsup.gap", "turn.t1.released"]);
+    assert.deepEqual(events[2].body, { id: "t1", from: 3, to: 3 });
+    assert.equal(events[3].body.inferred, true);
+    assert.equal(client.gaps, 1);
+    assert.equal(psCalls, 1);
+  } finally {
+    client.close();
+    xpub.close();
+    router.close();
+    await Promise.all([subscriptions, control]);
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
