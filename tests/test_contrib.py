@@ -35,3 +35,82 @@ def test_node_sidecar_tests_pass_against_a_real_supervisor():
                           capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "# fail 0" in proc.stdout
+
+
+# -- systemd: the notify protocol ------------------------------------------------------------------
+
+
+def _recv_all(sock: socket.socket, timeout: float) -> list[str]:
+    sock.settimeout(timeout)
+    try:
+        return [sock.recv(4096).decode()]
+    except TimeoutError:
+        return []
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_under_systemd_ready_comes_once_status_answers_and_stopping_after_quit(state_dir, abstract):
+    from supervisor.client import Client
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if abstract:  # systemd may hand an abstract address, written with a leading "@"
+        name = f"ccsup-test-notify-{os.getpid()}-{time.monotonic_ns()}"
+        sock.bind("\0" + name)
+        notify = "@" + name
+    else:
+        notify = str(state_dir / "notify")
+        sock.bind(notify)
+    config = write_config(state_dir)
+    env = {**os.environ, "NOTIFY_SOCKET": notify}
+    with open(state_dir / "daemon.stderr", "wb") as err:
+        proc = subprocess.Popen([PYTHON, "-m", "supervisor", "--state-dir", str(state_dir), "--config", str(config),
+                                 "start", "--foreground"], env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    try:
+        messages = _recv_all(sock, 20.0)
+        assert messages == ["READY=1"]
+        # READY means ready: status answers at once, with no retry.
+        with Client(state_dir, timeout=2.0) as client:
+            assert client.status()["pid"] == proc.pid
+            assert _recv_all(sock, 0.2) == []  # nothing else while it runs
+            assert client.quit() == {"stopping": True}
+        assert _recv_all(sock, 10.0) == ["STOPPING=1"]
+        assert proc.wait(20) == 0
+        assert _recv_all(sock, 0.2) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        sock.close()
+
+
+def test_the_unit_runs_the_daemon_in_the_foreground_as_type_notify_with_mixed_kill_mode():
+    unit = (ROOT / "contrib" / "systemd" / "ccsup.service").read_text()
+    settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    assert settings["Type"] == "notify"
+    assert settings["ExecStart"].endswith("ccsup start --foreground")
+    assert settings["KillMode"] == "mixed"
+    assert int(settings["TimeoutStopSec"]) >= 30
+
+
+# -- shell completion ------------------------------------------------------------------------------
+
+CCSUP = str(ROOT / ".venv" / "bin" / "ccsup") if (ROOT / ".venv" / "bin" / "ccsup").exists() else shutil.which("ccsup")
+
+
+@pytest.mark.parametrize("shell, opening", [
+    ("bash", "_ccsup_completion() {"),
+    ("zsh", "#compdef ccsup"),
+    ("fish", "function _ccsup_completion;"),
+])
+def test_completion_script_for_each_shell(shell, opening):
+    proc = subprocess.run([CCSUP], env={**os.environ, "_CCSUP_COMPLETE": f"{shell}_source"},
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == opening
+    assert "_CCSUP_COMPLETE" in proc.stdout
+
+
+def test_completion_offers_the_commands_that_match():
+    env = {**os.environ, "_CCSUP_COMPLETE": "bash_complete", "COMP_WORDS": "ccsup st", "COMP_CWORD": "1"}
+    proc = subprocess.run([CCSUP], env=env, capture_output=True, text=True, timeout=20)
+    assert proc.stdout.split() == ["plain,start", "plain,status", "plain,stop"]
