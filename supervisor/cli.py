@@ -13,30 +13,31 @@ returns once the new supervisor answers `status`, or reports the child's stderr 
 it ends first. Run again on a running state directory, it exits 1 saying so. `ccsup run` dying
 (even by SIGKILL) leaves nothing: it names itself (pid + start ticks) as the holder, and the
 supervisor cancels the turn of a holder that is gone.
+
+Start-up cost: every command pays for what this module imports, so it imports only click and the
+errors at the top. The config is imported by the commands that need a state directory, the client
+(and with it zmq and the protocol) by those that talk to the supervisor, subprocess by `start`,
+and `ccsup config` is loaded only when it is asked for. `ccsup --version` and `--help` import none
+of them. The daemon side (daemon, manager, asyncio) is only ever imported by `start --foreground`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
 import sys
 import time
-import uuid
-from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
 from . import __version__
-from . import config as cfg
-from .caps import check_key, parse_caps_option
-from .cli_config import config_group
-from .client import Client, RemoteError, is_terminal, lock_held
 from .errors import AlreadyRunning, CcsupError, NotRunning, UsageError
-from .paths import TURN_ID, StatePaths
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from . import config as cfg
+    from .client import Client
 
 START_WAIT = 10.0  # seconds `ccsup start` waits for a detached supervisor to answer
 STDERR_FILE = "ccsup.stderr"
@@ -44,7 +45,22 @@ WAIT_NOTICE = 0.25  # seconds a turn waits before `ccsup run` says so
 
 
 class CcsupGroup(click.Group):
-    """The `ccsup` group: a CcsupError from any command becomes a message and its exit code."""
+    """The `ccsup` group: a CcsupError from any command becomes a message and its exit code.
+
+    Commands in LAZY_COMMANDS are listed with the others but imported only when used."""
+
+    LAZY_COMMANDS = {"config": ("supervisor.cli_config", "config_group")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in self.LAZY_COMMANDS and name not in self.commands:
+            import importlib
+
+            module, attribute = self.LAZY_COMMANDS[name]
+            self.add_command(getattr(importlib.import_module(module), attribute), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -55,15 +71,17 @@ class CcsupGroup(click.Group):
             ctx.exit(e.exit_code)
 
 
-@dataclass
 class Where:
     """The global options, resolved on first use (so --help and --version read no config)."""
 
-    state_dir_option: str | None
-    config_option: str | None
-    _config: cfg.Config | None = None
+    def __init__(self, state_dir_option: str | None, config_option: str | None):
+        self.state_dir_option = state_dir_option
+        self.config_option = config_option
+        self._config: cfg.Config | None = None
 
     def config(self, path: str | None = None) -> cfg.Config:
+        from . import config as cfg
+
         if path is not None:
             return cfg.load(path, os.environ)
         if self._config is None:
@@ -71,9 +89,13 @@ class Where:
         return self._config
 
     def state_dir(self, config: cfg.Config | None = None) -> Path:
+        from . import config as cfg
+
         return cfg.resolve_state_dir(self.state_dir_option, os.environ, config or self.config())
 
     def client(self, timeout: float = 5.0) -> Client:
+        from .client import Client
+
         config = self.config()
         state_dir = self.state_dir(config)
         return Client(state_dir, endpoints=config.endpoints.resolve(state_dir), timeout=timeout)
@@ -105,6 +127,8 @@ def _where(ctx: click.Context) -> Where:
 
 
 def _emit_json(obj) -> None:
+    import json
+
     click.echo(json.dumps(obj, ensure_ascii=False))
 
 
@@ -114,6 +138,8 @@ def _emit_json(obj) -> None:
 def _caps_option(ctx, param, value: str | None) -> dict[str, int] | None:
     if value is None:
         return None
+    from .caps import parse_caps_option
+
     try:
         return parse_caps_option(value)
     except UsageError as e:
@@ -128,6 +154,9 @@ def _caps_option(ctx, param, value: str | None) -> dict[str, int] | None:
 @click.pass_context
 def start(ctx, foreground: bool, config_path: str | None, caps: dict | None, log_to_file: bool) -> None:
     """Start the supervisor; return once it answers."""
+    from . import config as cfg
+    from .paths import StatePaths
+
     where = _where(ctx)
     config = where.config(config_path)
     state_dir = where.state_dir(config)
@@ -164,7 +193,9 @@ def _pid_of(client: Client) -> str:
         return ""
 
 
-def _spawn_detached(argv: list[str], stderr_path: Path) -> subprocess.Popen:
+def _spawn_detached(argv: list[str], stderr_path: Path):
+    import subprocess
+
     try:
         fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     except OSError as e:
@@ -184,8 +215,10 @@ def _spawn_detached(argv: list[str], stderr_path: Path) -> subprocess.Popen:
         os.close(fd)
 
 
-def _wait_until_answering(where: Where, child: subprocess.Popen, state_dir: Path) -> int:
+def _wait_until_answering(where: Where, child, state_dir: Path) -> int:
     """The detached supervisor's pid once it answers `status`; its stderr and code if it ends first."""
+    from .paths import StatePaths
+
     stderr_path = state_dir / STDERR_FILE
     deadline = time.monotonic() + START_WAIT
     with where.client(timeout=1.0) as client:
@@ -227,6 +260,8 @@ class _ExitWith(CcsupError):
 @click.pass_context
 def stop(ctx, timeout: float) -> None:
     """Stop the supervisor: every turn ended and confirmed gone first."""
+    from .client import RemoteError, lock_held
+
     where = _where(ctx)
     with where.client() as client:
         try:
@@ -368,6 +403,8 @@ def ps(ctx, as_json: bool) -> None:
 
 
 def _key_option(ctx, param, value: str) -> str:
+    from .caps import check_key
+
     try:
         return check_key(value)
     except UsageError as e:
@@ -461,6 +498,8 @@ def turn_exit_status(exited: dict | None) -> int:
 @click.pass_context
 def run(ctx, key, session, agent, cwd, env, wait_timeout, as_json, cmd) -> None:
     """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status."""
+    import uuid
+
     from guardd.procs import start_ticks
 
     holder = {"pid": os.getpid(), "start": start_ticks(os.getpid())}
@@ -486,11 +525,15 @@ class _sigint_queued:
     """While inside: SIGINT only counts (the follow loop acts on it), as trio's handlers do."""
 
     def __enter__(self) -> list[int]:
+        import signal
+
         self.count: list[int] = []
         self._old = signal.signal(signal.SIGINT, lambda signum, frame: self.count.append(signum))
         return self.count
 
     def __exit__(self, *exc) -> None:
+        import signal
+
         signal.signal(signal.SIGINT, self._old)
 
 
@@ -529,6 +572,8 @@ class _TurnRunner:
         click.echo(f"ccsup: waiting for a slot of {self.key}{where}", err=True)
 
     def follow(self, sub, interrupts: list[int]) -> int:
+        from .client import RemoteError
+
         cancel_sent = False
         quiet_since = time.monotonic()
         while True:
@@ -555,6 +600,8 @@ class _TurnRunner:
                 return done
 
     def on_event(self, topic: str, body: dict) -> int | None:
+        from .client import is_terminal
+
         kind = topic.rsplit(".", 1)[-1]
         if self.as_json:
             _emit_json({"topic": topic, "body": body})
@@ -586,6 +633,8 @@ class _TurnRunner:
 
 
 def _turn_id_argument(ctx, param, value: str) -> str:
+    from .paths import TURN_ID
+
     if not TURN_ID.match(value):
         raise click.BadParameter(f"{value!r} is not a turn id (1 to 128 letters, digits, '_' or '-')")
     return value
@@ -626,6 +675,8 @@ def events(ctx, prefix: str, as_json: bool) -> None:
                 if as_json:
                     _emit_json({"topic": topic, "body": body})
                 else:
+                    import json
+
                     click.echo(f"{topic} {json.dumps(body, ensure_ascii=False)}")
         except KeyboardInterrupt:
             ctx.exit(130)
@@ -644,6 +695,8 @@ def _turn_active(ps: dict, turn_id: str) -> bool:
 @click.pass_context
 def logs(ctx, turn_id: str, follow: bool, use_stderr: bool) -> None:
     """Print a turn's output log (exact bytes)."""
+    from .client import is_terminal
+
     where = _where(ctx)
     stream = "stderr" if use_stderr else "stdout"
     client = where.client()
@@ -708,5 +761,3 @@ def reload(ctx, as_json: bool) -> None:
     else:
         click.echo(f"reloaded ({result.get('config', 'config')})")
 
-
-main.add_command(config_group)
