@@ -7,7 +7,10 @@ the control commands (SIGTERM/SIGINT = quit, SIGHUP = reload).
 
 State question: at start the daemon reads every slot the last one left (through the slot gate):
 orphaned work is reaped and its slot released, with `slot.<key>.orphaned` and `slot.<key>.reaped`
-on the bus; stale ipc socket files are replaced (we hold the instance lock, so they are dead).
+on the bus; then queue.json comes back through the manager (`supervisor.restored` says what came
+back; a bad file is moved aside and each problem is a `supervisor.error` event and a log line).
+This happens before the sockets serve, so no new request can jump what was waiting before. Stale ipc socket files are replaced (we hold the
+instance lock, so nobody else uses them).
 Stopping half-way (SIGKILL): the guards see their parent gone and end their work; the next start
 reaps whatever is left.
 """
@@ -24,7 +27,7 @@ import socket
 import sys
 from pathlib import Path
 
-from . import protocol
+from . import protocol, store
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -94,20 +97,22 @@ class Daemon:
         self._bus_in = endpoints.bus_in
 
     def _settings(self, config: Config) -> Settings:
-        return Settings(grace=config.grace, scan=config.scan, bus_in=self._bus_in, config_source=config.source)
+        return Settings(grace=config.grace, scan=config.scan, bus_in=self._bus_in, config_source=config.source,
+                        reservation_ttl=config.reservation_ttl)
 
     async def run(self) -> int:
         self.server.bind()
         self.manager = Manager(
             paths=self.paths, gate=self.gate, publish=self.server.publish, settings=self._settings(self.config)
         )
+        self.server.publish("supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)})
+        log.info("started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source)
+        self.restore()  # before any request is served: nothing new can jump what was waiting
         self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.quit)
         loop.add_signal_handler(signal.SIGINT, self.quit)
         loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
-        self.server.publish("supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)})
-        log.info("started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source)
         await self.reap_orphans()
         sd_notify("READY=1")
         ticker = asyncio.create_task(self._tick())
@@ -124,6 +129,19 @@ class Daemon:
         self.server.close()
         log.info("stopped")
         return 0
+
+    def restore(self) -> None:
+        saved, problem = store.load(self.paths.queue)
+        problems = [problem] if problem else []
+        problems += self.manager.restore(saved, self.gate.inspect_all())
+        for text in problems:
+            log.error("%s", text)
+            self.server.publish("supervisor.error", {"message": text, "path": str(self.paths.queue)})
+        restored = {"waiting": len(self.manager.queue), "reservations": len(self.manager.reservations),
+                    "lost": len(self.manager.lost_running), "problems": len(problems)}
+        self.server.publish("supervisor.restored", restored)
+        log.info("restored %s", restored)
+        self.manager.grant_waiters()
 
     def quit(self) -> None:
         self._stop.set()
@@ -151,6 +169,8 @@ class Daemon:
         for view in reaped:
             self.server.publish(f"slot.{view.key}.reaped", view.to_json())
         if reaped:
+            if self.manager.lost_running:
+                self.manager.settle_lost(self.gate.inspect_all())
             self.manager.grant_waiters()
         return [view.to_json() for view in reaped]
 
@@ -179,7 +199,7 @@ class Daemon:
         return self.manager.request_turn(protocol.parse_turn(args))
 
     async def cmd_reserve(self, args: dict) -> dict:
-        raise ProtocolError("failed", "reservations are not implemented yet in this version")
+        return self.manager.reserve(protocol.parse_reserve(args))
 
     async def cmd_cancel(self, args: dict) -> dict:
         return self.manager.cancel(protocol.parse_cancel(args))
@@ -233,7 +253,7 @@ class Daemon:
             elif kind == "cancel":
                 self.manager.cancel(protocol.parse_cancel(body), reason="cancelled")
             else:
-                raise ProtocolError("failed", "reservations are not implemented yet in this version")
+                self.manager.reserve(protocol.parse_reserve(body))
         except ProtocolError as e:
             if isinstance(req_id, str) and protocol.TURN_ID.match(req_id):
                 self.manager.reject(req_id, e.message)

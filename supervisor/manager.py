@@ -15,9 +15,17 @@ Grants: the head of each key's queue, keys taken oldest head first; a slot freed
 of its key (and, with a machine cap, possibly of another key). Slots freed by other processes on
 the machine are noticed by a short periodic retry while anyone waits.
 
-State: in memory; the turns' slots and guards have records on disk (slots, guardd) from which a
-restarted supervisor reaps what this one left. Finished ids are remembered for ten minutes so a
-retried request is answered, not run again.
+Reservations wait in the same queue as turns and hold a slot (state `reserved` in ps) until a turn
+binds it, it expires, or it is cancelled. A holder (session + agent) has at most one per key.
+
+State: everything acknowledged is saved to `queue.json` (supervisor.store) before the answer goes
+out: waiting turns and reservations, the turns granted (saved before their guard starts, so a
+crash can never make a restarted supervisor run a turn twice), and the finished ids (ten
+minutes). `restore` takes that file back after a restart: finished ids are remembered, the turns
+the old supervisor was running get their story ended (`exited` with reason
+`supervisor_restarted`, `gone`, `released`) once no slot shows their work, held reservations
+take a slot again (their end capped at now + ttl) or are released as `lost`, and waiting items
+are queued again in their old order unless their requester or their wait deadline is gone.
 """
 
 from __future__ import annotations
@@ -35,11 +43,11 @@ from typing import Callable
 from guardd import procs
 from guardd.record import RecordError, read_json
 
-from . import __version__, reaper, spawn
+from . import __version__, reaper, spawn, store
 from .paths import StatePaths
-from .protocol import ProtocolError, SendArgs, TurnArgs
+from .protocol import HolderInfo, ProtocolError, ReserveArgs, SendArgs, TurnArgs, parse_holder
 from .slots import Holder, SlotGate
-from .turns import Event, State, Turn
+from .turns import Event, Reservation, State, Turn
 from .waits import WaitQueue
 
 log = logging.getLogger("ccsup.manager")
@@ -54,6 +62,7 @@ class Settings:
     scan: float
     bus_in: str | None
     config_source: str
+    reservation_ttl: float = 60.0
 
 
 def work_groups(record: dict) -> list[procs.Group]:
@@ -98,35 +107,70 @@ class Manager:
         self.clock = clock
         self.start_guard = start_guard
         self.turns: dict[str, Turn] = {}
+        self.reservations: dict[str, Reservation] = {}
         self.finished: dict[str, tuple[str, float]] = {}
         self.queue = WaitQueue()
         self.stopping = False
+        self.lost_running: list[dict] = []  # a dead supervisor's turns whose work is not yet gone
         self.started_at = clock()
         self.me = procs.identity_of(os.getpid())
+        self._holders: dict[tuple, str] = {}  # (session, agent, key) -> reservation id
         self._requesters: dict[procs.Identity, tuple[int, set[str]]] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._deadlines: dict[str, float] = {}  # wait deadlines (epoch), for queue.json
         self._confirming: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
     # -- events ----------------------------------------------------------------------------------
 
-    def _apply(self, turn: Turn, event: Event, **fields) -> None:
-        turn.advance(event)
-        self.publish(f"turn.{turn.id}.{event.value}", {**turn.fields(), **fields})
-        if turn.state.terminal:
-            self._finish(turn)
+    def _apply(self, item: Turn | Reservation, event: Event, **fields) -> None:
+        item.advance(event)
+        self.publish(f"turn.{item.id}.{event.value}", {**item.fields(), **fields})
+        if item.state.terminal:
+            self._finish(item)
 
-    def _finish(self, turn: Turn) -> None:
-        self.turns.pop(turn.id, None)
-        self.queue.remove(turn.id)
-        timer = self._timers.pop(turn.id, None)
+    def _finish(self, item: Turn | Reservation) -> None:
+        self.turns.pop(item.id, None)
+        if self.reservations.pop(item.id, None) is not None and isinstance(item, Reservation):
+            if self._holders.get(item.holder_key) == item.id:
+                del self._holders[item.holder_key]
+        self.queue.remove(item.id)
+        self._cancel_timer(item.id)
+        self._deadlines.pop(item.id, None)
+        self._unwatch_requester(item)
+        self.finished[item.id] = (item.state.value, self.clock())
+        if not self.turns and not self.reservations:
+            self._idle.set()
+        self.save()
+
+    def _cancel_timer(self, item_id: str) -> None:
+        timer = self._timers.pop(item_id, None)
         if timer is not None:
             timer.cancel()
-        self._unwatch_requester(turn)
-        self.finished[turn.id] = (turn.state.value, self.clock())
-        if not self.turns:
-            self._idle.set()
+
+    def _call_later(self, item_id: str, delay: float, callback) -> None:
+        self._cancel_timer(item_id)
+        self._timers[item_id] = asyncio.get_running_loop().call_later(max(delay, 0.0), callback, item_id)
+
+    # -- queue.json ------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Persist everything acknowledged and unfinished (atomic; see supervisor.store)."""
+        waiting, running = [], []
+        for turn in self.turns.values():
+            if turn.state is State.QUEUED:
+                waiting.append(turn.to_json(self._deadlines.get(turn.id)))
+            else:
+                running.append({"id": turn.id, "key": turn.key})
+        running += self.lost_running
+        reservations = [r.to_json(self._deadlines.get(r.id)) for r in self.reservations.values()]
+        finished = {item_id: [state, at] for item_id, (state, at) in self.finished.items()}
+        try:
+            store.save(self.paths.queue, waiting=waiting, reservations=reservations, running=running,
+                       finished=finished)
+        except OSError as e:
+            log.error("unable to save %s: %s (what waits is kept in memory)", self.paths.queue, e.strerror)
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -139,6 +183,9 @@ class Manager:
             raise ProtocolError("stopping", "the supervisor is stopping and takes no new turns")
         if args.cwd is not None and not os.path.isdir(args.cwd):
             raise ProtocolError("bad_request", f"'cwd' {args.cwd[:200]!r} is not a directory")
+        reservation = self.reservations.get(args.reservation) if args.reservation else None
+        if reservation is not None:
+            self._check_binding(reservation, args)
         requester = self._requester_identity(args.holder)
         turn = Turn(
             id=turn_id,
@@ -153,52 +200,145 @@ class Manager:
         )
         self.turns[turn_id] = turn
         self._idle.clear()
-        position = self.queue.add(turn.key, turn_id, turn.requested_at)
-        self._apply(turn, Event.QUEUED, position=position, holder=turn.holder.to_json())
+        if reservation is not None and reservation.state is State.GRANTED:
+            self._bind_held(turn, reservation)
+        else:
+            if reservation is not None:  # still waiting: the turn takes its place in the queue
+                turn.requested_at = reservation.requested_at
+                self.queue.replace(reservation.id, turn.id)
+                self._apply(reservation, Event.CANCELLED, reason="bound", turn=turn.id)
+            else:
+                self.queue.add(turn.key, turn_id, turn.requested_at)
+            self._apply(turn, Event.QUEUED, position=self.queue.position(turn_id), holder=turn.holder.to_json())
+            self._wait_limit(turn)
         if requester is not None:
             self._watch_requester(requester, turn)
-        if args.wait_timeout is not None:
-            loop = asyncio.get_running_loop()
-            self._timers[turn_id] = loop.call_later(args.wait_timeout, self._wait_timed_out, turn_id)
+        self.save()
         self.grant_waiters()
         return self._answer(turn)
+
+    def _check_binding(self, reservation: Reservation, args: TurnArgs) -> None:
+        if reservation.key != args.key:
+            raise ProtocolError("conflict", f"reservation {reservation.id} is for key {reservation.key}, not {args.key}")
+        mine = (reservation.holder.session, reservation.holder.agent)
+        if mine != (None, None) and mine != (args.holder.session, args.holder.agent):
+            raise ProtocolError(
+                "conflict", f"reservation {reservation.id} belongs to session {mine[0]!r} agent {mine[1]!r}"
+            )
+
+    def _bind_held(self, turn: Turn, reservation: Reservation) -> None:
+        """The turn takes the reservation's slot at once: no wait, no new grant."""
+        slot, reservation.slot = reservation.slot, None
+        self._cancel_timer(reservation.id)
+        self._apply(turn, Event.QUEUED, position=None, holder=turn.holder.to_json())
+        slot.bind(turn=turn.id, reservation=None)
+        self._apply(reservation, Event.RELEASED, reason="bound", turn=turn.id, index=slot.index)
+        turn.slot = slot
+        self._apply(turn, Event.GRANTED, index=slot.index, reservation=reservation.id)
+        self.save()
+        self._spawn(turn)
+
+    def _wait_limit(self, item: Turn | Reservation) -> None:
+        if item.wait_timeout is not None:
+            self._deadlines.setdefault(item.id, item.requested_at + item.wait_timeout)
+        deadline = self._deadlines.get(item.id)
+        if deadline is not None:
+            self._call_later(item.id, deadline - self.clock(), self._wait_timed_out)
 
     def _answer(self, turn: Turn) -> dict:
         return {"id": turn.id, "state": turn.state.value, "position": self.queue.position(turn.id)}
 
-    def _known(self, turn_id: str, key: str) -> dict | None:
+    def _known(self, item_id: str, key: str) -> dict | None:
         """A request with an id already seen is answered, never run twice."""
-        turn = self.turns.get(turn_id)
-        if turn is not None:
-            if turn.key != key:
-                raise ProtocolError("conflict", f"turn id {turn_id} is already used for key {turn.key}")
-            return self._answer(turn)
-        if turn_id in self.finished:
-            return {"id": turn_id, "state": self.finished[turn_id][0], "position": None}
+        item = self.turns.get(item_id) or self.reservations.get(item_id)
+        if item is not None:
+            if item.key != key or isinstance(item, Reservation):
+                raise ProtocolError("conflict", f"id {item_id} is already used for another request")
+            return self._answer(item)
+        if item_id in self.finished:
+            return {"id": item_id, "state": self.finished[item_id][0], "position": None}
         return None
 
-    def reject(self, turn_id: str, reason: str) -> None:
+    def reject(self, item_id: str, reason: str) -> None:
         """A bad request that came on the bus: its answer is a rejected event."""
-        if turn_id in self.turns or turn_id in self.finished:
+        if item_id in self.turns or item_id in self.reservations or item_id in self.finished:
             return  # a garbled retry of a known id changes nothing
-        self.publish(f"turn.{turn_id}.rejected", {"id": turn_id, "reason": reason})
+        self.publish(f"turn.{item_id}.rejected", {"id": item_id, "reason": reason})
 
-    def cancel(self, turn_id: str, reason: str = "cancelled") -> dict:
-        turn = self.turns.get(turn_id)
-        if turn is None:
-            if turn_id in self.finished:
-                return {"id": turn_id, "state": self.finished[turn_id][0]}
-            raise ProtocolError("not_found", f"no turn {turn_id}")
-        if turn.state is State.QUEUED:
-            self.queue.remove(turn_id)
-            self._apply(turn, Event.CANCELLED, reason=reason)
-        elif turn.state is State.RUNNING:
-            turn.stop_reason = reason
-            self._apply(turn, Event.STOPPING, reason=reason)
-            turn.guard.terminate()
-        elif turn.state in (State.EXITED, State.STOPPING):
-            turn.guard.terminate()  # already ending; asking again costs nothing
-        return {"id": turn_id, "state": turn.state.value}
+    def reserve(self, args: ReserveArgs) -> dict:
+        res_id = args.id or uuid.uuid4().hex
+        existing = self.reservations.get(res_id)
+        if existing is not None:
+            if existing.key != args.key:
+                raise ProtocolError("conflict", f"id {res_id} is already used for another request")
+            return self._reservation_answer(existing)
+        if res_id in self.turns:
+            raise ProtocolError("conflict", f"id {res_id} is already used for another request")
+        if res_id in self.finished:
+            return {"reservation": res_id, "key": args.key, "state": self.finished[res_id][0],
+                    "until": None, "position": None}
+        reservation = Reservation(res_id, args.key, args.holder, requested_at=self.clock(),
+                                  wait_timeout=args.wait_timeout)
+        same_holder = self._holders.get(reservation.holder_key) if reservation.holder_key else None
+        if same_holder is not None:  # one per holder and key; asking again never extends it
+            return self._reservation_answer(self.reservations[same_holder])
+        if self.stopping:
+            raise ProtocolError("stopping", "the supervisor is stopping and takes no new reservations")
+        requester = self._requester_identity(args.holder)
+        self._queue_reservation(reservation)
+        if requester is not None:
+            self._watch_requester(requester, reservation)
+        self.save()
+        self.grant_waiters()
+        return self._reservation_answer(reservation)
+
+    def _queue_reservation(self, reservation: Reservation, *, announce: bool = True) -> None:
+        self.reservations[reservation.id] = reservation
+        if reservation.holder_key:
+            self._holders[reservation.holder_key] = reservation.id
+        self._idle.clear()
+        self.queue.add(reservation.key, reservation.id, reservation.requested_at)
+        if announce:
+            self._apply(reservation, Event.QUEUED, position=self.queue.position(reservation.id),
+                        holder=reservation.holder.to_json())
+        self._wait_limit(reservation)
+
+    def _reservation_answer(self, reservation: Reservation) -> dict:
+        state = {State.GRANTED: "held"}.get(reservation.state, reservation.state.value)
+        return {"reservation": reservation.id, "key": reservation.key, "state": state,
+                "until": reservation.until, "position": self.queue.position(reservation.id)}
+
+    def _reservation_expired(self, res_id: str) -> None:
+        self._timers.pop(res_id, None)
+        reservation = self.reservations.get(res_id)
+        if reservation is not None and reservation.state is State.GRANTED:
+            self._release_reservation(reservation, "expired")
+
+    def _release_reservation(self, reservation: Reservation, reason: str) -> None:
+        slot, reservation.slot = reservation.slot, None
+        index = slot.index
+        slot.release()
+        self._apply(reservation, Event.RELEASED, reason=reason, index=index)
+        self.grant_waiters()
+
+    def cancel(self, item_id: str, reason: str = "cancelled") -> dict:
+        item = self.turns.get(item_id) or self.reservations.get(item_id)
+        if item is None:
+            if item_id in self.finished:
+                return {"id": item_id, "state": self.finished[item_id][0]}
+            raise ProtocolError("not_found", f"no turn or reservation {item_id}")
+        if item.state is State.QUEUED:
+            self.queue.remove(item_id)
+            self._apply(item, Event.CANCELLED, reason=reason)
+        elif isinstance(item, Reservation):
+            self._release_reservation(item, reason)
+        elif item.state is State.RUNNING:
+            item.stop_reason = reason
+            self._apply(item, Event.STOPPING, reason=reason)
+            item.guard.terminate()
+        elif item.state in (State.EXITED, State.STOPPING):
+            item.guard.terminate()  # already ending; asking again costs nothing
+        return {"id": item_id, "state": item.state.value}
 
     def send(self, args: SendArgs) -> dict:
         turn = self.turns.get(args.id)
@@ -212,15 +352,15 @@ class Manager:
             raise ProtocolError("failed", f"unable to write to the stdin of turn {args.id}: {e}") from None
         return {"id": args.id, "written": written}
 
-    def _wait_timed_out(self, turn_id: str) -> None:
-        self._timers.pop(turn_id, None)
-        turn = self.turns.get(turn_id)
-        if turn is not None and turn.state is State.QUEUED:
-            self.cancel(turn_id, reason="timeout")
+    def _wait_timed_out(self, item_id: str) -> None:
+        self._timers.pop(item_id, None)
+        item = self.turns.get(item_id) or self.reservations.get(item_id)
+        if item is not None and item.state is State.QUEUED:
+            self.cancel(item_id, reason="timeout")
 
     # -- requesters ------------------------------------------------------------------------------
 
-    def _requester_identity(self, holder) -> procs.Identity | None:
+    def _requester_identity(self, holder: HolderInfo) -> procs.Identity | None:
         if holder.pid is None:
             return None
         start = holder.start if holder.start is not None else procs.start_ticks(holder.pid)
@@ -229,30 +369,31 @@ class Manager:
             raise ProtocolError("bad_request", f"the requester (pid {holder.pid}) is not running")
         return ident
 
-    def _watch_requester(self, ident: procs.Identity, turn: Turn) -> None:
+    def _watch_requester(self, ident: procs.Identity, item: Turn | Reservation) -> None:
         entry = self._requesters.get(ident)
         if entry is None:
             try:
                 pidfd = os.pidfd_open(ident.pid)
             except ProcessLookupError:
-                self.cancel(turn.id, reason="requester_gone")
-                return
-            if not procs.process_running(ident):
+                pidfd = None
+            if pidfd is not None and not procs.process_running(ident):
                 os.close(pidfd)
-                self.cancel(turn.id, reason="requester_gone")
+                pidfd = None
+            if pidfd is None:
+                self.cancel(item.id, reason="requester_gone")
                 return
             entry = (pidfd, set())
             self._requesters[ident] = entry
             asyncio.get_running_loop().add_reader(pidfd, self._requester_gone, ident)
-        entry[1].add(turn.id)
-        turn.requester = ident
+        entry[1].add(item.id)
+        item.requester = ident
 
-    def _unwatch_requester(self, turn: Turn) -> None:
-        ident = turn.requester
+    def _unwatch_requester(self, item: Turn | Reservation) -> None:
+        ident = item.requester
         entry = self._requesters.get(ident) if ident else None
         if entry is None:
             return
-        entry[1].discard(turn.id)
+        entry[1].discard(item.id)
         if not entry[1]:
             self._close_requester(ident)
 
@@ -265,32 +406,57 @@ class Manager:
         entry = self._requesters.get(ident)
         if entry is None:
             return
-        for turn_id in sorted(entry[1]):
-            self.cancel(turn_id, reason="requester_gone")
+        for item_id in sorted(entry[1]):
+            self.cancel(item_id, reason="requester_gone")
         if ident in self._requesters:
             self._close_requester(ident)
 
     # -- grants ----------------------------------------------------------------------------------
 
     def grant_waiters(self) -> None:
-        """Grant the head of every key's queue while slots are free, oldest head first."""
+        """Grant the head of every key's queue while slots are free, oldest head first.
+
+        Grants are saved before any guard starts: a crash in between leaves the turn in the
+        `running` list of queue.json, never back in the queue to be run a second time.
+        """
         if self.stopping:
             return
+        granted: list[Turn] = []
+        held = 0
         for key in self.queue.keys_by_age():
             while (head := self.queue.head(key)) is not None:
-                turn = self.turns[head]
-                holder = Holder(self.me.pid, self.me.start, **turn.holder.labels())
-                slot = self.gate.try_acquire(key, holder, turn=turn.id)
+                item = self.turns.get(head) or self.reservations[head]
+                holder = Holder(self.me.pid, self.me.start, **item.holder.labels())
+                if isinstance(item, Reservation):
+                    until = self.clock() + self.settings.reservation_ttl
+                    slot = self.gate.try_acquire(key, holder, reservation={"id": item.id, "until": until})
+                else:
+                    slot = self.gate.try_acquire(key, holder, turn=item.id)
                 if slot is None:
                     break
                 self.queue.remove(head)
-                self._start(turn, slot)
+                self._cancel_timer(head)
+                self._deadlines.pop(head, None)
+                item.slot = slot
+                if slot.took_over is not None:
+                    self.publish(f"slot.{slot.key}.reaped", {"key": slot.key, "index": slot.index})
+                if isinstance(item, Reservation):
+                    self._hold(item, until)
+                    held += 1
+                else:
+                    self._apply(item, Event.GRANTED, index=slot.index)
+                    granted.append(item)
+        if granted or held:
+            self.save()
+        for turn in granted:
+            self._spawn(turn)
 
-    def _start(self, turn: Turn, slot) -> None:
-        turn.slot = slot
-        self._apply(turn, Event.GRANTED, index=slot.index)
-        if slot.took_over is not None:
-            self.publish(f"slot.{slot.key}.reaped", {"key": slot.key, "index": slot.index})
+    def _hold(self, reservation: Reservation, until: float) -> None:
+        reservation.until = until
+        self._apply(reservation, Event.GRANTED, index=reservation.slot.index, until=until)
+        self._call_later(reservation.id, until - self.clock(), self._reservation_expired)
+
+    def _spawn(self, turn: Turn) -> None:
         try:
             guard = self.start_guard(
                 turn.id,
@@ -308,14 +474,14 @@ class Manager:
             self._release(turn)
             return
         turn.guard = guard
-        loop = asyncio.get_running_loop()
+        turn.env = {}  # the guard has it; nothing keeps it longer
         guard.attach(
-            loop,
+            asyncio.get_running_loop(),
             self.paths.turn_dir(turn.id),
             on_output=partial(self._on_output, turn),
             on_exit=partial(self._on_guard_exit, turn),
         )
-        slot.record_work(guard.identity, str(guard.record_path), [])
+        turn.slot.record_work(guard.identity, str(guard.record_path), [])
         self._apply(turn, Event.STARTED, guard=guard.identity.to_json())
 
     def _on_output(self, turn: Turn, stream: str, offset: int, data: bytes) -> None:
@@ -434,13 +600,126 @@ class Manager:
                     record = self._read_guard_record(turn)
                     asyncio.get_running_loop().create_task(self._confirm_gone(turn, record, guard_done=True))
 
+    # -- restart ---------------------------------------------------------------------------------
+
+    def restore(self, data: dict, slot_views: list) -> list[str]:
+        """Take back what the last supervisor acknowledged (queue.json). Returns problems found.
+
+        Call before serving requests; the caller grants waiters afterwards.
+        """
+        now = self.clock()
+        problems: list[str] = []
+        for item_id, entry in data["finished"].items():
+            try:
+                state, at = str(entry[0]), float(entry[1])
+            except (TypeError, ValueError, IndexError):
+                problems.append(f"finished entry {item_id!r} is malformed")
+                continue
+            if now - at < FINISHED_MEMORY:
+                self.finished[item_id] = (state, at)
+        for entry in data["running"]:
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not isinstance(
+                entry.get("key"), str
+            ):
+                problems.append(f"running entry {str(entry)[:200]} is malformed")
+            elif entry["id"] not in self.finished:
+                self.lost_running.append({"id": entry["id"], "key": entry["key"]})
+        self.settle_lost(slot_views)
+        for entry in data["reservations"]:
+            try:
+                self._restore_reservation(entry, now)
+            except (TypeError, KeyError, ValueError, ProtocolError) as e:
+                problems.append(f"reservation entry {str(entry)[:200]} is malformed: {e}")
+        for entry in data["waiting"]:
+            try:
+                self._restore_turn(entry)
+            except (TypeError, KeyError, ValueError, ProtocolError) as e:
+                problems.append(f"waiting entry {str(entry.get('id') if isinstance(entry, dict) else entry)[:200]} "
+                                f"is malformed: {e}")
+        self.save()
+        return problems
+
+    def settle_lost(self, slot_views: list) -> None:
+        """End the story of a dead supervisor's turns once no slot shows their work any more."""
+        still_held = {v.turn for v in slot_views if v.state in ("orphaned", "unreadable", "held") and v.turn}
+        lost, self.lost_running = self.lost_running, []
+        for entry in lost:
+            if entry["id"] in still_held:
+                self.lost_running.append(entry)
+                continue
+            turn = Turn(entry["id"], entry["key"], [], None, {}, HolderInfo(), state=State.RUNNING)
+            turn.exit = {"code": None, "signal": None, "reason": "supervisor_restarted"}
+            self._apply(turn, Event.EXITED, **turn.exit)
+            self._apply(turn, Event.GONE)
+            self._apply(turn, Event.RELEASED, index=None)
+        if lost:
+            self.save()
+
+    def _restored_requester(self, holder: HolderInfo) -> procs.Identity | None | bool:
+        """The requester's identity, None when none was given, False when it is gone."""
+        if holder.pid is None:
+            return None
+        ident = procs.Identity(holder.pid, holder.start) if holder.start is not None else None
+        return ident if ident is not None and procs.process_running(ident) else False
+
+    def _restore_reservation(self, entry: dict, now: float) -> None:
+        holder = parse_holder(entry["holder"])
+        reservation = Reservation(str(entry["id"]), str(entry["key"]), holder,
+                                  requested_at=float(entry["requested_at"]), state=State.QUEUED)
+        if entry.get("wait_deadline") is not None:
+            self._deadlines[reservation.id] = float(entry["wait_deadline"])
+        requester = self._restored_requester(holder)
+        self.reservations[reservation.id] = reservation
+        if reservation.holder_key:
+            self._holders[reservation.holder_key] = reservation.id
+        self._idle.clear()
+        if entry.get("state") == State.GRANTED.value:
+            reservation.state = State.GRANTED
+            until = min(float(entry["until"]), now + self.settings.reservation_ttl)
+            slot = None
+            if requester is not False and until > now:
+                slot = self.gate.try_acquire(reservation.key, Holder(self.me.pid, self.me.start, **holder.labels()),
+                                             reservation={"id": reservation.id, "until": until})
+            if slot is None:
+                reason = "requester_gone" if requester is False else "expired" if until <= now else "lost"
+                self._apply(reservation, Event.RELEASED, reason=reason, index=None)
+                return
+            reservation.slot = slot
+            reservation.until = until
+            self._call_later(reservation.id, until - now, self._reservation_expired)
+        else:
+            self.queue.add(reservation.key, reservation.id, reservation.requested_at)
+            if requester is False:
+                self.cancel(reservation.id, reason="requester_gone")
+                return
+            self._wait_limit(reservation)
+        if requester:
+            self._watch_requester(requester, reservation)
+
+    def _restore_turn(self, entry: dict) -> None:
+        args = protocol_turn_args(entry)
+        turn = Turn(args.id, args.key, args.argv, args.cwd, args.env, args.holder,
+                    requested_at=float(entry["requested_at"]), reservation=args.reservation, state=State.QUEUED)
+        if entry.get("wait_deadline") is not None:
+            self._deadlines[turn.id] = float(entry["wait_deadline"])
+        self.turns[turn.id] = turn
+        self._idle.clear()
+        self.queue.add(turn.key, turn.id, turn.requested_at)
+        requester = self._restored_requester(args.holder)
+        if requester is False:
+            self.cancel(turn.id, reason="requester_gone")
+            return
+        self._wait_limit(turn)
+        if requester:
+            self._watch_requester(requester, turn)
+
     # -- periodic --------------------------------------------------------------------------------
 
     def tick(self) -> None:
         now = self.clock()
-        for turn_id, (_, at) in list(self.finished.items()):
+        for item_id, (_, at) in list(self.finished.items()):
             if now - at > FINISHED_MEMORY:
-                del self.finished[turn_id]
+                del self.finished[item_id]
         if self.queue:
             self.grant_waiters()
         for turn in self.turns.values():
@@ -454,43 +733,44 @@ class Manager:
         slots = [view.to_json() for view in self.gate.inspect_all()]
         waits = []
         for waiter in self.queue.all():
-            turn = self.turns[waiter.id]
+            item = self.turns.get(waiter.id) or self.reservations[waiter.id]
             waits.append(
                 {
                     "id": waiter.id,
                     "key": waiter.key,
                     "position": self.queue.position(waiter.id),
                     "since": waiter.requested_at,
-                    "holder": turn.holder.to_json(),
+                    "holder": item.holder.to_json(),
+                    "reservation": isinstance(item, Reservation),
                 }
             )
         return {"slots": slots, "waits": waits}
 
     def status(self) -> dict:
-        running = sum(1 for t in self.turns.values() if t.state is not State.QUEUED)
         return {
             "pid": os.getpid(),
             "version": __version__,
             "state_dir": str(self.paths.root),
             "started_at": self.started_at,
             "config": self.settings.config_source,
-            "turns": running,
+            "turns": sum(1 for t in self.turns.values() if t.state is not State.QUEUED),
             "waits": len(self.queue),
+            "reservations": sum(1 for r in self.reservations.values() if r.state is State.GRANTED),
             "stopping": self.stopping,
         }
 
     # -- stopping --------------------------------------------------------------------------------
 
     def begin_stop(self) -> None:
-        """No new grants; every waiter cancelled; every running turn stopped."""
+        """No new grants; every waiter cancelled, every reservation released, every turn stopped."""
         if self.stopping:
             return
         self.stopping = True
-        for turn_id in [w.id for w in self.queue.all()]:
-            self.cancel(turn_id, reason="shutdown")
-        for turn in list(self.turns.values()):
-            if turn.state in (State.RUNNING, State.EXITED, State.STOPPING):
-                self.cancel(turn.id, reason="shutdown")
+        for item_id in [w.id for w in self.queue.all()]:
+            self.cancel(item_id, reason="shutdown")
+        for item in list(self.reservations.values()) + list(self.turns.values()):
+            if item.state in (State.GRANTED, State.RUNNING, State.EXITED, State.STOPPING):
+                self.cancel(item.id, reason="shutdown")
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
@@ -498,3 +778,10 @@ class Manager:
     def close(self) -> None:
         for ident in list(self._requesters):
             self._close_requester(ident)
+
+
+def protocol_turn_args(entry: dict) -> TurnArgs:
+    """A waiting turn from queue.json, checked as strictly as a new request."""
+    from .protocol import parse_turn
+
+    return parse_turn({name: entry.get(name) for name in ("id", "key", "argv", "cwd", "env", "holder", "reservation")})

@@ -66,15 +66,26 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
 }
 
 
+# A reservation holds a slot for a holder before its work exists. It speaks on the same topics as
+# a turn (it is a turn-to-be): queued, granted (slot held until `until`), then released (expired,
+# cancelled, or bound: its slot handed to the turn that named it), or cancelled while waiting.
+RESERVATION_TRANSITIONS: dict[tuple[State, Event], State] = {
+    (State.NEW, Event.QUEUED): State.QUEUED,
+    (State.QUEUED, Event.GRANTED): State.GRANTED,
+    (State.QUEUED, Event.CANCELLED): State.CANCELLED,
+    (State.GRANTED, Event.RELEASED): State.RELEASED,
+}
+
+
 class IllegalTransition(RuntimeError):
     pass
 
 
-def next_state(state: State, event: Event) -> State:
+def next_state(state: State, event: Event, table: dict = TRANSITIONS, what: str = "turn") -> State:
     try:
-        return TRANSITIONS[(state, event)]
+        return table[(state, event)]
     except KeyError:
-        raise IllegalTransition(f"a turn in state {state.value} cannot take event {event.value}") from None
+        raise IllegalTransition(f"a {what} in state {state.value} cannot take event {event.value}") from None
 
 
 @dataclass
@@ -105,3 +116,46 @@ class Turn:
     def fields(self) -> dict:
         """What events and ps say about the turn: never its environment."""
         return {"id": self.id, "key": self.key}
+
+    def to_json(self, wait_deadline: float | None) -> dict:
+        """A waiting turn as queue.json keeps it (env included: the file is 0600)."""
+        return {
+            "id": self.id, "key": self.key, "argv": self.argv, "cwd": self.cwd, "env": self.env,
+            "holder": self.holder.to_json(), "requested_at": self.requested_at,
+            "wait_deadline": wait_deadline, "reservation": self.reservation,
+        }
+
+
+@dataclass
+class Reservation:
+    """A slot held for a holder (session + agent) before its work exists."""
+
+    id: str
+    key: str
+    holder: HolderInfo
+    requested_at: float = field(default_factory=time.time)
+    wait_timeout: float | None = None
+    state: State = State.NEW
+    until: float | None = None  # epoch seconds, once granted
+    slot: object = None
+    requester: object = None
+
+    def advance(self, event: Event) -> State:
+        self.state = next_state(self.state, event, RESERVATION_TRANSITIONS, "reservation")
+        return self.state
+
+    def fields(self) -> dict:
+        return {"id": self.id, "key": self.key, "reservation": True}
+
+    @property
+    def holder_key(self) -> tuple | None:
+        """One reservation per holder and key; a holder with neither session nor agent is anonymous."""
+        if self.holder.session is None and self.holder.agent is None:
+            return None
+        return (self.holder.session, self.holder.agent, self.key)
+
+    def to_json(self, wait_deadline: float | None) -> dict:
+        return {
+            "id": self.id, "key": self.key, "holder": self.holder.to_json(), "requested_at": self.requested_at,
+            "wait_deadline": wait_deadline, "state": self.state.value, "until": self.until,
+        }

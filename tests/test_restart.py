@@ -1,0 +1,117 @@
+"""Restarts lose nothing: queue.json brings back what was acknowledged, bad files are moved aside."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from conftest import wait_until
+
+HOLDER = {"session": "s1", "agent": "a1"}
+
+
+def queue_file(state_dir) -> dict:
+    return json.loads((state_dir / "queue.json").read_text())
+
+
+def test_waiting_turns_and_reservations_come_back_in_order_after_a_sigkill(daemon, event_log, state_dir):
+    d = daemon(caps="codex = 1, claude = 1", extra='reservation_ttl = "60s"')
+    witness = state_dir / "order"
+    with d.client() as client:
+        client.turn("codex", ["sleep", "300"], id="busy")
+        client.reserve("claude", holder=HOLDER, id="held")
+        for n in range(3):
+            client.turn("codex", ["sh", "-c", f"echo w{n} >> {witness}"], id=f"w{n}", env={"TOKEN": "x"})
+        client.reserve("codex", holder=HOLDER, id="rq")
+    saved = queue_file(state_dir)
+    assert [w["id"] for w in saved["waiting"]] == ["w0", "w1", "w2"]
+    assert (state_dir / "queue.json").stat().st_mode & 0o777 == 0o600
+    d.kill()
+    d.start()
+    log = event_log(d)
+    with d.client() as client:
+        ps = client.ps()
+        waits = [w["id"] for w in ps["waits"]]  # the head may already run: busy's work died with its guard
+        assert waits == ["w0", "w1", "w2", "rq"][-len(waits):]
+        assert {s["key"]: s["state"] for s in ps["slots"]}["claude"] == "reserved"
+        wait_until(lambda: witness.exists() and witness.read_text() == "w0\nw1\nw2\n", timeout=20,
+                   what="the restored turns to run in order")
+        log.wait_for("turn.rq.granted")
+        assert client.reserve("claude", holder=HOLDER)["reservation"] == "held"
+
+
+def test_the_turns_a_dead_supervisor_was_running_end_with_one_terminal_event(daemon, event_log, state_dir):
+    d = daemon(grace="300ms")
+    with d.client() as client:
+        client.turn("codex", ["sleep", "300"], id="running")
+        wait_until(lambda: queue_file(state_dir)["running"] == [{"id": "running", "key": "codex"}],
+                   what="the granted turn in queue.json")
+    d.kill()
+    d.start()
+    with d.client() as client:
+        # the story ended at start-up: answered as released, and never run again
+        assert client.turn("codex", ["sleep", "300"], id="running")["state"] == "released"
+        assert queue_file(state_dir)["running"] == []
+        assert all(s["state"] == "free" for s in client.ps()["slots"])
+
+
+def test_a_restored_request_whose_requester_died_is_cancelled(daemon, state_dir):
+    d = daemon(caps="codex = 1")
+    requester = subprocess.Popen(["sleep", "300"])
+    with d.client() as client:
+        client.turn("codex", ["sleep", "300"], id="busy")
+        client.turn("codex", ["true"], id="orphan", holder={"pid": requester.pid})
+        client.turn("codex", ["true"], id="kept")
+    d.kill()
+    requester.kill()
+    requester.wait()
+    d.start()
+    with d.client() as client:
+        assert client.cancel("orphan")["state"] == "cancelled"
+        assert [w["id"] for w in client.ps()["waits"]] == []  # busy's slot was freed: kept ran
+        wait_until(lambda: client.turn("codex", ["true"], id="kept")["state"] == "released", what="kept to run")
+
+
+def test_a_stored_reservation_end_is_capped_at_now_plus_ttl(daemon, state_dir):
+    d = daemon(extra='reservation_ttl = "5s"')
+    with d.client() as client:
+        client.reserve("codex", holder=HOLDER, id="r1")
+    d.kill()
+    saved = queue_file(state_dir)
+    saved["reservations"][0]["until"] = time.time() + 10**6  # a clock ahead, or a hand edit
+    (state_dir / "queue.json").write_text(json.dumps(saved))
+    d.start()
+    with d.client() as client:
+        answer = client.reserve("codex", holder=HOLDER)
+        assert answer["reservation"] == "r1" and answer["state"] == "held"
+        assert answer["until"] <= time.time() + 5
+
+
+def test_finished_ids_are_remembered_across_a_restart(daemon, state_dir):
+    d = daemon()
+    marker = state_dir / "ran"
+    with d.client() as client:
+        for topic, body in client.run_turn("codex", ["sh", "-c", f"echo x >> {marker}"], id="once"):
+            pass
+    d.stop()
+    d.start()
+    with d.client() as client:
+        assert client.turn("codex", ["sh", "-c", f"echo x >> {marker}"], id="once")["state"] == "released"
+    assert marker.read_text() == "x\n"
+
+
+def test_a_corrupt_or_newer_queue_file_is_moved_aside_and_the_supervisor_starts(daemon, event_log, state_dir):
+    d = daemon(start=False)
+    for text in ('{"v": 1, "waiting": [', json.dumps({"v": 99, "waiting": []})):
+        (state_dir / "queue.json").write_text(text)
+        d.start()
+        log = event_log(d)
+        with d.client() as client:
+            assert client.status()["waits"] == 0
+        d.stop()
+        log.close()
+    assert list(state_dir.glob("queue.json.bad-*"))  # kept for a person to look at, never deleted
+    logged = d.stderr_path.read_text()
+    assert logged.count("moved aside") == 2
+    assert "is not valid JSON" in logged and "is version 99, newer than this ccsup knows" in logged
