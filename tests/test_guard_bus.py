@@ -57,3 +57,116 @@ def test_guard_without_bus_never_imports_zmq():
             "assert 'zmq' not in sys.modules and 'psutil' not in sys.modules, 'imported'\n"
             "sys.exit(rc)\n")
     assert subprocess.run([PYTHON, "-c", code], timeout=10).returncode == 0
+
+
+# --- the stdlib ZMTP publisher (guardd.hints) against real libzmq peers -------------------------
+
+from guardd import hints  # noqa: E402
+
+
+def _collect(sock, until, timeout=10.0):
+    """Poll a bound zmq socket (as the proxy does) until `until(messages)` or the timeout."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while not until(got) and time.monotonic() < deadline:
+        if sock.poll(10):
+            got.append(sock.recv_multipart())
+    return got
+
+
+def test_frames_are_zmtp_3_encoded():
+    assert hints.frame(b"abc", 0x01) == b"\x01\x03abc"
+    assert hints.frame(b"x" * 255) == b"\x00\xff" + b"x" * 255
+    assert hints.frame(b"x" * 256) == b"\x02" + (256).to_bytes(8, "big") + b"x" * 256
+    assert hints.ready_command() == (b"\x04\x19\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB")
+    assert hints.message(b"t", b"b") == b"\x01\x01t\x00\x01b"
+    assert len(hints._GREETING) == 64 and hints._GREETING[:12] == b"\xff" + bytes(8) + b"\x7f\x03\x00"
+
+
+@pytest.mark.parametrize("kind", ["XSUB", "SUB"])
+def test_publisher_reaches_a_bound_zmq_socket_over_ipc(state_dir, kind):
+    endpoint = f"ipc://{state_dir}/bus-in"
+    ctx = zmq.Context()
+    sock = ctx.socket(getattr(zmq, kind))
+    sock.bind(endpoint)
+    if kind == "XSUB":
+        sock.send(b"\x01guard.")
+    else:
+        sock.subscribe(b"guard.t2.")  # a SUB filters on its side
+    try:
+        pub = hints.Publisher(endpoint, "t2", {"pid": 1, "start": 2})
+        pub.publish("group", pgid=7, leader_start=None, pad="é" * 300)  # a LONG frame
+        pub.publish("gone", record=None)
+        got = _collect(sock, lambda got: len(got) == 2)
+        pub.close()
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert [t for t, _ in got] == [b"guard.t2.group", b"guard.t2.gone"]
+    body = json.loads(got[0][1])
+    assert len(got[0][1]) > 255 and body["pad"] == "é" * 300 and body["pgid"] == 7
+    assert body["turn"] == "t2" and body["guard"] == {"pid": 1, "start": 2}
+
+
+def test_publisher_over_tcp_and_close_delivers_the_last_hint():
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XSUB)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        pub = hints.Publisher(f"tcp://127.0.0.1:{port}", "t3", {})
+        pub.publish("exited", code=0, signal=None)
+        first = _collect(sock, lambda got: len(got) == 1)
+        pub.publish("gone", record=None)
+        pub.close()  # returns once the peer has read it all, or after its bound
+        rest = _collect(sock, lambda got: len(got) == 1, timeout=2)
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert [t for t, _ in first + rest] == [b"guard.t3.exited", b"guard.t3.gone"]
+
+
+def test_no_bus_or_a_silent_peer_costs_at_most_the_bounds(state_dir):
+    # No socket at all: nothing to connect to, close returns at once.
+    pub = hints.Publisher(f"ipc://{state_dir}/absent", "t4", {})
+    pub.publish("gone", record=None)
+    t = time.monotonic()
+    pub.close()
+    assert time.monotonic() - t < 0.1 + 0.05
+    # A listener that accepts and never answers the greeting: the close bound holds.
+    import socket
+
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(f"{state_dir}/silent")
+    server.listen()
+    try:
+        pub = hints.Publisher(f"ipc://{state_dir}/silent", "t4", {})
+        pub.publish("gone", record=None)
+        t = time.monotonic()
+        pub.close()
+        assert time.monotonic() - t < 0.1 + 0.05
+    finally:
+        server.close()
+
+
+def test_a_curve_peer_is_refused_with_one_line(tmp_path, state_dir):
+    endpoint = f"ipc://{state_dir}/bus-in"
+    public, secret = zmq.curve_keypair()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XSUB)
+    sock.curve_server = True
+    sock.curve_secretkey = secret
+    sock.bind(endpoint)
+    try:
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "guardd", "--grace", "0.2", "--bus", endpoint, "--", "sh", "-c",
+             "sleep 0.3; exit 3"], stderr=subprocess.PIPE)
+        _collect(sock, lambda got: proc.poll() is not None)
+        assert proc.wait(10) == 3
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+    finally:
+        sock.close(0)
+        ctx.term()
+    # libzmq closes without a word (its greeting unsent) when it does not accept the mechanism
+    assert err == (f"ccsup-guard: unable to publish hints on {endpoint}: the peer closed the"
+                   " connection in the handshake (a CURVE endpoint? the guard speaks only NULL)\n")
