@@ -149,3 +149,38 @@ test("a seq gap is noticed and caught up with ps (fake supervisor)", async () =>
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("a reservation holds the slot and a turn that names it binds it ahead of a waiter", async () => {
+  const reservation = await sidecar.reserve({ key: "res", holder: { session: "s1", agent: "a" } });
+  const kinds = [];
+  for await (const event of reservation) {
+    kinds.push(event.kind);
+    if (event.kind === "granted") break;
+  }
+  assert.deepEqual(kinds, ["queued", "granted"]);
+  const reserved = (await sidecar.ps()).slots.filter((s) => s.key === "res");
+  assert.deepEqual(reserved.map((s) => [s.state, s.holder?.session]), [["reserved", "s1"]]);
+
+  const waiter = await sidecar.turn({ key: "res", argv: ["true"], holder: { session: "s2", agent: "b" } });
+  assert.equal(waiter.events[0].kind, "queued");
+  // Only its holder may bind it: another session's turn naming it is rejected and takes nothing.
+  const thief = await sidecar.turn({ key: "res", argv: ["true"], reservation: reservation.id, holder: { session: "s3", agent: "c" } });
+  const thiefEvents = await collect(thief);
+  assert.deepEqual(thiefEvents.map((e) => e.kind), ["rejected"]);
+  assert.match(thiefEvents[0].body.reason, /belongs to session 's1'/);
+  const bound = await sidecar.turn({
+    key: "res", argv: ["echo", "bound"], reservation: reservation.id, holder: { session: "s1", agent: "a" },
+  });
+  const boundEvents = await collect(bound);
+  const released = await reservation.done();
+  assert.equal(released.kind, "released");
+  assert.equal(released.body.reason, "bound");
+  assert.equal(released.body.turn, bound.id);
+  const granted = boundEvents.find((e) => e.kind === "granted").body;
+  assert.equal(granted.reservation, reservation.id);
+  assert.equal(boundEvents.at(-1).kind, "released");
+  // The waiter, queued before the bound turn was even asked for, runs only after it.
+  const waiterEvents = await collect(waiter);
+  const waiterGranted = waiterEvents.find((e) => e.kind === "granted").body.seq;
+  assert.ok(waiterGranted > boundEvents.at(-1).body.seq, "the waiter was granted after the bound turn was released");
+});
