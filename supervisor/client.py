@@ -10,7 +10,12 @@ Design note. "Is a supervisor running?" is answered before any request, without 
 daemon: its lock (<state>/supervisor.lock) is looked up in /proc/locks by inode. Taking the lock,
 even for a moment with LOCK_NB, would make a daemon starting at that instant see it taken and exit
 "already running" (`ccsup start` polls `status` exactly while its daemon starts); a flock probe is
-the fallback only where /proc/locks cannot be read. A missing ipc control socket also means
+the fallback only where /proc/locks cannot be read. The first read of /proc/locks in a process
+waits for the kernel to take its global file-lock semaphore for writing (an RCU grace period,
+about 10 ms here, and every flock on the machine waits with it), so the daemon's own answer is
+tried first: the lock file holds its pid, and /proc/<pid>/fdinfo of the descriptor open on the
+lock file lists the flock it holds. Only when that does not show the lock held is /proc/locks
+read. A missing ipc control socket also means
 nothing runs. A request that gets no answer within the timeout is then either NotRunning (the lock
 is free now) or a plain failure "did not answer" (the lock is held: the daemon is there but stuck).
 
@@ -98,6 +103,33 @@ def _held_in_proc_locks(st: os.stat_result) -> bool | None:
     return False
 
 
+def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:
+    """Whether the process whose pid the lock file records holds a flock on it, by its fdinfo.
+
+    False when that cannot be shown (no pid, a process gone or not ours, no such lock): not a
+    "no", only "ask /proc/locks".
+    """
+    try:
+        pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
+        fd_dir = f"/proc/{pid}/fd"
+        names = os.listdir(fd_dir)
+    except (OSError, ValueError):
+        return False
+    for name in names:
+        try:
+            target = os.stat(f"{fd_dir}/{name}")
+            if (target.st_dev, target.st_ino) != (st.st_dev, st.st_ino):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{name}") as f:
+                info = f.read()
+        except OSError:
+            continue
+        # "lock:\t1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF", for locks held through this fd
+        if any(line.startswith("lock:") and " FLOCK " in line and "->" not in line for line in info.splitlines()):
+            return True
+    return False
+
+
 def lock_held(lock_path: Path) -> bool:
     """Whether some process holds the flock on lock_path (a missing file is not held)."""
     try:
@@ -107,7 +139,10 @@ def lock_held(lock_path: Path) -> bool:
     except OSError as e:
         raise CcsupError(f"unable to open supervisor lock {lock_path}: {e.strerror}") from None
     try:
-        held = _held_in_proc_locks(os.fstat(fd))
+        st = os.fstat(fd)
+        if _held_by_recorded_pid(fd, st):
+            return True
+        held = _held_in_proc_locks(st)
         if held is not None:
             return held
         try:  # fallback probe: may, for an instant, look taken to a starting daemon
@@ -180,10 +215,10 @@ class Client:
 
     def running(self) -> bool:
         """Whether a supervisor holds this state directory's lock (and its control socket exists)."""
-        if not lock_held(self.paths.lock):
-            return False
         path = _ipc_path(self.control_endpoint)
-        return path is None or path.exists()
+        if path is not None and not path.exists():
+            return False  # checked first: it is cheaper than the lock
+        return lock_held(self.paths.lock)
 
     def check_running(self) -> None:
         if not self.running():
