@@ -31,6 +31,7 @@ are queued again in their old order unless their requester or their wait deadlin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -53,6 +54,9 @@ from .waits import WaitQueue
 log = logging.getLogger("ccsup.manager")
 
 FINISHED_MEMORY = 600.0  # seconds a finished id is remembered
+# Events after which queue.json must change: the file is saved before they are published, so a
+# crash can lose an announcement but never make a restarted supervisor announce or run it again.
+PERSISTED = frozenset({Event.QUEUED, Event.GRANTED, Event.CANCELLED, Event.RELEASED, Event.REJECTED})
 RETRY_INTERVAL = 0.25  # how often waiters retry slots that other processes may have freed
 
 
@@ -119,16 +123,45 @@ class Manager:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._deadlines: dict[str, float] = {}  # wait deadlines (epoch), for queue.json
         self._confirming: set[str] = set()
+        self._pending: list[tuple[str, dict]] = []  # events held back until the batch is saved
+        self._must_save = False
+        self._batch_depth = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
     # -- events ----------------------------------------------------------------------------------
 
     def _apply(self, item: Turn | Reservation, event: Event, **fields) -> None:
+        """The one place a turn or reservation changes state: advance, save if needed, publish."""
         item.advance(event)
-        self.publish(f"turn.{item.id}.{event.value}", {**item.fields(), **fields})
         if item.state.terminal:
             self._finish(item)
+        self._must_save |= event in PERSISTED
+        self._emit(f"turn.{item.id}.{event.value}", {**item.fields(), **fields})
+
+    def _emit(self, topic: str, body: dict) -> None:
+        self._pending.append((topic, body))
+        if not self._batch_depth:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._must_save:
+            self._must_save = False
+            self.save()
+        pending, self._pending = self._pending, []
+        for topic, body in pending:
+            self.publish(topic, body)
+
+    @contextlib.contextmanager
+    def _batch(self):
+        """Several changes, one save, then their events in order."""
+        self._batch_depth += 1
+        try:
+            yield
+        finally:
+            self._batch_depth -= 1
+            if not self._batch_depth:
+                self._flush()
 
     def _finish(self, item: Turn | Reservation) -> None:
         self.turns.pop(item.id, None)
@@ -142,7 +175,6 @@ class Manager:
         self.finished[item.id] = (item.state.value, self.clock())
         if not self.turns and not self.reservations:
             self._idle.set()
-        self.save()
 
     def _cancel_timer(self, item_id: str) -> None:
         timer = self._timers.pop(item_id, None)
@@ -203,17 +235,17 @@ class Manager:
         if reservation is not None and reservation.state is State.GRANTED:
             self._bind_held(turn, reservation)
         else:
-            if reservation is not None:  # still waiting: the turn takes its place in the queue
-                turn.requested_at = reservation.requested_at
-                self.queue.replace(reservation.id, turn.id)
-                self._apply(reservation, Event.CANCELLED, reason="bound", turn=turn.id)
-            else:
-                self.queue.add(turn.key, turn_id, turn.requested_at)
-            self._apply(turn, Event.QUEUED, position=self.queue.position(turn_id), holder=turn.holder.to_json())
+            with self._batch():
+                if reservation is not None:  # still waiting: the turn takes its place in the queue
+                    turn.requested_at = reservation.requested_at
+                    self.queue.replace(reservation.id, turn.id)
+                    self._apply(reservation, Event.CANCELLED, reason="bound", turn=turn.id)
+                else:
+                    self.queue.add(turn.key, turn_id, turn.requested_at)
+                self._apply(turn, Event.QUEUED, position=self.queue.position(turn_id), holder=turn.holder.to_json())
             self._wait_limit(turn)
         if requester is not None:
             self._watch_requester(requester, turn)
-        self.save()
         self.grant_waiters()
         return self._answer(turn)
 
@@ -230,12 +262,12 @@ class Manager:
         """The turn takes the reservation's slot at once: no wait, no new grant."""
         slot, reservation.slot = reservation.slot, None
         self._cancel_timer(reservation.id)
-        self._apply(turn, Event.QUEUED, position=None, holder=turn.holder.to_json())
         slot.bind(turn=turn.id, reservation=None)
-        self._apply(reservation, Event.RELEASED, reason="bound", turn=turn.id, index=slot.index)
         turn.slot = slot
-        self._apply(turn, Event.GRANTED, index=slot.index, reservation=reservation.id)
-        self.save()
+        with self._batch():
+            self._apply(turn, Event.QUEUED, position=None, holder=turn.holder.to_json())
+            self._apply(reservation, Event.RELEASED, reason="bound", turn=turn.id, index=slot.index)
+            self._apply(turn, Event.GRANTED, index=slot.index, reservation=reservation.id)
         self._spawn(turn)
 
     def _wait_limit(self, item: Turn | Reservation) -> None:
@@ -263,7 +295,7 @@ class Manager:
         """A bad request that came on the bus: its answer is a rejected event."""
         if item_id in self.turns or item_id in self.reservations or item_id in self.finished:
             return  # a garbled retry of a known id changes nothing
-        self.publish(f"turn.{item_id}.rejected", {"id": item_id, "reason": reason})
+        self._emit(f"turn.{item_id}.rejected", {"id": item_id, "reason": reason})
 
     def reserve(self, args: ReserveArgs) -> dict:
         res_id = args.id or uuid.uuid4().hex
@@ -288,7 +320,6 @@ class Manager:
         self._queue_reservation(reservation)
         if requester is not None:
             self._watch_requester(requester, reservation)
-        self.save()
         self.grant_waiters()
         return self._reservation_answer(reservation)
 
@@ -422,7 +453,12 @@ class Manager:
         if self.stopping:
             return
         granted: list[Turn] = []
-        held = 0
+        with self._batch():
+            self._grant_heads(granted)
+        for turn in granted:  # their grants are saved: a crash now cannot run them twice
+            self._spawn(turn)
+
+    def _grant_heads(self, granted: list) -> None:
         for key in self.queue.keys_by_age():
             while (head := self.queue.head(key)) is not None:
                 item = self.turns.get(head) or self.reservations[head]
@@ -439,17 +475,12 @@ class Manager:
                 self._deadlines.pop(head, None)
                 item.slot = slot
                 if slot.took_over is not None:
-                    self.publish(f"slot.{slot.key}.reaped", {"key": slot.key, "index": slot.index})
+                    self._emit(f"slot.{slot.key}.reaped", {"key": slot.key, "index": slot.index})
                 if isinstance(item, Reservation):
                     self._hold(item, until)
-                    held += 1
                 else:
                     self._apply(item, Event.GRANTED, index=slot.index)
                     granted.append(item)
-        if granted or held:
-            self.save()
-        for turn in granted:
-            self._spawn(turn)
 
     def _hold(self, reservation: Reservation, until: float) -> None:
         reservation.until = until
@@ -485,7 +516,7 @@ class Manager:
         self._apply(turn, Event.STARTED, guard=guard.identity.to_json())
 
     def _on_output(self, turn: Turn, stream: str, offset: int, data: bytes) -> None:
-        self.publish(
+        self._emit(
             f"turn.{turn.id}.{stream}",
             {"id": turn.id, "offset": offset, "data": data.decode("utf-8", errors="replace")},
         )
@@ -552,7 +583,7 @@ class Manager:
         for group in groups:
             if group not in turn.groups_seen:
                 turn.groups_seen.add(group)
-                self.publish(f"turn.{turn.id}.group", {"id": turn.id, **group.to_json()})
+                self._emit(f"turn.{turn.id}.group", {"id": turn.id, **group.to_json()})
         turn.slot.record_work(turn.guard.identity, str(turn.guard.record_path), groups)
 
     async def _confirm_gone(self, turn: Turn, record: dict | None, *, guard_done: bool) -> None:
@@ -586,10 +617,11 @@ class Manager:
             self._confirming.discard(turn.id)
 
     def _release(self, turn: Turn) -> None:
-        self._apply(turn, Event.GONE)
         index = turn.slot.index
         turn.slot.release()
-        self._apply(turn, Event.RELEASED, index=index)
+        with self._batch():
+            self._apply(turn, Event.GONE)
+            self._apply(turn, Event.RELEASED, index=index)
         self.grant_waiters()
 
     def retry_unconfirmed(self) -> None:
@@ -607,6 +639,12 @@ class Manager:
 
         Call before serving requests; the caller grants waiters afterwards.
         """
+        with self._batch():
+            problems = self._restore(data, slot_views)
+        self.save()
+        return problems
+
+    def _restore(self, data: dict, slot_views: list) -> list[str]:
         now = self.clock()
         problems: list[str] = []
         for item_id, entry in data["finished"].items():
@@ -636,24 +674,22 @@ class Manager:
             except (TypeError, KeyError, ValueError, ProtocolError) as e:
                 problems.append(f"waiting entry {str(entry.get('id') if isinstance(entry, dict) else entry)[:200]} "
                                 f"is malformed: {e}")
-        self.save()
         return problems
 
     def settle_lost(self, slot_views: list) -> None:
         """End the story of a dead supervisor's turns once no slot shows their work any more."""
         still_held = {v.turn for v in slot_views if v.state in ("orphaned", "unreadable", "held") and v.turn}
         lost, self.lost_running = self.lost_running, []
-        for entry in lost:
-            if entry["id"] in still_held:
-                self.lost_running.append(entry)
-                continue
-            turn = Turn(entry["id"], entry["key"], [], None, {}, HolderInfo(), state=State.RUNNING)
-            turn.exit = {"code": None, "signal": None, "reason": "supervisor_restarted"}
-            self._apply(turn, Event.EXITED, **turn.exit)
-            self._apply(turn, Event.GONE)
-            self._apply(turn, Event.RELEASED, index=None)
-        if lost:
-            self.save()
+        with self._batch():
+            for entry in lost:
+                if entry["id"] in still_held:
+                    self.lost_running.append(entry)
+                    continue
+                turn = Turn(entry["id"], entry["key"], [], None, {}, HolderInfo(), state=State.RUNNING)
+                turn.exit = {"code": None, "signal": None, "reason": "supervisor_restarted"}
+                self._apply(turn, Event.EXITED, **turn.exit)
+                self._apply(turn, Event.GONE)
+                self._apply(turn, Event.RELEASED, index=None)
 
     def _restored_requester(self, holder: HolderInfo) -> procs.Identity | None | bool:
         """The requester's identity, None when none was given, False when it is gone."""

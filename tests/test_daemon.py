@@ -141,7 +141,9 @@ def test_forged_gone_hints_release_nothing_while_a_group_lives(daemon, event_log
     client = d.client()
     client.turn("codex", stubborn(pidfile, then="exit 0"), id="t1")
     child = read_pid(pidfile)
-    log.wait_for("turn.t1.exited")  # CMD is gone; its setsid child ignores SIGTERM for the grace
+    started = log.wait_for("turn.t1.started")
+    # CMD is gone (the guard's record says so); its setsid child ignores SIGTERM for the grace
+    wait_until(lambda: guard_record(state_dir, started)["exit"] is not None, what="CMD's exit in the record")
     ctx = zmq.Context()
     try:
         pub = ctx.socket(zmq.PUB)
