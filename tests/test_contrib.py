@@ -8,6 +8,7 @@ or the installed npm package (`npm ci` in contrib/node-sidecar, as .ci/run does)
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -31,10 +32,12 @@ def test_node_sidecar_tests_pass_against_a_real_supervisor():
     if not (SIDECAR / "node_modules" / "zeromq").is_dir():
         pytest.skip(f"the zeromq npm package is not installed: run `npm ci` in {SIDECAR}")
     env = {**os.environ, "CCSUP_PYTHON": PYTHON}
-    proc = subprocess.run([NODE, "--test", "test/sidecar.test.js"], cwd=SIDECAR, env=env,
+    proc = subprocess.run([NODE, "--test", "--test-force-exit", "test/sidecar.test.js"], cwd=SIDECAR, env=env,
                           capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "# fail 0" in proc.stdout
+    passed = re.search(r"^# pass (\d+)$", proc.stdout, re.M)
+    assert passed and int(passed.group(1)) >= 7, proc.stdout[-3000:]  # none skipped or lost
 
 
 # -- systemd: the notify protocol ------------------------------------------------------------------

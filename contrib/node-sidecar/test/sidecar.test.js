@@ -28,13 +28,13 @@ async function collect(turn) {
   return events;
 }
 
-test("the state directory is found as the CLI finds it", () => {
+test("the state directory is found as the CLI finds it", { timeout: 30000 }, () => {
   assert.equal(findStateDir({ CCSUP_STATE_DIR: "/s", XDG_STATE_HOME: "/x", HOME: "/h" }), "/s");
   assert.equal(findStateDir({ XDG_STATE_HOME: "/x", HOME: "/h" }), "/x/ccsup");
   assert.equal(findStateDir({ HOME: "/h" }), "/h/.local/state/ccsup");
 });
 
-test("a turn runs, reads what is sent to its stdin, and ends released", async () => {
+test("a turn runs, reads what is sent to its stdin, and ends released", { timeout: 30000 }, async () => {
   const turn = await sidecar.turn({ key: "solo", argv: ["sh", "-c", "read line; echo got $line"] });
   await turn.send("hello\n", true);
   const events = await collect(turn);
@@ -48,7 +48,7 @@ test("a turn runs, reads what is sent to its stdin, and ends released", async ()
   assert.equal(sidecar.gaps, 0);
 });
 
-test("a cancel mid-turn stops it and it still ends released", async () => {
+test("a cancel mid-turn stops it and it still ends released", { timeout: 30000 }, async () => {
   const turn = await sidecar.turn({ key: "solo", argv: ["sh", "-c", "echo ready; exec sleep 30"] });
   const t0 = Date.now();
   const events = [];
@@ -63,7 +63,7 @@ test("a cancel mid-turn stops it and it still ends released", async () => {
   assert.equal(exited.signal, 15);
 });
 
-test("a queued turn cancelled takes nothing and ends cancelled", async () => {
+test("a queued turn cancelled takes nothing and ends cancelled", { timeout: 30000 }, async () => {
   const first = await sidecar.turn({ key: "solo", argv: ["sh", "-c", "echo ready; exec sleep 30"] });
   const second = await sidecar.turn({ key: "solo", argv: ["true"] });
   for await (const event of first) if (event.kind === "stdout") break;
@@ -74,7 +74,7 @@ test("a queued turn cancelled takes nothing and ends cancelled", async () => {
   assert.equal((await first.done()).kind, "released");
 });
 
-test("the cap holds across two Node processes", async () => {
+test("the cap holds across two Node processes", { timeout: 30000 }, async () => {
   const ids = [newId(), newId()];
   const followed = ids.map((id) => sidecar.follow(id));
   const children = ids.map((id) =>
@@ -106,7 +106,7 @@ test("the cap holds across two Node processes", async () => {
   assert.ok(queuedBehind.includes(1), `one of them waited: ${queuedBehind}`);
 });
 
-test("a seq gap is noticed and caught up with ps (fake supervisor)", async () => {
+test("a seq gap is noticed and caught up with ps (fake supervisor)", { timeout: 5000 }, async () => {
   const dir = mkdtempSync("/tmp/ccsup-fake-");
   const xpub = new XPublisher({ verbosity: "allSubs" });
   const router = new Router();
@@ -150,7 +150,7 @@ test("a seq gap is noticed and caught up with ps (fake supervisor)", async () =>
   }
 });
 
-test("a reservation holds the slot and a turn that names it binds it ahead of a waiter", async () => {
+test("a reservation holds the slot and a turn that names it binds it ahead of a waiter", { timeout: 30000 }, async () => {
   const reservation = await sidecar.reserve({ key: "res", holder: { session: "s1", agent: "a" } });
   const kinds = [];
   for await (const event of reservation) {
