@@ -13,7 +13,8 @@ called `supervisor`). Prints one JSON line per figure:
    command to every process the supervisor started being gone (ccsup: every turn released).
 3. start N and wait until all run (each writes a file once it runs).
 4. `--turns` turns of `sleep 0.05` at cap `--cap`: ccsup against a plain semaphore driver.
-5. daemon RSS (MiB) with N running (ccsup's guards counted apart: one per turn), and the median
+5. daemon RSS (MiB) with N running (ccsup's guards counted apart, one per turn: summed RSS and
+   USS), and the median
    `status` round trip through each CLI (circusctl, supervisorctl, ccsup), process start included.
 
 Clean-up: every process started here carries CCSUP_BENCH_RUN=<uuid> in its environment (circus
@@ -288,11 +289,13 @@ class Ccsup:
     def daemon_pid(self) -> int:
         return self.proc.pid
 
-    def guards_rss_mib(self) -> float:
-        total = 0.0
+    def guards_mib(self) -> tuple[float, float]:
+        """The guards' summed RSS (shared pages counted in each) and USS (pages each alone owns)."""
+        rss = uss = 0.0
         for child in psutil.Process(self.proc.pid).children():
-            total += child.memory_info().rss / 2**20
-        return total
+            info = child.memory_full_info()
+            rss, uss = rss + info.rss / 2**20, uss + info.uss / 2**20
+        return rss, uss
 
     def shutdown(self) -> None:
         self.sub.close()
@@ -320,7 +323,9 @@ def measure(system, n: int, figures: dict) -> None:
         figures["start"][name] = round(time.monotonic() - t0, 3)
         figures["rss"][name] = round(rss_mib(system.daemon_pid()), 1)
         if isinstance(system, Ccsup):
-            figures["rss"]["ccsup_guards_total"] = round(system.guards_rss_mib(), 1)
+            rss, uss = system.guards_mib()
+            figures["rss"]["ccsup_guards_rss_sum"] = round(rss, 1)
+            figures["rss"]["ccsup_guards_uss_sum"] = round(uss, 1)
         figures["status"][name] = round(statistics.median(timed(system.status_argv()) for _ in range(5)) * 1000, 1)
         t0 = time.monotonic()
         system.stop("obedient")
