@@ -28,6 +28,9 @@ MAX_ARGV = 4096
 MAX_WAIT_TIMEOUT = 7 * 24 * 3600.0
 
 COMMANDS = ("status", "turn", "reserve", "cancel", "send", "ps", "reap", "reload", "quit")
+# Commands that take no arguments: anything in their args is refused (a closed vocabulary; a
+# `quit` carrying fields it does not know is not obeyed on a guess).
+NO_ARGS = ("status", "ps", "reload", "quit")
 REQUEST_TOPICS = {"request.turn": "turn", "request.reserve": "reserve", "request.cancel": "cancel"}
 
 # The fixed set of error codes a reply may carry.
@@ -61,7 +64,13 @@ def _bad(message: str) -> ProtocolError:
 
 
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON. A lone surrogate (JSON allows "\\ud800", UTF-8 cannot carry it) is sent
+    \\u-escaped instead, so echoing what a client sent can never fail to encode."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def encode_request(req_id: str, cmd: str, args: dict | None = None) -> bytes:
@@ -128,14 +137,28 @@ class Request:
     args: dict
 
 
+def _echoable(req_id: Any) -> Any:
+    """The id an error reply may carry back: a string of 1-128 characters or a 64-bit integer."""
+    if isinstance(req_id, str) and 1 <= len(req_id) <= 128:
+        return req_id
+    if type(req_id) is int and -(1 << 63) <= req_id < 1 << 63:
+        return req_id
+    return None
+
+
+def _check_version(version: Any) -> None:
+    # Exactly the integer 1: `true` and `1.0` compare equal to 1 in Python, not on the wire.
+    if type(version) is not int or version != VERSION:
+        shown = repr(version)[:32] if isinstance(version, (int, float, str)) else f"a {type(version).__name__}"
+        raise ProtocolError("unsupported_version", f"this supervisor speaks protocol v{VERSION}, not {shown}")
+
+
 def decode_request(raw: bytes) -> Request:
     """One control frame -> Request. ProtocolError otherwise; its `request_id` is set if known."""
     obj = _load_object(raw, "the request")
     req_id = obj.get("id")
     try:
-        version = obj.get("v")
-        if version != VERSION:
-            raise ProtocolError("unsupported_version", f"this supervisor speaks protocol v{VERSION}, not {version!r}")
+        _check_version(obj.get("v"))
         if not isinstance(req_id, str) or not 1 <= len(req_id) <= 128:
             raise _bad("'id' must be a string of 1 to 128 characters")
         cmd = obj.get("cmd")
@@ -148,8 +171,10 @@ def decode_request(raw: bytes) -> Request:
             args = {}
         if not isinstance(args, dict):
             raise _bad("'args' must be an object")
+        if cmd in NO_ARGS and args:
+            raise _bad(f"'{cmd}' takes no arguments, not {sorted(map(str, args))[0][:64]!r}")
     except ProtocolError as e:
-        e.request_id = req_id if isinstance(req_id, (str, int)) else None  # type: ignore[attr-defined]
+        e.request_id = _echoable(req_id)  # type: ignore[attr-defined]
         raise
     return Request(req_id, cmd, args)
 
@@ -184,7 +209,8 @@ def check_id(value: Any, name: str = "id") -> str:
 def check_key(value: Any) -> str:
     problem = key_problem(value)
     if problem:
-        raise _bad(f"bad 'key' {str(value)[:140]!r}: {problem}")
+        shown = repr(value[:140]) if isinstance(value, str) else f"of type {type(value).__name__}"
+        raise _bad(f"bad 'key' {shown}: {problem}")
     return value
 
 
@@ -250,6 +276,13 @@ def _reject_unknown(args: dict, known: set[str], what: str) -> None:
     unknown = set(args) - known
     if unknown:
         raise _bad(f"{what} has unknown field {sorted(map(str, unknown))[0][:64]!r}")
+    # A bus body carries the envelope's "v" and "ts": a newer version is not run on a guess.
+    if "v" in args and "v" in known:
+        _check_version(args["v"])
+    if "ts" in args and "ts" in known:
+        ts = args["ts"]
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            raise _bad("'ts' must be a number of epoch seconds")
 
 
 def parse_turn(args: dict) -> TurnArgs:
@@ -264,7 +297,9 @@ def parse_turn(args: dict) -> TurnArgs:
     cwd = _opt_str(args, "cwd")
     if cwd is not None and (not cwd.startswith("/") or "\0" in cwd):
         raise _bad("'cwd' must be an absolute path")
-    env = args.get("env") or {}
+    env = args.get("env")
+    if env is None:  # absent; but false, 0, "" or [] are wrong types, not "no env"
+        env = {}
     if not isinstance(env, dict):
         raise _bad("'env' must be an object of name: string or null")
     for name, value in env.items():

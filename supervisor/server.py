@@ -84,6 +84,7 @@ class Server:
         self.seq = 0
         self.rejected_bus_messages = 0
         self._tasks: list[asyncio.Task] = []
+        self._answering: set[asyncio.Task] = set()
 
     def bind(self) -> None:
         ctx = self.ctx
@@ -132,7 +133,10 @@ class Server:
     async def _serve_control(self) -> None:
         while True:
             frames = await self.control.recv_multipart(copy=True)
-            asyncio.create_task(self._answer(frames))
+            task = asyncio.create_task(self._answer(frames))
+            # The loop holds tasks weakly: keep each until it is done, or it may vanish unanswered.
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
 
     async def _answer(self, frames: list[bytes]) -> None:
         identity, rest = frames[0], frames[1:]
@@ -153,25 +157,42 @@ class Server:
             reply = protocol.encode_ok(req_id, await self._on_request(request))
         except protocol.ProtocolError as e:
             reply = protocol.encode_error(req_id, e.code, e.message)
-        await self.control.send_multipart(envelope + [reply])
+        except Exception as e:  # a bug must cost one request an error reply, never the supervisor
+            log.exception("bug while answering a control request")
+            message = f"internal error: {type(e).__name__}; see the log"
+            try:
+                reply = protocol.encode_error(req_id, "failed", message)
+            except Exception:  # the id itself may be what cannot be encoded
+                reply = protocol.encode_error(None, "failed", message)
+        try:
+            await self.control.send_multipart(envelope + [reply])
+        except zmq.ZMQError as e:
+            log.warning("unable to send a control reply: %s", e)
 
     async def _serve_bus_in(self) -> None:
         while True:
             frames = await self.bus_in.recv_multipart()
             try:
-                topic, body = protocol.decode_event(frames)
-            except protocol.ProtocolError as e:
+                self._take_bus_message(frames)
+            except Exception:  # a bug must cost one message, never the bus
                 self.rejected_bus_messages += 1
-                topic = frames[0][:128].decode(errors="replace") if frames else ""
-                self._on_bad_bus(topic, None, e.message)
-                continue
-            if topic.startswith(RESERVED_TOPICS):
-                self.rejected_bus_messages += 1
-                log.warning("dropped a %s message published by someone else: only the supervisor speaks it", topic)
-                continue
-            if not _send_nowait(self.bus_out, frames):
-                log.warning("bus-out is full: dropped a forwarded %s", topic)
-            self._on_bus(topic, body)
+                log.exception("bug while handling a bus message")
+
+    def _take_bus_message(self, frames: list[bytes]) -> None:
+        try:
+            topic, body = protocol.decode_event(frames)
+        except protocol.ProtocolError as e:
+            self.rejected_bus_messages += 1
+            topic = frames[0][:128].decode(errors="replace") if frames else ""
+            self._on_bad_bus(topic, None, e.message)
+            return
+        if topic.startswith(RESERVED_TOPICS):
+            self.rejected_bus_messages += 1
+            log.warning("dropped a %s message published by someone else: only the supervisor speaks it", topic[:128])
+            return
+        if not _send_nowait(self.bus_out, frames):
+            log.warning("bus-out is full: dropped a forwarded %s", topic[:128])
+        self._on_bus(topic, body)
 
     async def _serve_subscriptions(self) -> None:
         while True:
