@@ -1,0 +1,245 @@
+"""Security promises, on a real supervisor: a private state directory, private sockets, refused unsafe
+directories and plain tcp, CURVE end to end on loopback, and turn environments written nowhere.
+
+Only loopback addresses are ever bound or dialled here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from conftest import PYTHON, RunningDaemon, wait_until, write_config
+from supervisor import config as cfg
+from supervisor.client import Client
+from supervisor.errors import CcsupError
+
+
+def ccsup(state_dir: Path, config: Path, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "supervisor", "--state-dir", str(state_dir), "--config", str(config), *args],
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+# -- the state directory and its sockets ----------------------------------------------------------
+
+
+def test_the_state_directory_is_created_0700_and_its_sockets_0600_whatever_the_umask(state_dir):
+    fresh = state_dir / "fresh" / "state"  # does not exist yet: the supervisor makes it
+    d = RunningDaemon(fresh, write_config(state_dir))
+    d.stderr_path = state_dir / "daemon.stderr"
+    old = os.umask(0)  # the child inherits it: the modes must not come from a kind umask
+    try:
+        d.start()
+    finally:
+        os.umask(old)
+    try:
+        assert mode(fresh) == 0o700
+        for sub in ("guards", "slots", "turns"):
+            assert mode(fresh / sub) == 0o700, sub
+        for name in ("control", "bus-in", "bus-out"):
+            st = os.lstat(fresh / name)
+            assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600, name
+        assert mode(fresh / "supervisor.lock") == 0o600
+    finally:
+        assert d.stop() == 0
+
+
+@pytest.mark.parametrize(
+    "owner, perms, says",
+    [
+        (65534, 0o700, ["belongs to uid 65534", "--state-dir"]),
+        (None, 0o770, ["group or others may write", "mode 770", "chmod 700"]),
+        (None, 0o777, ["group or others may write", "mode 777", "chmod 700"]),
+        (None, 0o702, ["group or others may write", "chmod 700"]),
+    ],
+)
+@pytest.mark.parametrize("foreground", [False, True])
+def test_start_refuses_a_state_directory_of_another_user_or_writable_by_others(state_dir, owner, perms, says,
+                                                                                foreground):
+    if owner is not None and os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    unsafe = state_dir / "unsafe"
+    unsafe.mkdir()
+    os.chmod(unsafe, perms)
+    if owner is not None:
+        os.chown(unsafe, owner, -1)
+    config = write_config(state_dir)
+    result = ccsup(unsafe, config, "start", *(["--foreground"] if foreground else []), timeout=10)
+    if result.returncode == 0:  # it started where it must not: stop it before failing
+        ccsup(unsafe, config, "stop")
+    assert result.returncode == 1, result
+    message = result.stderr
+    assert f"refusing state directory {unsafe}" in message and all(s in message for s in says), message
+    # nothing was made inside: no socket, no lock, no subdirectory
+    assert sorted(os.listdir(unsafe)) == []
+
+
+# -- tcp:// endpoints -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tcp_config(state_dir: Path, curve: tuple[bytes, bytes] | None) -> tuple[Path, dict]:
+    ports = {name: free_port() for name in ("control", "bus_in", "bus_out")}
+    extra = "[endpoints]\n" + "".join(f'{name} = "tcp://127.0.0.1:{port}"\n' for name, port in ports.items())
+    if curve is not None:
+        public, secret = curve
+        extra += f'[endpoints.curve]\npublic_key = "{public.decode()}"\nsecret_key = "{secret.decode()}"\n'
+    return write_config(state_dir, caps="codex = 1", extra=extra), ports
+
+
+def test_a_tcp_endpoint_without_curve_keys_is_refused_at_check_and_at_start(state_dir):
+    config, _ = tcp_config(state_dir, None)
+    for args in (["config", "check"], ["start"], ["start", "--foreground"]):
+        result = ccsup(state_dir, config, *args)
+        assert result.returncode == 2, (args, result)
+        assert "endpoints.control" in result.stderr and "[endpoints.curve]" in result.stderr, (args, result.stderr)
+    assert not (state_dir / "supervisor.lock").exists()
+
+
+class TcpDaemon(RunningDaemon):
+    """A daemon found through the config's tcp:// endpoints (no ipc socket to look for)."""
+
+    def client(self, timeout: float = 5.0, endpoints=None):
+        return Client(self.state_dir, endpoints=endpoints or self.endpoints, timeout=timeout)
+
+    def start(self, timeout: float = 15.0) -> "TcpDaemon":
+        self.endpoints = cfg.load(str(self.config), os.environ).endpoints.resolve(self.state_dir)
+        command = [PYTHON, "-m", "supervisor", "--state-dir", str(self.state_dir), "--config", str(self.config),
+                   "start", "--foreground"]
+        with open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                         start_new_session=True)
+
+        def answers():
+            assert self.proc.poll() is None, self.stderr_path.read_text()[-2000:]
+            try:
+                with self.client(timeout=1.0) as client:
+                    return client.status()
+            except CcsupError:
+                return None
+
+        try:
+            wait_until(answers, timeout=timeout, interval=0.05, what="the tcp daemon to answer status")
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+
+@pytest.mark.timeout(90)
+def test_curve_on_loopback_tcp_works_end_to_end_and_a_client_without_the_key_gets_nothing(state_dir):
+    server_keys = zmq.curve_keypair()
+    config, ports = tcp_config(state_dir, server_keys)
+    assert ccsup(state_dir, config, "config", "check").returncode == 0
+    d = TcpDaemon(state_dir, config).start()
+    try:
+        assert not (state_dir / "control").exists()  # really over tcp
+        with d.client() as client:
+            status = client.status()
+            assert status["pid"] == d.proc.pid and status["turns"] == 0
+            events = list(client.run_turn("codex", ["sh", "-c", "echo over-curve"], id="curve-1"))
+            topics = [topic.rsplit(".", 1)[1] for topic, _ in events]
+            assert topics[0] == "queued" and topics[-1] == "released" and "exited" in topics
+            exited = next(body for topic, body in events if topic.endswith(".exited"))
+            assert exited["code"] == 0
+            stdout = "".join(body["data"] for topic, body in events if topic.endswith(".stdout"))
+            assert stdout == "over-curve\n"
+
+        # A client that does not know the server's key (another key, or none) is never answered.
+        other_public, _ = zmq.curve_keypair()
+        wrong = cfg.Endpoints(d.endpoints.control, d.endpoints.bus_in, d.endpoints.bus_out,
+                              {"public_key": other_public.decode(), "secret_key": ""})
+        plain = cfg.Endpoints(d.endpoints.control, d.endpoints.bus_in, d.endpoints.bus_out, None)
+        for endpoints in (wrong, plain):
+            started = time.monotonic()
+            with d.client(timeout=1.0, endpoints=endpoints) as client:
+                with pytest.raises(CcsupError, match="did not answer"):
+                    client.status()
+            assert time.monotonic() - started >= 1.0
+        # A raw subscriber without CURVE hears nothing of the bus either.
+        ctx = zmq.Context()
+        try:
+            sub = ctx.socket(zmq.SUB)
+            sub.connect(f"tcp://127.0.0.1:{ports['bus_out']}")
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            with d.client() as client:
+                assert list(client.run_turn("codex", ["true"], id="curve-2"))[-1][0] == "turn.curve-2.released"
+            assert not sub.poll(500)
+        finally:
+            ctx.destroy(linger=0)
+        with d.client() as client:
+            assert client.status()["pid"] == d.proc.pid
+    finally:
+        assert d.stop() == 0
+
+
+# -- secrets --------------------------------------------------------------------------------------
+
+
+def every_file(root: Path) -> list[Path]:
+    found = []
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = Path(dirpath) / name
+            if path.is_file():
+                found.append(path)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_a_turns_env_reaches_its_process_and_is_written_nowhere(daemon, event_log, state_dir):
+    d = daemon(caps="codex = 1")
+    log = event_log(d)
+    secret = secrets.token_hex(16)
+    client = d.client()
+    try:
+        # A blocker holds the only slot, so the secret turn waits first (queue.json may hold its env
+        # while it waits, 0600), then runs, then ends.
+        client.turn("codex", ["sh", "-c", "echo ready; read line"], id="blocker")
+        wait_until(lambda: log.find("turn.blocker.stdout"), what="the blocker to run")
+        answer = client.turn("codex", ["sh", "-c", "echo ready; read line; test ${#SECRET_TOKEN} -eq 32"],
+                             id="secret", env={"SECRET_TOKEN": secret, "CCSUP_UNSET_ME": None})
+        assert answer["state"] == "queued"
+        queue = state_dir / "queue.json"
+        if queue.exists():
+            assert mode(queue) == 0o600
+        client.send("blocker", "go\n", eof=True)
+        log.wait_for("turn.blocker.released")
+        started = log.wait_for("turn.secret.started")
+        wait_until(lambda: log.find("turn.secret.stdout"), what="the secret turn to say ready")
+        record = json.loads((state_dir / "guards" / f"{started['guard']['pid']}-{started['guard']['start']}.json")
+                            .read_text())
+        cmd_pid = record["own_group"]["pgid"]  # CMD leads its own group
+        environ = Path(f"/proc/{cmd_pid}/environ").read_bytes().split(b"\0")
+        assert f"SECRET_TOKEN={secret}".encode() in environ
+        client.send("secret", "go\n", eof=True)
+        exited = log.wait_for("turn.secret.exited")
+        assert exited["code"] == 0  # the turn saw a 32-character SECRET_TOKEN
+        log.wait_for("turn.secret.released")
+        needle = secret.encode()
+        found = [str(path) for path in every_file(state_dir) if needle in path.read_bytes()]
+        assert found == []
+        with log._cond:
+            events = [(topic, body) for topic, body, _ in log.events]
+        assert len(events) > 10 and [t for t, b in events if secret in json.dumps(b)] == []
+        assert secret not in json.dumps(client.ps()) and secret not in json.dumps(client.status())
+    finally:
+        client.close()
