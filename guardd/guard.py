@@ -35,7 +35,6 @@ import select
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 
 from guardd import linux, procs, record, scan
 
@@ -50,24 +49,37 @@ _GIVE_UP_GRACES = 10
 _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
 
 
-@dataclass
 class Options:
-    argv: list[str]
-    record_dir: str | None = None
-    grace: float = 5.0
-    scan: float = 2.0
-    turn: str | None = None
-    bus: str | None = None
+    """What `ccsup-guard` was asked to do (a plain class: dataclasses cost ~10 ms of a start)."""
+
+    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus")
+
+    def __init__(self, argv: list[str], record_dir: str | None = None, grace: float = 5.0,
+                 scan: float = 2.0, turn: str | None = None, bus: str | None = None):
+        self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
+        self.turn, self.bus = turn, bus
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None  # mutable, like the dataclass it replaces
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"Options({fields})"
 
 
 class GuardFailure(Exception):
     """The guard itself failed (exit 125): the message names the operation and the reason."""
 
 
-@dataclass
 class _Exit:
-    code: int | None
-    signal: int | None
+    __slots__ = ("code", "signal")
+
+    def __init__(self, code: int | None, signal: int | None):
+        self.code, self.signal = code, signal
 
     @classmethod
     def from_status(cls, status: int) -> "_Exit":
@@ -90,21 +102,17 @@ def new_turn_id() -> str:
     return "g" + os.urandom(6).hex()
 
 
-@dataclass
 class Guard:
-    opts: Options
-    clock: object = time.monotonic
-    me: procs.Identity = field(init=False)
-    turn: str = field(init=False)
-
-    def __post_init__(self):
+    def __init__(self, opts: Options, clock=time.monotonic):
+        self.opts = opts
+        self.clock = clock
         pid = os.getpid()
         self.me = procs.identity_of(pid)
         self.my_pgid = os.getpgrp()
         self.turn = self.opts.turn or new_turn_id()
         self.started_at = time.time()
         self.record_file = (
-            record.record_path(self.opts.record_dir, self.me) if self.opts.record_dir else None
+            record.record_file(self.opts.record_dir, self.me) if self.opts.record_dir else None
         )
         self.cmd_pid: int | None = None
         self.own: procs.Group | None = None

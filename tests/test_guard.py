@@ -385,3 +385,16 @@ def test_guard_imports_only_the_standard_library():
             "bad = [m for m in ('zmq', 'psutil', 'click') if m in sys.modules];"
             "assert not bad, bad")
     subprocess.run([PYTHON, "-c", code], check=True, timeout=10)
+
+
+def test_launch_command_skips_site_and_ignores_a_guardd_in_cwd(tmp_path):
+    from guardd.launch import guard_command
+
+    (tmp_path / "guardd.py").write_text("raise SystemExit('shadowed')\n")
+    command = guard_command(["--record-dir", str(tmp_path / "rec"), "--", PYTHON, "-c",
+                             "import sys; sys.exit(6)"])
+    assert command[1:4] == ["-I", "-S", "-c"]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=10)
+    assert (proc.returncode, proc.stderr) == (6, b"")
+    (rec,) = (tmp_path / "rec").glob("*.json")
+    assert json.loads(rec.read_text())["exit"] == {"code": 6, "signal": None}

@@ -9,11 +9,13 @@ import time
 import pytest
 
 from conftest import PYTHON
+from guardd.launch import guard_command
 
 zmq = pytest.importorskip("zmq")
 
 
-def test_hints_group_exited_gone_are_published(tmp_path, state_dir):
+@pytest.mark.parametrize("launch", ["module", "launch"])
+def test_hints_group_exited_gone_are_published(tmp_path, state_dir, launch):
     endpoint = f"ipc://{state_dir}/bus-in"
     ctx = zmq.Context()
     # stands in for the supervisor's proxy: an XSUB bound at bus-in carrying a subscription
@@ -22,9 +24,11 @@ def test_hints_group_exited_gone_are_published(tmp_path, state_dir):
     sub.send(b"\x01guard.")
     try:
         script = "setsid sleep 300 & sleep 0.3; exit 5"  # a group of its own, seen by a scan
-        proc = subprocess.Popen(
-            [PYTHON, "-m", "guardd", "--record-dir", str(tmp_path), "--grace", "0.2",
-             "--scan", "0.05", "--turn", "t1", "--bus", endpoint, "--", "sh", "-c", script])
+        args = ["--record-dir", str(tmp_path), "--grace", "0.2", "--scan", "0.05", "--turn", "t1",
+                "--bus", endpoint, "--", "sh", "-c", script]
+        # as a person runs it, and as the supervisor does (python -I -S: no pyzmq importable)
+        command = [PYTHON, "-m", "guardd", *args] if launch == "module" else guard_command(args)
+        proc = subprocess.Popen(command)
         # Keep polling, as the proxy does: a bound socket attaches a new peer (and sends it the
         # subscription) only when its owner calls into it.
         got = {}

@@ -3,8 +3,10 @@
     .venv/bin/python tests/bench/bench_guard.py [--runs N]
 
 Prints one JSON line. Every number is measured against a reference taken in the same run:
-- `ccsup-guard -- /bin/true` (as `sys.executable -m guardd`, how the supervisor starts it, with a
-  record directory) against plain subprocess of /bin/true; medians, ratio and overhead in ms;
+- `ccsup-guard -- /bin/true` (as guardd.launch.guard_command builds it: `python -I -S -c ...`,
+  how the supervisor starts it, with a record directory) against plain subprocess of /bin/true;
+  medians, ratio and overhead in ms; also `python -m guardd` (how a person runs it) and bare
+  `python -c pass` / `python -I -S -c pass` for scale;
 - the guard's peak RSS (VmHWM) while running `sleep`, against a bare `python -c pass`-style
   interpreter sleeping (`python -c 'import time; time.sleep(...)'`);
 - guardd.scan.descendants over a tree of 50 and of 500 sleeping processes (median of repeats).
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from guardd import scan  # noqa: E402
+from guardd.launch import guard_command  # noqa: E402
 
 PY = sys.executable
 
@@ -39,15 +42,19 @@ def timed(argv: list[str]) -> float:
 
 def start_to_exit(runs: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="ccsup-bench-") as d:
-        guard = [PY, "-m", "guardd", "--record-dir", d, "--", "/bin/true"]
-        plain, guarded = [], []
-        for _ in range(runs):  # interleaved, so machine noise hits both alike
+        guard = guard_command(["--record-dir", d, "--", "/bin/true"])
+        module = [PY, "-m", "guardd", "--record-dir", d, "--", "/bin/true"]
+        plain, guarded, by_module = [], [], []
+        for _ in range(runs):  # interleaved, so machine noise hits all alike
             plain.append(timed(["/bin/true"]))
             guarded.append(timed(guard))
+            by_module.append(timed(module))
         bare = [timed([PY, "-c", "pass"]) for _ in range(runs)]
-    p, g, b = (statistics.median(x) * 1000 for x in (plain, guarded, bare))
+        bare_s = [timed([PY, "-I", "-S", "-c", "pass"]) for _ in range(runs)]
+    p, g, m, b, bs = (statistics.median(x) * 1000 for x in (plain, guarded, by_module, bare, bare_s))
     return {"plain_true_ms": round(p, 2), "guard_true_ms": round(g, 2),
-            "python_pass_ms": round(b, 2), "ratio": round(g / p, 1),
+            "guard_module_true_ms": round(m, 2), "python_pass_ms": round(b, 2),
+            "python_IS_pass_ms": round(bs, 2), "ratio": round(g / p, 1),
             "overhead_ms": round(g - p, 2)}
 
 
@@ -59,7 +66,7 @@ def vm_hwm_kb(pid: int) -> int:
 
 
 def peak_rss() -> dict:
-    guard = subprocess.Popen([PY, "-m", "guardd", "--scan", "0.05", "--", "sleep", "1"])
+    guard = subprocess.Popen(guard_command(["--scan", "0.05", "--", "sleep", "1"]))
     ref = subprocess.Popen([PY, "-c", "import time; time.sleep(1)"])
     time.sleep(0.6)  # several scans have run
     g, r = vm_hwm_kb(guard.pid), vm_hwm_kb(ref.pid)
