@@ -346,6 +346,7 @@ class Manager:
             self._release_reservation(reservation, "expired")
 
     def _release_reservation(self, reservation: Reservation, reason: str) -> None:
+        log.info("reservation %s released (%s)", reservation.id, reason)
         slot, reservation.slot = reservation.slot, None
         index = slot.index
         slot.release()
@@ -483,6 +484,8 @@ class Manager:
                     granted.append(item)
 
     def _hold(self, reservation: Reservation, until: float) -> None:
+        log.info("reservation %s holds %s#%d until %.3f", reservation.id, reservation.key,
+                 reservation.slot.index, until)
         reservation.until = until
         self._apply(reservation, Event.GRANTED, index=reservation.slot.index, until=until)
         self._call_later(reservation.id, until - self.clock(), self._reservation_expired)
