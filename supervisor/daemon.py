@@ -89,12 +89,14 @@ class Daemon:
         self.config_path = config_path
         self.caps_override = caps_override or {}
         endpoints = config.endpoints.resolve(paths.root)
-        self.server = Server(endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve)
+        # Guards publish their hints without keys: over CURVE tcp they get a private ipc bus-in.
+        self._bus_in = endpoints.bus_in if endpoints.bus_in.startswith("ipc://") else paths.endpoint("guard-bus")
+        guard_bus = None if self._bus_in == endpoints.bus_in else self._bus_in
+        self.server = Server(endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
         self.manager: Manager | None = None
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
-        self._bus_in = endpoints.bus_in
 
     def _settings(self, config: Config) -> Settings:
         return Settings(grace=config.grace, scan=config.scan, bus_in=self._bus_in, config_source=config.source,
@@ -254,7 +256,7 @@ class Daemon:
                 self.manager.cancel(protocol.parse_cancel(body), reason="cancelled")
             else:
                 self.manager.reserve(protocol.parse_reserve(body))
-        except ProtocolError as e:
+        except (ProtocolError, CcsupError) as e:
             if isinstance(req_id, str) and protocol.TURN_ID.match(req_id):
                 self.manager.reject(req_id, e.message)
             else:

@@ -75,10 +75,14 @@ def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
 
 
 class Server:
-    def __init__(self, control: str, bus_in: str, bus_out: str, curve: dict | None = None):
+    def __init__(self, control: str, bus_in: str, bus_out: str, curve: dict | None = None,
+                 guard_bus: str | None = None):
+        """`guard_bus`: an extra ipc:// XSUB for the guards' hints, when bus_in is a CURVE tcp://
+        endpoint (a guard has no keys); its messages are read exactly like bus_in's."""
         for name, endpoint in (("control", control), ("bus_in", bus_in), ("bus_out", bus_out)):
             check_endpoint(name, endpoint, curve)
         self.endpoints = {"control": control, "bus_in": bus_in, "bus_out": bus_out}
+        self.guard_bus = guard_bus
         self.curve = curve
         self.ctx = zmq.asyncio.Context()
         self.seq = 0
@@ -113,6 +117,17 @@ class Server:
         finally:
             os.umask(old_umask)
         self.bus_in.send(b"\x01")  # subscribe to everything published on bus-in
+        self.guard_in = None
+        if self.guard_bus:
+            self.guard_in = ctx.socket(zmq.XSUB)
+            self.guard_in.setsockopt(zmq.LINGER, 0)
+            self.guard_in.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+            old_umask = os.umask(0o177)
+            try:
+                self.guard_in.bind(self.guard_bus)
+            finally:
+                os.umask(old_umask)
+            self.guard_in.send(b"\x01")
 
     def start(self, on_request: RequestHandler, on_bus: BusHandler, on_bad_bus: BadBusHandler) -> None:
         self._on_request = on_request
@@ -120,9 +135,11 @@ class Server:
         self._on_bad_bus = on_bad_bus
         self._tasks = [
             asyncio.create_task(self._serve_control(), name="control"),
-            asyncio.create_task(self._serve_bus_in(), name="bus-in"),
+            asyncio.create_task(self._serve_bus_in(self.bus_in), name="bus-in"),
             asyncio.create_task(self._serve_subscriptions(), name="bus-out"),
         ]
+        if self.guard_in is not None:
+            self._tasks.append(asyncio.create_task(self._serve_bus_in(self.guard_in), name="guard-bus"))
 
     def publish(self, topic: str, fields: dict) -> None:
         """Publish one of the supervisor's own events, with the next seq."""
@@ -169,9 +186,9 @@ class Server:
         except zmq.ZMQError as e:
             log.warning("unable to send a control reply: %s", e)
 
-    async def _serve_bus_in(self) -> None:
+    async def _serve_bus_in(self, sock) -> None:
         while True:
-            frames = await self.bus_in.recv_multipart()
+            frames = await sock.recv_multipart()
             try:
                 self._take_bus_message(frames)
             except Exception:  # a bug must cost one message, never the bus
@@ -203,12 +220,12 @@ class Server:
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for name in ("control", "bus_in", "bus_out"):
+        for name in ("control", "bus_in", "bus_out", "guard_in"):
             sock = getattr(self, name, None)
             if isinstance(sock, zmq.Socket):
                 sock.close(linger=200)
         self.ctx.term()
-        for endpoint in self.endpoints.values():
+        for endpoint in [*self.endpoints.values(), self.guard_bus or ""]:
             if endpoint.startswith("ipc://"):
                 try:
                     os.unlink(endpoint[len("ipc://") :])

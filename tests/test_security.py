@@ -162,6 +162,9 @@ def test_curve_on_loopback_tcp_works_end_to_end_and_a_client_without_the_key_get
             assert exited["code"] == 0
             stdout = "".join(body["data"] for topic, body in events if topic.endswith(".stdout"))
             assert stdout == "over-curve\n"
+            # the guard's hints went over the private ipc guard bus: nothing of it in the turn's stderr
+            assert [body for topic, body in events if topic.endswith(".stderr")] == []
+            assert (state_dir / "turns" / "curve-1" / "stderr.log").read_bytes() == b""
 
         # A client that does not know the server's key (another key, or none) is never answered.
         other_public, _ = zmq.curve_keypair()
