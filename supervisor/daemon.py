@@ -56,9 +56,13 @@ def take_instance_lock(paths: StatePaths) -> int:
     return fd
 
 
+# systemd's notify socket, taken out of the environment at start so no turn inherits it.
+_notify_socket: str | None = None
+
+
 def sd_notify(message: str) -> None:
     """Tell systemd (Type=notify) about our state; nothing when not under systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
+    address = _notify_socket
     if not address:
         return
     if address.startswith("@"):
@@ -275,6 +279,8 @@ def serve(
     config_path: str | None = None,
 ) -> int:
     """Run the daemon in this process until it is told to stop; returns the exit code."""
+    global _notify_socket
+    _notify_socket = os.environ.pop("NOTIFY_SOCKET", None)
     paths = StatePaths(Path(state_dir))
     paths.ensure()
     lock_fd = take_instance_lock(paths)

@@ -346,3 +346,32 @@ def test_publish_request_needs_an_id(state_dir, fake):
     fake()
     with Client(state_dir) as client, pytest.raises(CcsupError):
         client.publish_request("turn", {"key": "codex", "argv": ["true"]})
+
+
+def test_a_recorded_pid_with_the_file_open_but_unlocked_is_not_holding_it(state_dir):
+    """The fdinfo shortcut must see a lock, not just an open file, of the pid the file names."""
+    lock = state_dir / "supervisor.lock"
+    script = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+        "os.pwrite(fd, f'{os.getpid()}\\n'.encode(), 0)\n"
+        "for step in sys.stdin:\n"
+        "    fcntl.flock(fd, fcntl.LOCK_EX if step.strip() == 'lock' else fcntl.LOCK_UN)\n"
+        "    print('done', flush=True)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        def step(word: str) -> None:
+            child.stdin.write(word + "\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "done\n"
+
+        step("unlock")  # open, pid written, no lock yet
+        assert lock_held(lock) is False
+        step("lock")
+        assert lock_held(lock) is True
+        step("unlock")
+        assert lock_held(lock) is False
+    finally:
+        child.kill()
+        child.wait()

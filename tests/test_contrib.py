@@ -75,6 +75,9 @@ def test_under_systemd_ready_comes_once_status_answers_and_stopping_after_quit(s
         with Client(state_dir, timeout=2.0) as client:
             assert client.status()["pid"] == proc.pid
             assert _recv_all(sock, 0.2) == []  # nothing else while it runs
+            # a turn does not inherit the notify socket (it could tell systemd anything)
+            events = list(client.run_turn("codex", ["sh", "-c", 'echo "[$NOTIFY_SOCKET]"']))
+            assert "".join(b["data"] for t, b in events if t.endswith(".stdout")) == "[]\n"
             assert client.quit() == {"stopping": True}
         assert _recv_all(sock, 10.0) == ["STOPPING=1"]
         assert proc.wait(20) == 0
