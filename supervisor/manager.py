@@ -726,14 +726,10 @@ class Manager:
             reservation.slot = slot
             reservation.until = until
             self._call_later(reservation.id, until - now, self._reservation_expired)
+            if requester:
+                self._watch_requester(requester, reservation)
         else:
-            self.queue.add(reservation.key, reservation.id, reservation.requested_at)
-            if requester is False:
-                self.cancel(reservation.id, reason="requester_gone")
-                return
-            self._wait_limit(reservation)
-        if requester:
-            self._watch_requester(requester, reservation)
+            self._requeue(reservation, requester)
 
     def _restore_turn(self, entry: dict) -> None:
         args = protocol_turn_args(entry)
@@ -743,14 +739,17 @@ class Manager:
             self._deadlines[turn.id] = float(entry["wait_deadline"])
         self.turns[turn.id] = turn
         self._idle.clear()
-        self.queue.add(turn.key, turn.id, turn.requested_at)
-        requester = self._restored_requester(args.holder)
+        self._requeue(turn, self._restored_requester(args.holder))
+
+    def _requeue(self, item: Turn | Reservation, requester: procs.Identity | None | bool) -> None:
+        """A restored waiter back in the queue at its old place, unless its requester is gone."""
+        self.queue.add(item.key, item.id, item.requested_at)
         if requester is False:
-            self.cancel(turn.id, reason="requester_gone")
+            self.cancel(item.id, reason="requester_gone")
             return
-        self._wait_limit(turn)
+        self._wait_limit(item)
         if requester:
-            self._watch_requester(requester, turn)
+            self._watch_requester(requester, item)
 
     # -- periodic --------------------------------------------------------------------------------
 
