@@ -56,9 +56,15 @@ _Z85 = r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}\Z"  # compiled on first use
 class Endpoints:
     """The three ZeroMQ endpoints; None means the default ipc:// socket in the state directory.
 
-    `curve` is the `[endpoints.curve]` table, {"public_key": Z85, "secret_key": Z85}: the
-    supervisor's own CURVE key pair (40-character Z85 strings, as `zmq.curve_keypair()` makes),
-    required before any endpoint may be tcp://. Clients need the public key only.
+    `curve` is the `[endpoints.curve]` table, required before any endpoint may be tcp://:
+    {"public_key": Z85, "secret_key": Z85, "client_keys": [Z85, ...]} and, when the file sets it,
+    "client_secret_key": Z85 (40-character Z85 strings, as `zmq.curve_keypair()` makes).
+    public_key/secret_key are the supervisor's own pair. client_keys are the public keys of the
+    clients the supervisor lets in on its tcp:// endpoints (non-empty when one is tcp://; every
+    other CURVE client is refused in the handshake). client_secret_key is the key the local CLI
+    and Client use on tcp://; $CCSUP_CLIENT_SECRET_KEY wins over it (see client.py). A client
+    needs no public key of its own in the file: it is computed from the secret one. CURVE is used
+    on tcp:// endpoints only; ipc:// sockets are guarded by the state directory's permissions.
     """
 
     control: str | None = None
@@ -327,11 +333,17 @@ _SECTIONS = (
         _Key("bus_out", "ipc:///run/user/1000/ccsup/bus-out",
              "Where subscribers connect (XPUB); default ipc://<state_dir>/bus-out.", example=True),
     )),
-    _Section("endpoints.curve", "The supervisor's CURVE key pair, 40-character Z85 strings; make one with\n"
+    _Section("endpoints.curve", "CURVE keys for tcp:// endpoints, 40-character Z85 strings; make a pair with\n"
              "python -c 'import zmq; print(*(k.decode() for k in zmq.curve_keypair()), sep=\"\\n\")'\n"
-             "(public first). Clients need only the public key. Keep this file private (chmod 600).", (
-        _Key("public_key", "<40 Z85 characters>", "The supervisor's public key.", example=True),
+             "(public first). Keep this file private (chmod 600).", (
+        _Key("public_key", "<40 Z85 characters>", "The supervisor's public key (every client needs it).", example=True),
         _Key("secret_key", "<40 Z85 characters>", "The supervisor's secret key.", example=True),
+        _Key("client_keys", ["<40 Z85 characters>"],
+             "The public keys of the clients let in on tcp:// (required with a tcp:// endpoint);\n"
+             "any other client is refused in the CURVE handshake and gets no answer.", example=True),
+        _Key("client_secret_key", "<40 Z85 characters>",
+             "The secret key `ccsup` itself uses on tcp:// ($CCSUP_CLIENT_SECRET_KEY wins over it);\n"
+             "its public key must be in client_keys.", example=True),
     ), example=True),
     _Section("harness.codex", "Per harness (the part of a key before ':'): defaults a request may rely on.", (
         _Key("command", ["codex", "app-server"], "The command a sidecar runs for this harness.", example=True),
@@ -530,17 +542,61 @@ def _parse_endpoints(c: _Checker, top: dict) -> Endpoints:
                 c.add(("endpoints", "curve"), f"{name} is missing (both public_key and secret_key are needed)")
             else:
                 keys[name] = c.run(("endpoints", "curve", name), _z85_key, curve_table[name])
+        client_keys = _parse_client_keys(c, curve_table)
+        client_secret = None
+        if "client_secret_key" in curve_table:
+            client_secret = c.run(("endpoints", "curve", "client_secret_key"), _z85_key,
+                                  curve_table["client_secret_key"])
+        has_tcp = any(value and value.startswith("tcp://") for value in values.values())
+        if has_tcp and client_keys == []:
+            c.add(("endpoints", "curve", "client_keys"),
+                  "a tcp:// endpoint needs the public keys of the clients it lets in "
+                  "(client_keys = [\"<40 Z85 characters>\", ...]); without them it would let in anyone")
         if len(keys) == 2 and None not in keys.values():
             problem = _curve_pair_problem(keys["public_key"], keys["secret_key"])
             if problem:
                 c.add(("endpoints", "curve", "public_key"), problem)
-            else:
-                curve = keys
+            elif client_keys is not None:
+                curve = dict(keys, client_keys=client_keys)
+        if client_secret is not None and client_keys:
+            public = _curve_public(client_secret)
+            if public is not None and public not in client_keys:
+                c.add(("endpoints", "curve", "client_secret_key"),
+                      f"its public key {public} is not in client_keys, so the supervisor would refuse this client")
+        if curve is not None and client_secret is not None:
+            curve["client_secret_key"] = client_secret
     for name, value in values.items():
         if value and value.startswith("tcp://") and curve is None and "curve" not in table:
             c.add(("endpoints", name),
-                  "a tcp:// endpoint is refused unless [endpoints.curve] public_key and secret_key are configured")
+                  "a tcp:// endpoint is refused unless [endpoints.curve] public_key, secret_key and "
+                  "client_keys are configured")
     return Endpoints(values["control"], values["bus_in"], values["bus_out"], curve)
+
+
+def _parse_client_keys(c: _Checker, curve_table: dict) -> list[str] | None:
+    """The allowed client public keys ([] when absent); None when the value has a problem."""
+    path = ("endpoints", "curve", "client_keys")
+    value = curve_table.get("client_keys", [])
+    if not isinstance(value, list):
+        c.add(path, f"must be an array of public keys, not {_kind(value)}")
+        return None
+    keys, bad = [], False
+    for index, key in enumerate(value, start=1):
+        try:
+            keys.append(_z85_key(key, where=f"entry {index}"))
+        except ConfigError as err:
+            c.add(path, err.message)
+            bad = True
+    return None if bad else keys
+
+
+def _curve_public(secret: str) -> str | None:
+    """The public key of a Z85 secret key, when pyzmq is there to compute it."""
+    try:
+        import zmq
+    except ImportError:
+        return None
+    return zmq.curve_public(secret.encode()).decode() if zmq.has("curve") else None
 
 
 def _curve_pair_problem(public: str, secret: str) -> str | None:

@@ -21,6 +21,9 @@ from supervisor.errors import ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 SRC = "/etc/x/ccsup.toml"
 PUBLIC, SECRET = (k.decode() for k in zmq.curve_keypair())
+CLIENT_PUBLIC, CLIENT_SECRET = (k.decode() for k in zmq.curve_keypair())
+# A tcp control endpoint with the supervisor's pair; a test appends its client_keys lines.
+TCP_CURVE = f"[endpoints]\ncontrol = 'tcp://127.0.0.1:5555'\n[endpoints.curve]\npublic_key = '{PUBLIC}'\nsecret_key = '{SECRET}'\n"
 
 
 def problems_of(text: str, env=None) -> list[cfg.Problem]:
@@ -127,6 +130,22 @@ ERRORS = [
     ("[endpoints]\ncontrol = 5\n", "endpoints.control", 2, "must be a string"),
     (f"[endpoints.curve]\npublic_key = 'short'\nsecret_key = '{SECRET}'\n", "endpoints.curve.public_key", 2,
      "40 Z85 characters"),
+    # Client keys: a tcp:// endpoint lets in only the listed clients, so the list must be there.
+    (TCP_CURVE, "endpoints.curve.client_keys", 3, "needs the public keys of the clients"),
+    (TCP_CURVE + "client_keys = []\n", "endpoints.curve.client_keys", 6, "needs the public keys of the clients"),
+    (TCP_CURVE + f"client_secret_key = '{CLIENT_SECRET}'\n", "endpoints.curve.client_keys", 3,
+     "would let in anyone"),
+    (TCP_CURVE + f"client_keys = '{CLIENT_PUBLIC}'\n", "endpoints.curve.client_keys", 6,
+     "must be an array of public keys, not a string"),
+    (TCP_CURVE + "client_keys = ['short']\n", "endpoints.curve.client_keys", 6, "entry 1: a CURVE key is 40 Z85"),
+    (TCP_CURVE + f"client_keys = [\n  '{CLIENT_PUBLIC}',\n  5,\n]\n", "endpoints.curve.client_keys", 6,
+     "entry 2: must be a string, not an integer"),
+    (TCP_CURVE + f"client_keys = ['{PUBLIC}']\nclient_secret_key = '{CLIENT_SECRET}'\n",
+     "endpoints.curve.client_secret_key", 7, f"its public key {CLIENT_PUBLIC} is not in client_keys"),
+    (TCP_CURVE + f"client_keys = ['{CLIENT_PUBLIC}']\nclient_secret_key = 'x'\n",
+     "endpoints.curve.client_secret_key", 7, "40 Z85 characters"),
+    (f"[endpoints.curve]\npublic_key = '{PUBLIC}'\nsecret_key = '{SECRET}'\nclient_keys = [1]\n",
+     "endpoints.curve.client_keys", 4, "entry 1: must be a string"),
     ("[harness.codex]\ncommand = 'codex app-server'\n", "harness.codex.command", 2, "array of strings"),
     ("[harness.codex]\ncommand = []\n", "harness.codex.command", 2, "non-empty array"),
     ("[harness.codex]\ncommand = [\n  'codex',\n  3,\n]\n", "harness.codex.command", 2, "array of strings"),
@@ -207,6 +226,8 @@ bus_in = "ipc:///tmp/in"
 [endpoints.curve]
 public_key = "{public}"
 secret_key = "{secret}"
+client_keys = ["{CLIENT_PUBLIC}", "{PUBLIC}"]
+client_secret_key = "{CLIENT_SECRET}"
 [harness.codex]
 command = ["codex", "app-server"]
 default_cap = 2
@@ -221,7 +242,8 @@ default_cap = 2
         grace=0.3,
         scan=1.0,
         endpoints=cfg.Endpoints("tcp://127.0.0.1:7000", "ipc:///tmp/in", None,
-                                {"public_key": public, "secret_key": secret}),
+                                {"public_key": public, "secret_key": secret, "client_keys": [CLIENT_PUBLIC, PUBLIC],
+                                 "client_secret_key": CLIENT_SECRET}),
         harness={"codex": cfg.Harness("codex", ["codex", "app-server"], 2), "claude": cfg.Harness("claude", None, None)},
     )
     assert config.caps.cap_for("opencode:abc") == 4 and config.caps.cap_for("codex:x") == 3
@@ -241,7 +263,7 @@ def test_curve_pair_must_match_and_be_complete():
     public, _ = (k.decode() for k in zmq.curve_keypair())
     _, other_secret = (k.decode() for k in zmq.curve_keypair())
     text = f"[endpoints]\ncontrol = 'tcp://127.0.0.1:1'\n[endpoints.curve]\npublic_key = '{public}'\nsecret_key = '{other_secret}'\n"
-    (problem,) = problems_of(text)
+    (problem,) = problems_of(text + f"client_keys = ['{CLIENT_PUBLIC}']\n")
     assert (problem.key, problem.line) == ("endpoints.curve.public_key", 4)
     assert "not the public key of secret_key" in problem.message
     (problem,) = problems_of(f"[endpoints.curve]\npublic_key = '{public}'\n")
@@ -285,7 +307,7 @@ def test_embedded_default_is_the_commented_default_text():
 def test_commented_examples_in_the_default_are_valid_when_uncommented():
     text = cfg.default_config_text()
     # Uncomment every example except the CURVE placeholders (they are not keys, on purpose).
-    uncommented = re.sub(r"^# ((?!\[endpoints\.curve\]|public_key|secret_key)(\[[a-z.]+\]|[a-z_]+ = .*))$",
+    uncommented = re.sub(r"^# ((?!\[endpoints\.curve\]|public_key|secret_key|client_keys|client_secret_key)(\[[a-z.]+\]|[a-z_]+ = .*))$",
                          r"\1", text, flags=re.M)
     assert uncommented != text
     config = cfg.parse(uncommented, "uncommented", {"HOME": "/h"})
