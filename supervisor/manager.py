@@ -38,11 +38,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Callable
 
 from guardd import procs
-from guardd.record import RecordError, read_json
+from guardd.record import RecordError, read_json, record_groups
 
 from . import __version__, reaper, spawn, store
 from .paths import StatePaths
@@ -67,17 +66,6 @@ class Settings:
     bus_in: str | None
     config_source: str
     reservation_ttl: float = 60.0
-
-
-def work_groups(record: dict) -> list[procs.Group]:
-    """The own group and every recorded group of a guard record."""
-    groups = []
-    own = record.get("own_group")
-    if isinstance(own, dict) and own.get("pgid"):
-        groups.append(procs.Group.from_json(own))
-    for entry in record.get("groups") or ():
-        groups.append(procs.Group.from_json(entry))
-    return groups
 
 
 def exit_from_record(record: dict | None) -> dict | None:
@@ -582,7 +570,7 @@ class Manager:
             asyncio.get_running_loop().create_task(self._confirm_gone(turn, record, guard_done=False))
 
     def _publish_new_groups(self, turn: Turn, record: dict) -> None:
-        groups = work_groups(record)
+        groups = record_groups(record)
         for group in groups:
             if group not in turn.groups_seen:
                 turn.groups_seen.add(group)
@@ -595,7 +583,7 @@ class Manager:
             return
         self._confirming.add(turn.id)
         try:
-            groups = work_groups(record) if record else []
+            groups = record_groups(record) if record else []
             if guard_done:
                 alive = any(procs.group_alive(g) for g in groups) or bool(
                     procs.processes_with_env("CCSUP_TURN", turn.id)

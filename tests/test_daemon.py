@@ -107,7 +107,7 @@ def _hello_sub(ctx, state_dir, prefix: str):
 
 
 def test_a_sidecar_on_the_bus_alone_gets_its_turn_once(daemon, state_dir):
-    d = daemon()
+    daemon()
     ctx = zmq.Context()
     witness = state_dir / "ran"
     turn_id = "sidecar-1"

@@ -92,8 +92,8 @@ def test_finished_ids_are_remembered_across_a_restart(daemon, state_dir):
     d = daemon()
     marker = state_dir / "ran"
     with d.client() as client:
-        for topic, body in client.run_turn("codex", ["sh", "-c", f"echo x >> {marker}"], id="once"):
-            pass
+        events = list(client.run_turn("codex", ["sh", "-c", f"echo x >> {marker}"], id="once"))
+        assert events[-1][0] == "turn.once.released"
     d.stop()
     d.start()
     with d.client() as client:

@@ -4,13 +4,11 @@ memory floor."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, leftovers, wait_until
+from conftest import PYTHON, leftovers
 from guardd import procs
 
 CLIENTS = 3
