@@ -29,6 +29,15 @@ Every supervisor event carries `seq`; a subscription to everything ("") counts t
 (`gaps`, and `on_gap`), so a caller can catch up with `ps`. A filtered subscription sees holes by
 design and counts none.
 
+Client keys on tcp://. A supervisor with tcp:// endpoints lets in only the CURVE clients whose
+public keys its `[endpoints.curve] client_keys` lists, so a client brings its own key pair: the
+`client_secret_key` argument, else $CCSUP_CLIENT_SECRET_KEY, else the config's
+`[endpoints.curve] client_secret_key` (what `ccsup` on the supervisor's machine uses). Only the
+secret key is given; its public key is computed from it, so the two can never disagree. The
+environment wins over the file, as for the state directory, so a sidecar or another user can
+have a key of its own with the same config. With none of them, a tcp:// request fails at once
+naming the three places, rather than waiting for a handshake the supervisor would refuse.
+
 State: none on disk. Each Client owns one zmq context and its sockets, closed with a short linger;
 it is not thread-safe (one per thread).
 """
@@ -46,13 +55,14 @@ from typing import Any, Callable, Iterator
 import zmq
 
 from . import protocol
-from .errors import CcsupError, NotRunning, UsageError
+from .errors import CcsupError, ConfigError, NotRunning, UsageError
 from .paths import StatePaths
 
 LINGER_MS = 100
 HELLO_PREFIX = "ccsup.hello."
 HELLO_RETRY = 0.5
 TERMINAL = ("released", "cancelled", "rejected")
+CLIENT_KEY_ENV = "CCSUP_CLIENT_SECRET_KEY"
 # Reply codes that mean the request itself was wrong (the CLI exits 2 for them).
 _USAGE_CODES = ("bad_request", "too_large", "unknown_command", "unsupported_version")
 
@@ -168,9 +178,12 @@ class Client:
 
     `endpoints` is a config's Endpoints (with .control, .bus_in, .bus_out, .curve) or None for the
     ipc:// sockets in the state directory. `timeout` bounds every control request.
+    `client_secret_key` (Z85) is this client's CURVE secret key for tcp:// endpoints; by default
+    $CCSUP_CLIENT_SECRET_KEY, else endpoints.curve["client_secret_key"] (see the module note).
     """
 
-    def __init__(self, state_dir: Path, *, endpoints: Any = None, timeout: float = 5.0):
+    def __init__(self, state_dir: Path, *, endpoints: Any = None, timeout: float = 5.0,
+                 client_secret_key: str | None = None):
         self.state_dir = Path(state_dir)
         self.paths = StatePaths(self.state_dir)
         self.timeout = timeout
@@ -184,6 +197,14 @@ class Client:
             self.bus_in_endpoint = endpoints.bus_in
             self.bus_out_endpoint = endpoints.bus_out
             self._curve = getattr(endpoints, "curve", None)
+        if client_secret_key is not None:
+            self._client_key = (client_secret_key, "the client_secret_key argument")
+        elif os.environ.get(CLIENT_KEY_ENV):
+            self._client_key = (os.environ[CLIENT_KEY_ENV], f"${CLIENT_KEY_ENV}")
+        elif self._curve and self._curve.get("client_secret_key"):
+            self._client_key = (self._curve["client_secret_key"], "endpoints.curve.client_secret_key")
+        else:
+            self._client_key = None
         self._ctx = zmq.Context()
         self._dealer: zmq.Socket | None = None
 
@@ -204,12 +225,29 @@ class Client:
     def _socket(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.linger = LINGER_MS
-        if self._curve and endpoint.startswith("tcp://"):
-            public, secret = zmq.curve_keypair()
-            sock.curve_publickey, sock.curve_secretkey = public, secret
-            sock.curve_serverkey = self._curve["public_key"].encode()
-        sock.connect(endpoint)
+        try:
+            if self._curve and endpoint.startswith("tcp://"):
+                sock.curve_publickey, sock.curve_secretkey = self._client_pair(endpoint)
+                sock.curve_serverkey = self._curve["public_key"].encode()
+            sock.connect(endpoint)
+        except BaseException:
+            sock.close(linger=0)
+            raise
         return sock
+
+    def _client_pair(self, endpoint: str) -> tuple[bytes, bytes]:
+        """This client's CURVE (public, secret) key pair for a tcp:// endpoint."""
+        if self._client_key is None:
+            raise ConfigError(
+                f"unable to connect to {endpoint}: no CURVE client key; set ${CLIENT_KEY_ENV} or "
+                "[endpoints.curve] client_secret_key (its public key must be in the supervisor's client_keys)"
+            )
+        secret, where = self._client_key
+        try:
+            return zmq.curve_public(secret.encode()), secret.encode()
+        except (ValueError, zmq.ZMQError):
+            raise ConfigError(f"unable to connect to {endpoint}: {where} is not a CURVE secret key "
+                              f"(40 Z85 characters)") from None
 
     # -- is it running
 

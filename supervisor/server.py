@@ -15,6 +15,20 @@ client that receives it knows its earlier subscriptions are live (they travel in
 Oversized frames: the sockets drop peers sending messages over MAX_MESSAGE (never buffered);
 frames between protocol.MAX_FRAME and that get an error reply without being parsed.
 
+Client authentication (tcp:// only). CURVE alone encrypts and proves the server to the client,
+but lets in any client that knows the server's public key, which is public by nature. So every
+tcp:// socket is a CURVE server in the ZAP domain "ccsup", and the server answers ZAP (RFC 27)
+itself on inproc://zeromq.zap.01 of its own context, in the event loop: a CURVE handshake is let
+in only when the client's public key is in `curve["client_keys"]`; a refused client gets no
+connection, so its requests and subscriptions go nowhere (it sees a timeout). The ZAP socket is
+bound before any endpoint, so no handshake can happen without it (libzmq lets everyone in when no
+ZAP handler is bound; ZAP_ENFORCE_DOMAIN makes it refuse instead, where libzmq offers it).
+Rejected: zmq.auth's AsyncioAuthenticator, which does the same through a callback but also runs
+address allow/deny lists and lets NULL through by default; ours is one pure function
+(`zap_answer`) and a loop. ipc:// sockets (and the guards' private ipc guard bus) use no CURVE:
+the state directory's permissions guard them, and libzmq asks ZAP nothing for a NULL socket
+without a domain (were it to, `zap_answer` lets NULL in only outside the "ccsup" domain).
+
 Knows ZeroMQ and the protocol's framing; nothing of turns, slots or pids.
 """
 
@@ -27,6 +41,7 @@ from typing import Awaitable, Callable
 
 import zmq
 import zmq.asyncio
+from zmq.utils import z85
 
 from . import protocol
 from .errors import ConfigError
@@ -43,6 +58,11 @@ BusHandler = Callable[[str, dict], None]
 BadBusHandler = Callable[[str, dict | None, str], None]
 
 
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by RFC 27: libzmq asks whatever is bound here
+ZAP_DOMAIN = b"ccsup"
+MAX_LOGGED_REFUSALS = 1000  # distinct refused keys logged; a flood of new keys stops filling the log
+
+
 def check_endpoint(name: str, endpoint: str, curve: dict | None) -> None:
     if endpoint.startswith("ipc://"):
         return
@@ -52,8 +72,34 @@ def check_endpoint(name: str, endpoint: str, curve: dict | None) -> None:
                 f"endpoints.{name}: {endpoint} is a tcp:// endpoint; configure [endpoints.curve] keys "
                 "or use an ipc:// endpoint"
             )
+        if not curve.get("client_keys"):
+            raise ConfigError(
+                f"endpoints.curve.client_keys: {endpoint} (endpoints.{name}) is a tcp:// endpoint; list the "
+                "public keys of the clients it lets in, or use an ipc:// endpoint"
+            )
         return
     raise ConfigError(f"endpoints.{name}: {endpoint!r} must be an ipc:// or tcp:// endpoint")
+
+
+def zap_answer(frames: list[bytes], allowed: frozenset[bytes]) -> tuple[list[bytes], bytes | None]:
+    """The ZAP reply to one request, and the CURVE key it refused (None if it let the peer in).
+
+    A request is [version, request_id, domain, address, identity, mechanism, *credentials]; CURVE
+    credentials are the client's 32-byte public key. In the "ccsup" domain only CURVE with an
+    allowed key passes; outside it only NULL (a socket we gave no domain, which is ipc://).
+    """
+    if len(frames) < 6 or frames[0] != b"1.0":
+        request_id = frames[1] if len(frames) > 1 else b""
+        return [b"1.0", request_id, b"500", b"malformed ZAP request", b"", b""], None
+    request_id, domain, mechanism, credentials = frames[1], frames[2], frames[5], frames[6:]
+    if domain == ZAP_DOMAIN:
+        if mechanism == b"CURVE" and len(credentials) == 1 and credentials[0] in allowed:
+            return [b"1.0", request_id, b"200", b"OK", z85.encode(credentials[0]), b""], None
+        refused = credentials[0] if mechanism == b"CURVE" and len(credentials) == 1 else None
+        return [b"1.0", request_id, b"400", b"client key not allowed", b"", b""], refused
+    if mechanism == b"NULL":
+        return [b"1.0", request_id, b"200", b"OK", b"", b""], None
+    return [b"1.0", request_id, b"400", b"unknown ZAP domain", b"", b""], None
 
 
 def _secure_ipc(endpoint: str) -> None:
@@ -84,6 +130,12 @@ class Server:
         self.endpoints = {"control": control, "bus_in": bus_in, "bus_out": bus_out}
         self.guard_bus = guard_bus
         self.curve = curve
+        self.secured = {name for name, endpoint in self.endpoints.items() if endpoint.startswith("tcp://")}
+        self.allowed_clients = frozenset(
+            z85.decode(key.encode()) for key in (curve or {}).get("client_keys", ())
+        )
+        self.zap = None
+        self.refused_clients: set[bytes] = set()
         self.ctx = zmq.asyncio.Context()
         self.seq = 0
         self.rejected_bus_messages = 0
@@ -92,16 +144,26 @@ class Server:
 
     def bind(self) -> None:
         ctx = self.ctx
+        if self.secured:
+            # Before any endpoint: a CURVE handshake must never find no ZAP handler (it would pass).
+            self.zap = ctx.socket(zmq.REP)
+            self.zap.setsockopt(zmq.LINGER, 0)
+            self.zap.bind(ZAP_ENDPOINT)
         self.control = ctx.socket(zmq.ROUTER)
         self.bus_in = ctx.socket(zmq.XSUB)
         self.bus_out = ctx.socket(zmq.XPUB)
-        for sock in (self.control, self.bus_in, self.bus_out):
+        for sock, name in ((self.control, "control"), (self.bus_in, "bus_in"), (self.bus_out, "bus_out")):
             sock.setsockopt(zmq.LINGER, 500)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
-            if self.curve:
+            if name in self.secured:
                 sock.curve_secretkey = self.curve["secret_key"].encode()
                 sock.curve_publickey = self.curve["public_key"].encode()
                 sock.curve_server = True
+                sock.zap_domain = ZAP_DOMAIN
+                try:
+                    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+                except (AttributeError, zmq.ZMQError):
+                    pass  # an older libzmq: the ZAP socket bound above is what keeps it closed
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.bus_in.setsockopt(zmq.RCVHWM, HWM)
         self.bus_out.setsockopt(zmq.SNDHWM, HWM)
@@ -140,6 +202,25 @@ class Server:
         ]
         if self.guard_in is not None:
             self._tasks.append(asyncio.create_task(self._serve_bus_in(self.guard_in), name="guard-bus"))
+        if self.zap is not None:
+            self._tasks.append(asyncio.create_task(self._serve_zap(), name="zap"))
+
+    async def _serve_zap(self) -> None:
+        """Answer libzmq's ZAP requests for the tcp:// sockets' CURVE handshakes."""
+        while True:
+            frames = await self.zap.recv_multipart()
+            try:
+                reply, refused = zap_answer(frames, self.allowed_clients)
+            except Exception:  # a bug must refuse one handshake, never stop answering (REP needs a reply)
+                log.exception("bug while answering a ZAP request")
+                reply, refused = [b"1.0", frames[1] if len(frames) > 1 else b"", b"500", b"internal error", b"", b""], None
+            await self.zap.send_multipart(reply)
+            if refused is not None and refused not in self.refused_clients:
+                if len(self.refused_clients) < MAX_LOGGED_REFUSALS:
+                    self.refused_clients.add(refused)
+                    address = frames[3].decode(errors="replace") if len(frames) > 3 else "?"
+                    log.warning("refused a CURVE client from %s: its key %s is not in endpoints.curve.client_keys",
+                                address, z85.encode(refused).decode())
 
     def publish(self, topic: str, fields: dict) -> None:
         """Publish one of the supervisor's own events, with the next seq."""
@@ -220,7 +301,7 @@ class Server:
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for name in ("control", "bus_in", "bus_out", "guard_in"):
+        for name in ("control", "bus_in", "bus_out", "guard_in", "zap"):  # zap last: it guards the others
             sock = getattr(self, name, None)
             if isinstance(sock, zmq.Socket):
                 sock.close(linger=200)

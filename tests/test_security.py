@@ -6,6 +6,7 @@ Only loopback addresses are ever bound or dialled here.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -19,14 +20,19 @@ import pytest
 import zmq
 
 from conftest import PYTHON, RunningDaemon, wait_until, write_config
+from zmq.utils import z85
+
 from supervisor import config as cfg
-from supervisor.client import Client
-from supervisor.errors import CcsupError
+from supervisor.client import CLIENT_KEY_ENV, Client
+from supervisor.errors import CcsupError, ConfigError
+from supervisor.server import ZAP_DOMAIN, Server, zap_answer
 
 
-def ccsup(state_dir: Path, config: Path, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+def ccsup(state_dir: Path, config: Path, *args: str, timeout: float = 20, env: dict | None = None
+          ) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "-m", "supervisor", "--state-dir", str(state_dir), "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def mode(path: Path) -> int:
@@ -96,12 +102,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tcp_config(state_dir: Path, curve: tuple[bytes, bytes] | None) -> tuple[Path, dict]:
+def tcp_config(state_dir: Path, curve: tuple[bytes, bytes] | None, client_keys: list[bytes] = (),
+               client_secret: bytes | None = None) -> tuple[Path, dict]:
     ports = {name: free_port() for name in ("control", "bus_in", "bus_out")}
     extra = "[endpoints]\n" + "".join(f'{name} = "tcp://127.0.0.1:{port}"\n' for name, port in ports.items())
     if curve is not None:
         public, secret = curve
         extra += f'[endpoints.curve]\npublic_key = "{public.decode()}"\nsecret_key = "{secret.decode()}"\n'
+        if client_keys:
+            extra += f"client_keys = [{', '.join(repr(key.decode()) for key in client_keys)}]\n"
+        if client_secret is not None:
+            extra += f'client_secret_key = "{client_secret.decode()}"\n'
     return write_config(state_dir, caps="codex = 1", extra=extra), ports
 
 
@@ -112,6 +123,63 @@ def test_a_tcp_endpoint_without_curve_keys_is_refused_at_check_and_at_start(stat
         assert result.returncode == 2, (args, result)
         assert "endpoints.control" in result.stderr and "[endpoints.curve]" in result.stderr, (args, result.stderr)
     assert not (state_dir / "supervisor.lock").exists()
+
+
+def test_a_tcp_endpoint_without_client_keys_is_refused_at_check_and_at_start_naming_key_and_line(state_dir):
+    config, _ = tcp_config(state_dir, zmq.curve_keypair())
+    header = config.read_text().splitlines().index("[endpoints.curve]") + 1
+    for args in (["config", "check"], ["start"], ["start", "--foreground"]):
+        result = ccsup(state_dir, config, *args)
+        assert result.returncode == 2, (args, result)
+        assert f"{config}:{header}: endpoints.curve.client_keys: a tcp:// endpoint needs the public keys of the " \
+               "clients it lets in" in result.stderr, (args, result.stderr)
+    assert not (state_dir / "supervisor.lock").exists()
+    # The Server itself refuses the same, for code that builds one without a config.
+    public, secret = (k.decode() for k in zmq.curve_keypair())
+    for keys in ([], None):
+        curve = {"public_key": public, "secret_key": secret, **({} if keys is None else {"client_keys": keys})}
+        with pytest.raises(ConfigError, match=r"endpoints.curve.client_keys: tcp://127.0.0.1:1 \(endpoints.control\)"):
+            Server("tcp://127.0.0.1:1", "ipc:///tmp/x-in", "ipc:///tmp/x-out", curve)
+
+
+def test_zap_answer_lets_in_only_listed_curve_keys_in_the_ccsup_domain():
+    allowed_public, _ = zmq.curve_keypair()
+    other_public, _ = zmq.curve_keypair()
+    allowed, other = z85.decode(allowed_public), z85.decode(other_public)
+    head = [b"1.0", b"req-7"]
+    ask = lambda domain, mechanism, *cred: zap_answer(head + [domain, b"127.0.0.1", b"", mechanism, *cred],
+                                                      frozenset({allowed}))
+    assert ask(ZAP_DOMAIN, b"CURVE", allowed) == ([b"1.0", b"req-7", b"200", b"OK", allowed_public, b""], None)
+    assert ask(ZAP_DOMAIN, b"CURVE", other) == ([b"1.0", b"req-7", b"400", b"client key not allowed", b"", b""], other)
+    assert ask(ZAP_DOMAIN, b"NULL")[0][2] == b"400"
+    assert ask(ZAP_DOMAIN, b"PLAIN", b"user", b"pass")[0][2] == b"400"
+    assert ask(ZAP_DOMAIN, b"CURVE", allowed, allowed)[0][2] == b"400"
+    assert ask(b"", b"NULL")[0][2] == b"200"  # an ipc socket without a domain (the guard bus)
+    assert ask(b"", b"CURVE", allowed)[0][2] == b"400"
+    assert ask(b"other", b"CURVE", allowed)[0][2] == b"400"
+    assert zap_answer([b"1.0", b"r"], frozenset({allowed}))[0] == [b"1.0", b"r", b"500", b"malformed ZAP request",
+                                                                 b"", b""]
+    assert zap_answer([b"2.0", b"r", ZAP_DOMAIN, b"", b"", b"CURVE", allowed], frozenset({allowed}))[0][2] == b"500"
+
+
+def test_a_client_without_a_curve_key_fails_at_once_naming_where_to_put_one(state_dir, monkeypatch):
+    monkeypatch.delenv(CLIENT_KEY_ENV, raising=False)
+    (state_dir / "supervisor.lock").write_text(f"{os.getpid()}\n")
+    public, secret = (k.decode() for k in zmq.curve_keypair())
+    endpoints = cfg.Endpoints("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "tcp://127.0.0.1:3",
+                              {"public_key": public, "secret_key": secret, "client_keys": [public]})
+    with open(state_dir / "supervisor.lock") as lock:  # "running": the check happens before any connect
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with Client(state_dir, endpoints=endpoints, timeout=5.0) as client:
+            started = time.monotonic()
+            with pytest.raises(ConfigError, match=r"unable to connect to tcp://127.0.0.1:1: no CURVE client key; "
+                                                  r"set \$CCSUP_CLIENT_SECRET_KEY or \[endpoints.curve\] client_secret_key"):
+                client.status()
+            assert time.monotonic() - started < 1.0
+        monkeypatch.setenv(CLIENT_KEY_ENV, "not a key")
+        with Client(state_dir, endpoints=endpoints, timeout=5.0) as client:
+            with pytest.raises(ConfigError, match=r"\$CCSUP_CLIENT_SECRET_KEY is not a CURVE secret key"):
+                client.status()
 
 
 class TcpDaemon(RunningDaemon):
@@ -145,13 +213,22 @@ class TcpDaemon(RunningDaemon):
 
 
 @pytest.mark.timeout(90)
-def test_curve_on_loopback_tcp_works_end_to_end_and_a_client_without_the_key_gets_nothing(state_dir):
+def test_curve_on_loopback_tcp_works_end_to_end_for_a_listed_client_and_one_without_the_server_key_gets_nothing(
+        state_dir):
     server_keys = zmq.curve_keypair()
-    config, ports = tcp_config(state_dir, server_keys)
+    cli_public, cli_secret = zmq.curve_keypair()  # the config's own client, as `ccsup` uses it
+    env_public, env_secret = zmq.curve_keypair()  # another listed client, given by the environment
+    config, ports = tcp_config(state_dir, server_keys, [cli_public, env_public], cli_secret)
     assert ccsup(state_dir, config, "config", "check").returncode == 0
     d = TcpDaemon(state_dir, config).start()
     try:
         assert not (state_dir / "control").exists()  # really over tcp
+        # The CLI: with the config's client key, and with $CCSUP_CLIENT_SECRET_KEY, which wins over it.
+        for env in (None, {CLIENT_KEY_ENV: env_secret.decode()}):
+            result = ccsup(state_dir, config, "status", "--json", env=env)
+            assert result.returncode == 0 and json.loads(result.stdout)["pid"] == d.proc.pid, (env, result)
+        result = ccsup(state_dir, config, "status", env={CLIENT_KEY_ENV: "x" * 39})
+        assert result.returncode == 2 and "$CCSUP_CLIENT_SECRET_KEY is not a CURVE secret key" in result.stderr
         with d.client() as client:
             status = client.status()
             assert status["pid"] == d.proc.pid and status["turns"] == 0
@@ -166,10 +243,11 @@ def test_curve_on_loopback_tcp_works_end_to_end_and_a_client_without_the_key_get
             assert [body for topic, body in events if topic.endswith(".stderr")] == []
             assert (state_dir / "turns" / "curve-1" / "stderr.log").read_bytes() == b""
 
-        # A client that does not know the server's key (another key, or none) is never answered.
+        # A listed client that does not know the server's key, or one without CURVE, is never answered.
         other_public, _ = zmq.curve_keypair()
         wrong = cfg.Endpoints(d.endpoints.control, d.endpoints.bus_in, d.endpoints.bus_out,
-                              {"public_key": other_public.decode(), "secret_key": ""})
+                              {"public_key": other_public.decode(), "secret_key": "",
+                               "client_secret_key": cli_secret.decode()})
         plain = cfg.Endpoints(d.endpoints.control, d.endpoints.bus_in, d.endpoints.bus_out, None)
         for endpoints in (wrong, plain):
             started = time.monotonic()
@@ -191,6 +269,69 @@ def test_curve_on_loopback_tcp_works_end_to_end_and_a_client_without_the_key_get
         with d.client() as client:
             assert client.status()["pid"] == d.proc.pid
     finally:
+        assert d.stop() == 0
+
+
+def curve_socket(ctx: zmq.Context, kind: int, endpoint: str, server_public: bytes,
+                 pair: tuple[bytes, bytes]) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.curve_serverkey = server_public
+    sock.curve_publickey, sock.curve_secretkey = pair
+    sock.connect(endpoint)
+    return sock
+
+
+@pytest.mark.timeout(90)
+def test_a_client_with_a_valid_curve_pair_not_on_the_list_gets_nothing_on_control_or_bus(state_dir):
+    server_keys = zmq.curve_keypair()
+    allowed = zmq.curve_keypair()
+    intruder = zmq.curve_keypair()
+    config, ports = tcp_config(state_dir, server_keys, [allowed[0]], allowed[1])
+    d = TcpDaemon(state_dir, config).start()
+    ctx = zmq.Context()
+    try:
+        # Control: the intruder knows the server's public key and speaks CURVE, and is never answered,
+        # not even `quit`.
+        for cmd in ("status", "quit"):
+            started = time.monotonic()
+            with Client(state_dir, endpoints=d.endpoints, timeout=1.0, client_secret_key=intruder[1].decode()) as client:
+                with pytest.raises(CcsupError, match="did not answer"):
+                    client.call(cmd)
+            assert time.monotonic() - started >= 1.0
+        assert d.proc.poll() is None
+        # The same Client code with the listed key is answered: the refusal is the key, nothing else.
+        with Client(state_dir, endpoints=d.endpoints, timeout=1.0, client_secret_key=allowed[1].decode()) as client:
+            assert client.status()["pid"] == d.proc.pid
+
+        # Bus: a listed PUB's request makes a turn; the intruder's, sent the same way, makes none; the
+        # intruder's SUB hears nothing while a listed subscriber hears every event.
+        bus_in, bus_out = f"tcp://127.0.0.1:{ports['bus_in']}", f"tcp://127.0.0.1:{ports['bus_out']}"
+        spy = curve_socket(ctx, zmq.SUB, bus_out, server_keys[0], intruder)
+        spy.setsockopt(zmq.SUBSCRIBE, b"")
+        bad_pub = curve_socket(ctx, zmq.PUB, bus_in, server_keys[0], intruder)
+        with d.client() as client, client.subscribe("") as everything:
+            request = {"key": "codex", "argv": ["sh", "-c", "echo from-intruder"], "id": "intruder-1"}
+            frames = [b"request.turn", json.dumps({"v": 1, "ts": time.time(), **request}).encode()]
+            for _ in range(10):  # a second of retries: a refused PUB has no connection to drop them into
+                bad_pub.send_multipart(frames)
+                time.sleep(0.1)
+            with client.publish_request("turn", {"key": "codex", "argv": ["true"], "id": "listed-1"}) as sub:
+                assert list(sub.until_terminal())[-1][0] == "turn.listed-1.released"
+            topics = []
+            while (got := everything.recv(timeout=0.2)) is not None:
+                topics.append(got[0])
+            assert "turn.listed-1.released" in topics
+            assert [t for t in topics if "intruder" in t] == []
+        assert not spy.poll(300)
+        with d.client() as client:
+            assert "intruder-1" not in json.dumps(client.ps())
+        # The daemon says whom it refused, once per key, with the key to add if that was a mistake.
+        log = d.stderr_path.read_text()
+        refusals = [line for line in log.splitlines() if "refused a CURVE client" in line]
+        assert len(refusals) == 1, refusals
+        assert f"from 127.0.0.1: its key {intruder[0].decode()} is not in endpoints.curve.client_keys" in refusals[0]
+    finally:
+        ctx.destroy(linger=0)
         assert d.stop() == 0
 
 
