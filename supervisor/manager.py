@@ -18,6 +18,9 @@ the machine are noticed by a short periodic retry while anyone waits.
 Reservations wait in the same queue as turns and hold a slot (state `reserved` in ps) until a turn
 binds it, it expires, or it is cancelled. A holder (session + agent) has at most one per key.
 
+A guard's record is removed once its turn is released and the guard reaped: it is kept exactly as
+long as it can tell a reaper what to end.
+
 State: everything acknowledged is saved to `queue.json` (supervisor.store) before the answer goes
 out: waiting turns and reservations, the turns granted (saved before their guard starts, so a
 crash can never make a restarted supervisor run a turn twice), and the finished ids (ten
@@ -544,6 +547,7 @@ class Manager:
             return
         turn.guard.close()
         if turn.state.terminal or turn.state is State.GONE:
+            self._drop_guard_record(turn)
             return
         record = self._read_guard_record(turn)
         self._learn_exit(turn, record, returncode)
@@ -613,7 +617,18 @@ class Manager:
         with self._batch():
             self._apply(turn, Event.GONE)
             self._apply(turn, Event.RELEASED, index=index)
+        if turn.guard is not None and turn.guard.returncode is not None:
+            self._drop_guard_record(turn)
         self.grant_waiters()
+
+    def _drop_guard_record(self, turn: Turn) -> None:
+        """Once the work is confirmed gone and the guard reaped, its record serves nobody."""
+        try:
+            os.unlink(turn.guard.record_path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("unable to remove guard record %s: %s", turn.guard.record_path, e.strerror)
 
     def retry_unconfirmed(self) -> None:
         """Turns whose guard is done but whose work was not yet confirmed gone: look again."""

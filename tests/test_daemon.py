@@ -287,6 +287,8 @@ def test_output_is_streamed_with_offsets_and_logged_exactly_and_stdin_can_be_wri
     offsets = [b["offset"] for b in log.find("turn.io.stdout")]
     assert offsets[0] == 0 and offsets == sorted(offsets)
     assert (state_dir / "turns" / "io" / "stderr.log").read_bytes() == b"bye\xff"
+    # the guard's record lives only as long as it can tell a reaper anything
+    wait_until(lambda: not list((state_dir / "guards").iterdir()), what="the guard record removed")
     assert "".join(b["data"] for b in log.find("turn.io.stderr")) == "bye\ufffd"
 
 
