@@ -37,7 +37,9 @@ def dead(pid: int) -> bool:
 
 def guard_record(state_dir, started: dict) -> dict:
     guard = started["guard"]
-    return json.loads((state_dir / "guards" / f"{guard['pid']}-{guard['start']}.json").read_text())
+    path = state_dir / "guards" / f"{guard['pid']}-{guard['start']}.json"
+    wait_until(path.exists, what=f"the guard record {path.name}")  # written just after CMD starts
+    return json.loads(path.read_text())
 
 
 def slot_of(client, turn_id: str) -> dict | None:
@@ -139,7 +141,9 @@ def test_forged_gone_hints_release_nothing_while_a_group_lives(daemon, event_log
     log = event_log(d)
     pidfile = state_dir / "child.pid"
     client = d.client()
-    client.turn("codex", stubborn(pidfile, then="exit 0"), id="t1")
+    # CMD exits only once the child has written its pid, so after its TERM trap is set: a guard
+    # that reacts at once to CMD's exit must not catch the child before it is stubborn.
+    client.turn("codex", stubborn(pidfile, then=f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0"), id="t1")
     child = read_pid(pidfile)
     started = log.wait_for("turn.t1.started")
     # CMD is gone (the guard's record says so); its setsid child ignores SIGTERM for the grace

@@ -369,8 +369,10 @@ def test_a_turns_env_reaches_its_process_and_is_written_nowhere(daemon, event_lo
         log.wait_for("turn.blocker.released")
         started = log.wait_for("turn.secret.started")
         wait_until(lambda: log.find("turn.secret.stdout"), what="the secret turn to say ready")
-        record = json.loads((state_dir / "guards" / f"{started['guard']['pid']}-{started['guard']['start']}.json")
-                            .read_text())
+        record_path = state_dir / "guards" / f"{started['guard']['pid']}-{started['guard']['start']}.json"
+        # CMD may say ready before its guard has written the record (renamed into place whole)
+        wait_until(record_path.exists, what="the secret turn's guard record")
+        record = json.loads(record_path.read_text())
         cmd_pid = record["own_group"]["pgid"]  # CMD leads its own group
         environ = Path(f"/proc/{cmd_pid}/environ").read_bytes().split(b"\0")
         assert f"SECRET_TOKEN={secret}".encode() in environ

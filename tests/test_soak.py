@@ -56,7 +56,8 @@ def test_soak_with_guards_and_the_supervisor_killed(daemon, event_log, state_dir
                 time.sleep(0.3)
                 d.start()
                 continue
-            running = [b for t, b in [(t, b) for t, b, _ in list(log.events)] if t.endswith(".started")]
+            running = [b for t, b in [(t, b) for t, b, _ in list(log.events)]
+                       if t.startswith("turn.") and t.endswith(".started")]  # not supervisor.started
             done = {t.split(".")[1] for t in log.topics("turn.") if t.endswith(TERMINAL)}
             live = [b for b in running if b["id"] not in done]
             if live:
