@@ -103,13 +103,14 @@ def parse_args(args: list[str], env: dict | None = None) -> Options:
     )
 
 
-def main(args: list[str] | None = None) -> int:
+def main(args: list[str] | None = None, parent_fd: int | None = None) -> int:
+    """parent_fd: a pidfd to watch instead of the parent's (guardd.zygote gives the supervisor's)."""
     try:
         opts = parse_args(sys.argv[1:] if args is None else args)
     except UsageError as e:
         print(f"ccsup-guard: {e}\n{USAGE}", file=sys.stderr)
         return EXIT_GUARD_FAILURE
-    return run_guard(opts)
+    return run_guard(opts, parent_fd)
 
 
 if __name__ == "__main__":

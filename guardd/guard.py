@@ -103,7 +103,9 @@ def new_turn_id() -> str:
 
 
 class Guard:
-    def __init__(self, opts: Options, clock=time.monotonic):
+    def __init__(self, opts: Options, clock=time.monotonic, parent_fd: int | None = None):
+        """parent_fd: a pidfd on the process whose end ends the turn, given by a launcher that is
+        not that process itself (guardd.zygote passes the supervisor's); default: the parent."""
         self.opts = opts
         self.clock = clock
         pid = os.getpid()
@@ -129,13 +131,15 @@ class Guard:
         self.eperm: list[str] = []
         self.hints = None
         self.parent_fd: int | None = None
+        self._given_parent_fd = parent_fd
 
     # --- the whole life, one call per step --------------------------------------------------
 
     def run(self) -> int:
         wake_fd = self._install_signals()
         linux.register_subreaper()
-        self.parent_fd = linux.open_parent_pidfd()
+        self.parent_fd = (self._given_parent_fd if self._given_parent_fd is not None
+                          else linux.open_parent_pidfd())
         if self.record_file is not None:
             self._prepare_record_dir()
         failed = self._spawn_cmd()
@@ -439,10 +443,10 @@ def _exec_child(argv: list[str], env: dict, errw: int) -> None:
         os._exit(EXIT_GUARD_FAILURE)
 
 
-def run_guard(opts: Options) -> int:
-    """Run one turn under a guard; returns the guard's exit status."""
+def run_guard(opts: Options, parent_fd: int | None = None) -> int:
+    """Run one turn under a guard; returns the guard's exit status (parent_fd: see Guard)."""
     try:
-        return Guard(opts).run()
+        return Guard(opts, parent_fd=parent_fd).run()
     except GuardFailure as e:
         print(f"ccsup-guard: {e}", file=sys.stderr)
         return EXIT_GUARD_FAILURE

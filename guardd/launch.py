@@ -9,6 +9,8 @@ site-packages, which must not shadow the standard library; with -I and -S nothin
 path, so the guardd found is this one (a `guardd.py` in the turn's cwd is never looked at).
 `sys.executable` by default: a `python3` shim on PATH can cost 90 ms a start.
 
+The guard zygote (guardd.zygote) is started the same way, with ZYGOTE_BOOTSTRAP.
+
 Stateless.
 """
 
@@ -24,6 +26,17 @@ BOOTSTRAP = (
 )
 
 
+ZYGOTE_BOOTSTRAP = (
+    f"import sys; sys.path.append({_HOME!r}); "
+    "from guardd.zygote import main; sys.exit(main())"
+)
+
+
 def guard_command(args: list[str], python: str | None = None) -> list[str]:
     """argv that runs `ccsup-guard ARGS...` with this interpreter, isolated and without site."""
     return [python or sys.executable, "-I", "-S", "-c", BOOTSTRAP, *args]
+
+
+def zygote_command(args: list[str], python: str | None = None) -> list[str]:
+    """argv that runs the guard zygote (guardd.zygote) with this interpreter, like a guard."""
+    return [python or sys.executable, "-I", "-S", "-c", ZYGOTE_BOOTSTRAP, *args]

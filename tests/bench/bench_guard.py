@@ -4,8 +4,10 @@
 
 Prints one JSON line. Every number is measured against a reference taken in the same run:
 - `ccsup-guard -- /bin/true` (as guardd.launch.guard_command builds it: `python -I -S -c ...`,
-  how the supervisor starts it, with a record directory) against plain subprocess of /bin/true;
-  medians, ratio and overhead in ms; also `python -m guardd` (how a person runs it) and bare
+  how the supervisor starts it when it has no zygote, with a record directory) against plain
+  subprocess of /bin/true; medians, ratio and overhead in ms; the same guard forked by the guard
+  zygote (guardd.zygote, how the supervisor normally starts it: request to exit report,
+  `zygote_true_ms`, `zygote_overhead_ms`); also `python -m guardd` (how a person runs it) and bare
   `python -c pass` / `python -I -S -c pass` for scale;
 - the guard's peak RSS (VmHWM) while running `sleep`, against a bare `python -c pass`-style
   interpreter sleeping (`python -c 'import time; time.sleep(...)'`);
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import statistics
 import subprocess
@@ -32,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from guardd import scan  # noqa: E402
 from guardd.launch import guard_command  # noqa: E402
+from guardd.zygote import Zygote  # noqa: E402
 
 PY = sys.executable
 
@@ -42,22 +46,49 @@ def timed(argv: list[str]) -> float:
     return time.perf_counter() - t
 
 
+def timed_fork(zygote: Zygote, args: list[str]) -> float:
+    """Request to exit report: a guard forked by the zygote, stdio on /dev/null."""
+    null = os.open(os.devnull, os.O_RDWR)
+    t = time.perf_counter()
+    try:
+        spawned = zygote.spawn(args, cwd=None, env=dict(os.environ), stdio=(null, null, null))
+    finally:
+        os.close(null)
+    os.close(spawned.pidfd)
+    while True:
+        reports = zygote.poll_reports()
+        if reports:
+            elapsed = time.perf_counter() - t
+            assert reports == [(spawned.pid, 0)], reports
+            return elapsed
+        if not zygote.alive:
+            raise SystemExit("the zygote died")
+        select.select([zygote.fileno()], [], [], 5)
+
+
 def start_to_exit(runs: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="ccsup-bench-") as d:
-        guard = guard_command(["--record-dir", d, "--", "/bin/true"])
-        module = [PY, "-m", "guardd", "--record-dir", d, "--", "/bin/true"]
-        plain, guarded, by_module = [], [], []
-        for _ in range(runs):  # interleaved, so machine noise hits all alike
-            plain.append(timed(["/bin/true"]))
-            guarded.append(timed(guard))
-            by_module.append(timed(module))
-        bare = [timed([PY, "-c", "pass"]) for _ in range(runs)]
-        bare_s = [timed([PY, "-I", "-S", "-c", "pass"]) for _ in range(runs)]
-    p, g, m, b, bs = (statistics.median(x) * 1000 for x in (plain, guarded, by_module, bare, bare_s))
+    zygote = Zygote.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="ccsup-bench-") as d:
+            args = ["--record-dir", d, "--", "/bin/true"]
+            guard = guard_command(args)
+            module = [PY, "-m", "guardd", *args]
+            plain, guarded, by_module, forked = [], [], [], []
+            for _ in range(runs):  # interleaved, so machine noise hits all alike
+                plain.append(timed(["/bin/true"]))
+                guarded.append(timed(guard))
+                by_module.append(timed(module))
+                forked.append(timed_fork(zygote, args))
+            bare = [timed([PY, "-c", "pass"]) for _ in range(runs)]
+            bare_s = [timed([PY, "-I", "-S", "-c", "pass"]) for _ in range(runs)]
+    finally:
+        zygote.close()
+    p, g, m, b, bs, z = (statistics.median(x) * 1000 for x in (plain, guarded, by_module, bare, bare_s, forked))
     return {"plain_true_ms": round(p, 2), "guard_true_ms": round(g, 2),
             "guard_module_true_ms": round(m, 2), "python_pass_ms": round(b, 2),
             "python_IS_pass_ms": round(bs, 2), "ratio": round(g / p, 1),
-            "overhead_ms": round(g - p, 2)}
+            "overhead_ms": round(g - p, 2), "zygote_true_ms": round(z, 2),
+            "zygote_overhead_ms": round(z - p, 2)}
 
 
 def vm_hwm_kb(pid: int) -> int:
