@@ -27,7 +27,7 @@ import socket
 import sys
 from pathlib import Path
 
-from . import protocol, store
+from . import protocol, spawn, store
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -99,6 +99,7 @@ class Daemon:
         self.server = Server(endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
         self.manager: Manager | None = None
+        self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
 
@@ -109,10 +110,12 @@ class Daemon:
     async def run(self) -> int:
         self.server.bind()
         self.manager = Manager(
-            paths=self.paths, gate=self.gate, publish=self.server.publish, settings=self._settings(self.config)
+            paths=self.paths, gate=self.gate, publish=self.server.publish, settings=self._settings(self.config),
+            start_guard=self.launcher.start_guard,
         )
         self.server.publish("supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)})
         log.info("started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source)
+        self.launcher.start()  # before restore, which may start guards
         self.restore()  # before any request is served: nothing new can jump what was waiting
         self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
         loop = asyncio.get_running_loop()
@@ -132,6 +135,7 @@ class Daemon:
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
+        self.launcher.close()
         self.server.close()
         log.info("stopped")
         return 0

@@ -1,20 +1,29 @@
-"""Starting a turn's guard and following it: its pipes, its stdin, its pidfd.
+"""Starting a turn's guard and following it: its pipes, its stdin, its exit.
 
-The guard is started with the real interpreter (`sys.executable -I -S -c <bootstrap>`, see
-guardd.launch: a `python3` shim on PATH can cost 90 ms a start, `site` another 11-23 ms, and -I
-keeps a `guardd.py` in the turn's cwd from shadowing ours),
-in a session of its own so nothing of the supervisor's terminal reaches it. Its stdout and stderr
-are pipes the event loop reads: every chunk is appended to `<state>/turns/<id>/<stream>.log`
-(the exact bytes) and handed on with its byte offset. The guard's exit is seen through a pidfd;
-`reap()` is the daemon's only waitpid, called when that pidfd is readable.
+A guard is started one of two ways, with the same arguments and the same result: through the
+guard zygote (guardd.zygote), a warm process that forks a guard per turn in ~1-3 ms, while it
+runs; else directly, as `sys.executable -I -S -c <bootstrap>` (guardd.launch: a `python3` shim on
+PATH can cost 90 ms a start, `site` another 11-23 ms, and -I keeps a `guardd.py` in the turn's cwd
+from shadowing ours), ~25-36 ms of CPU a turn. `Launcher` chooses: the zygote when it runs, the
+direct way when it could not be started, has died, or was given up (and says so in the log once);
+containment never depends on it. Either way the guard is in a session of its own, so nothing of
+the supervisor's terminal reaches it, and its stdout and stderr are pipes the event loop reads:
+every chunk is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on with
+its byte offset. The guard's exit is seen through a pidfd. Its status: a directly started guard is
+our child and `reap()` is the daemon's only waitpid for it, called when that pidfd is readable; a
+forked guard is the zygote's child, reaped there, and its status comes over the zygote's socket
+(`ForkedGuard`): the exit callback waits for both. If the zygote dies first, the status is lost,
+and the manager learns the outcome from the guard's record (or calls the guard lost).
 
 State: the logs are append-only and survive restarts; a turn id is never run twice, so a log is
-never mixed. Nothing here is persisted otherwise: a restarted supervisor finds guards by records.
+never mixed. Nothing here is persisted otherwise: a restarted supervisor finds guards by records
+and starts a zygote of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -22,22 +31,44 @@ from pathlib import Path
 from typing import Callable
 
 from guardd import procs
+from guardd.guard import EXIT_GUARD_FAILURE
 from guardd.launch import guard_command
+from guardd.zygote import Zygote, ZygoteGone
+
+log = logging.getLogger("ccsup.spawn")
 
 OutputCallback = Callable[[str, int, bytes], None]  # stream, offset, data
+# A forked guard whose zygote died before reporting its status: unknown, read as the guard's own
+# failure (the record's exit, when it has one, wins; without one the guard was lost).
+STATUS_UNKNOWN = EXIT_GUARD_FAILURE
+
+
+class _Pipes:
+    """What a Guard needs of its process besides the status: pid and the three pipe ends."""
+
+    def __init__(self, pid: int, stdin: int, stdout: int, stderr: int):
+        self.pid = pid
+        self.stdin = open(stdin, "wb", buffering=0)
+        self.stdout = open(stdout, "rb", buffering=0)
+        self.stderr = open(stderr, "rb", buffering=0)
 
 
 class Guard:
-    """One running guard process, as its parent sees it."""
+    """One running guard process, as the supervisor sees it (started directly: our child)."""
 
-    def __init__(self, turn_id: str, popen: subprocess.Popen, record_dir: Path):
+    def __init__(self, turn_id: str, process, record_dir: Path, *, pidfd: int | None = None,
+                 start: int | None = None):
+        """process: a subprocess.Popen (or, for ForkedGuard, the pipes of a forked guard)."""
         self.turn_id = turn_id
-        self.popen = popen
-        stat = procs.read_stat(popen.pid)  # not reaped yet, so the pid is still this child's
-        self.identity = procs.Identity(popen.pid, stat.start if stat else 0)
-        self.record_path = record_dir / f"{popen.pid}-{self.identity.start}.json"
-        self.pidfd = os.pidfd_open(popen.pid)
+        self.popen = process
+        if start is None:
+            stat = procs.read_stat(process.pid)  # not reaped yet, so the pid is still this child's
+            start = stat.start if stat else 0
+        self.identity = procs.Identity(process.pid, start)
+        self.record_path = record_dir / f"{process.pid}-{self.identity.start}.json"
+        self.pidfd = os.pidfd_open(process.pid) if pidfd is None else pidfd
         self.returncode: int | None = None
+        self._on_exit: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._logs: dict[str, object] = {}
         self._offsets = {"stdout": 0, "stderr": 0}
@@ -61,7 +92,12 @@ class Guard:
             self._logs[stream] = open(log_dir / f"{stream}.log", "ab", buffering=0)
             loop.add_reader(pipe.fileno(), self._read, stream)
         os.set_blocking(self.popen.stdin.fileno(), False)
-        loop.add_reader(self.pidfd, on_exit)
+        self._on_exit = on_exit
+        loop.add_reader(self.pidfd, self._on_pidfd)
+
+    def _on_pidfd(self) -> None:
+        """The guard has exited (its pidfd is readable)."""
+        self._on_exit()
 
     def _read(self, stream: str) -> None:
         pipe = getattr(self.popen, stream)
@@ -173,6 +209,27 @@ class Guard:
             self.pidfd = -1
 
 
+def guard_args(turn_id: str, argv: list[str], *, record_dir: Path, grace: float, scan: float,
+               bus: str | None) -> list[str]:
+    """`ccsup-guard` arguments for one turn."""
+    args = ["--record-dir", str(record_dir), "--grace", f"{grace}", "--scan", f"{scan}",
+            "--turn", turn_id]
+    if bus:
+        args += ["--bus", bus]
+    return [*args, "--", *argv]
+
+
+def guard_env(env: dict) -> dict:
+    """The supervisor's environment with the turn's added (a None value removes a variable)."""
+    full_env = dict(os.environ)
+    for name, value in env.items():
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
+    return full_env
+
+
 def start_guard(
     turn_id: str,
     argv: list[str],
@@ -184,24 +241,14 @@ def start_guard(
     scan: float,
     bus: str | None,
 ) -> Guard:
-    """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn.
+    """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
-    args = ["--record-dir", str(record_dir), "--grace", f"{grace}", "--scan", f"{scan}",
-            "--turn", turn_id]
-    if bus:
-        args += ["--bus", bus]
-    command = guard_command([*args, "--", *argv])  # python -I -S: see guardd.launch
-    full_env = dict(os.environ)
-    for name, value in env.items():
-        if value is None:
-            full_env.pop(name, None)
-        else:
-            full_env[name] = value
+    args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
     popen = subprocess.Popen(
-        command,
+        guard_command(args),  # python -I -S: see guardd.launch
         cwd=cwd,
-        env=full_env,
+        env=guard_env(env),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -209,3 +256,144 @@ def start_guard(
         close_fds=True,
     )
     return Guard(turn_id, popen, record_dir)
+
+
+class ForkedGuard(Guard):
+    """A guard the zygote forked: the zygote reaps it and reports its status over its socket.
+
+    Its pidfd may turn readable before the report comes: the exit callback then waits for the
+    report (`status_reported`), or, once the zygote is known gone, goes without (STATUS_UNKNOWN).
+    """
+
+    def __init__(self, turn_id: str, pipes: _Pipes, record_dir: Path, *, pidfd: int, start: int):
+        super().__init__(turn_id, pipes, record_dir, pidfd=pidfd, start=start)
+        self.reported: int | None = None
+        self.orphaned = False  # its zygote is gone: no status will come
+        self._exited = False
+
+    def _on_pidfd(self) -> None:
+        self._exited = True
+        if self.reap() is None:
+            self._loop.remove_reader(self.pidfd)  # level-triggered: wait for the report instead
+            return
+        self._on_exit()
+
+    def reap(self) -> int | None:
+        if self.returncode is None:
+            if self.reported is not None:
+                self.returncode = self.reported
+            elif self.orphaned and self._exited:
+                self.returncode = STATUS_UNKNOWN
+        return self.returncode
+
+    def status_reported(self, returncode: int | None) -> None:
+        """From the launcher: the zygote reaped it (returncode), or the zygote is gone (None)."""
+        if returncode is None:
+            self.orphaned = True
+        else:
+            self.reported = returncode
+        if self._exited and self.pidfd >= 0 and self.reap() is not None:
+            self._on_exit()
+
+
+class Launcher:
+    """Starts guards through a guard zygote while one runs, else directly (`start_guard`).
+
+    `start()` (on the running event loop) starts the zygote; `start_guard` has the signature of
+    the module function and is what the manager calls; `close()` stops the zygote. A zygote that
+    cannot be started, dies, or stops answering is logged once and not used again: every later
+    guard is started directly. Guards it forked keep running (they watch the supervisor, not
+    it); their statuses are then unknown (see ForkedGuard).
+    """
+
+    def __init__(self, python: str | None = None, *, start_zygote=Zygote.start):
+        self.python = python
+        self.zygote: Zygote | None = None
+        self._start_zygote = start_zygote
+        self._forked: dict[int, ForkedGuard] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            self.zygote = self._start_zygote(self.python)
+        except (OSError, ZygoteGone) as e:
+            log.warning("unable to start the guard zygote: %s; guards are started directly", e)
+            return
+        self._loop.add_reader(self.zygote.fileno(), self._on_readable)
+        log.info("guard zygote started (pid %d)", self.zygote.pid)
+
+    def start_guard(self, turn_id: str, argv: list[str], *, cwd: str | None, env: dict,
+                    record_dir: Path, grace: float, scan: float, bus: str | None) -> Guard:
+        """As `start_guard`: a Guard for the turn, or OSError when it cannot be started."""
+        if self.zygote is None:
+            return start_guard(turn_id, argv, cwd=cwd, env=env, record_dir=record_dir, grace=grace,
+                               scan=scan, bus=bus)
+        args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        ours = (stdin_w, stdout_r, stderr_r)
+        spawned = None
+        try:
+            spawned = self.zygote.spawn(args, cwd=cwd, env=guard_env(env),
+                                        stdio=(stdin_r, stdout_w, stderr_w))
+        except ZygoteGone as e:
+            self._lost(str(e))
+        except ValueError as e:
+            log.info("turn %s: %s; its guard is started directly", turn_id, e)
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                os.close(fd)  # the guard has its own copies now
+            if spawned is None:
+                for fd in ours:
+                    os.close(fd)
+            self._deliver()  # reports read while waiting for the answer
+        if spawned is None:
+            return start_guard(turn_id, argv, cwd=cwd, env=env, record_dir=record_dir, grace=grace,
+                               scan=scan, bus=bus)
+        guard = ForkedGuard(turn_id, _Pipes(spawned.pid, *ours), record_dir, pidfd=spawned.pidfd,
+                            start=spawned.start)
+        self._forked[spawned.pid] = guard
+        return guard
+
+    def close(self) -> None:
+        """Stop the zygote (at the daemon's end: every turn is gone by then)."""
+        if self.zygote is not None:
+            self._loop.remove_reader(self.zygote.fileno())
+            self.zygote.close()
+            self._orphan_all()
+            self.zygote = None
+
+    def _on_readable(self) -> None:
+        self._deliver()
+        if self.zygote is not None and not self.zygote.alive:
+            self._lost(f"it exited with status {self.zygote.proc.returncode}")
+
+    def _deliver(self) -> None:
+        """Hand each reported status to its guard, from the loop (never inside a caller)."""
+        if self.zygote is None:
+            return
+        for pid, returncode in self.zygote.poll_reports():
+            guard = self._forked.pop(pid, None)
+            if guard is not None:
+                self._loop.call_soon(guard.status_reported, returncode)
+
+    def _lost(self, why: str) -> None:
+        zygote, self.zygote = self.zygote, None
+        if zygote is None:
+            return
+        log.warning("the guard zygote (pid %d) is gone (%s): guards are started directly from now on",
+                    zygote.pid, why)
+        self._loop.remove_reader(zygote.fileno())
+        for pid, returncode in zygote.poll_reports():  # what it said before it went
+            guard = self._forked.pop(pid, None)
+            if guard is not None:
+                self._loop.call_soon(guard.status_reported, returncode)
+        zygote.close()
+        self._orphan_all()
+
+    def _orphan_all(self) -> None:
+        forked, self._forked = self._forked, {}
+        for guard in forked.values():
+            self._loop.call_soon(guard.status_reported, None)

@@ -1,0 +1,350 @@
+"""The guard zygote: guards forked warm, in their own session, with nothing inherited, their
+statuses reported exactly; and when the zygote is gone, guards are started directly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, wait_until
+
+from guardd import procs
+from guardd.zygote import Zygote, ZygoteGone
+from supervisor import spawn
+
+READY_THEN_READ = ["sh", "-c", "echo ready; read line; exit 7"]
+
+
+def zygote_of(daemon_pid: int) -> int:
+    """The daemon's child that runs guardd.zygote."""
+    found = []
+    for task in os.listdir(f"/proc/{daemon_pid}/task"):
+        for child in Path(f"/proc/{daemon_pid}/task/{task}/children").read_text().split():
+            if b"guardd.zygote" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def fd_targets(pid: int) -> dict[int, str]:
+    targets = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            targets[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:
+            pass  # closed while we looked
+    return targets
+
+
+def pidfd_target(pid: int, fd: int) -> int:
+    for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("Pid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"fd {fd} of {pid} is not a pidfd")
+
+
+def wait_ready(log, turn_id: str) -> None:
+    wait_until(lambda: any(b["data"] == "ready\n" for b in log.find(f"turn.{turn_id}.stdout")),
+               what=f"{turn_id} to say ready")
+
+
+# -- through a real daemon -------------------------------------------------------------------------
+
+
+def test_a_forked_guard_has_its_own_session_and_inherits_no_fd(daemon, event_log, state_dir):
+    d = daemon(caps="codex = 2", scan="30s")  # no rescans: the guard opens nothing while we look
+    log = event_log(d)
+    zygote = zygote_of(d.proc.pid)
+    with d.client() as client:
+        for n in range(2):  # two at once: neither may hold the other's pipes
+            client.turn("codex", ["sh", "-c", "echo ready; exec sleep 30"], id=f"t{n}")
+        for n in range(2):
+            wait_ready(log, f"t{n}")
+        guards = [log.wait_for(f"turn.t{n}.started")["guard"]["pid"] for n in range(2)]
+        for guard in guards:  # the record is written (its temporary file closed) before we look
+            wait_until(lambda guard=guard: (state_dir / "guards").exists() and any(
+                p.name.startswith(f"{guard}-") and p.suffix == ".json" for p in (state_dir / "guards").iterdir()),
+                what="the guard's record")
+        held_elsewhere = set(fd_targets(d.proc.pid).values()) | set(fd_targets(zygote).values())
+        assert any(t.endswith(".lock") for t in held_elsewhere)  # the daemon holds slot locks
+        for guard in guards:
+            stat = procs.read_stat(guard)
+            assert (stat.ppid, stat.sid, stat.pgid) == (zygote, guard, guard)
+            targets = fd_targets(guard)
+            assert all(targets[fd] in held_elsewhere for fd in (0, 1, 2))  # the turn's pipes
+            pidfds = [fd for fd, t in targets.items() if t == "anon_inode:[pidfd]"]
+            assert [pidfd_target(guard, fd) for fd in pidfds] == [d.proc.pid]  # it watches the daemon
+            strays = {fd: t for fd, t in targets.items() if fd > 2 and fd not in pidfds and not (
+                t.startswith("/proc/")  # the scanner's files
+                or (t.startswith(("pipe:", "socket:")) and t not in held_elsewhere))}  # its own
+            assert strays == {}
+        for n in range(2):
+            client.cancel(f"t{n}")
+        for n in range(2):
+            assert log.wait_for(f"turn.t{n}.exited")["code"] == 128 + signal.SIGTERM
+
+
+def test_when_the_zygote_dies_running_turns_go_on_and_new_guards_start_directly(daemon, event_log):
+    d = daemon(caps="codex = 2")
+    log = event_log(d)
+    zygote = zygote_of(d.proc.pid)
+    with d.client() as client:
+        client.turn("codex", READY_THEN_READ, id="before")
+        wait_ready(log, "before")
+        os.kill(zygote, signal.SIGKILL)
+        wait_until(lambda: "guard zygote" in d.stderr_path.read_text() and "is gone" in d.stderr_path.read_text(),
+                   what="the daemon to log the zygote's end")
+        wait_until(lambda: procs.read_stat(zygote) is None, what="the zygote reaped by the daemon")
+        # The turn it forked runs on (its guard watches the daemon) and its outcome comes from
+        # its record: the zygote that would have reported the status is gone.
+        client.send("before", "x\n", eof=True)
+        assert log.wait_for("turn.before.exited") | {"ts": 0, "seq": 0} == {
+            "v": 1, "ts": 0, "seq": 0, "id": "before", "key": "codex", "code": 7, "signal": None, "reason": None}
+        log.wait_for("turn.before.released")
+
+        client.turn("codex", READY_THEN_READ, id="after")
+        wait_ready(log, "after")
+        guard = log.wait_for("turn.after.started")["guard"]["pid"]
+        stat = procs.read_stat(guard)
+        assert (stat.ppid, stat.sid) == (d.proc.pid, guard)  # started directly, in its own session
+        client.send("after", "x\n", eof=True)
+        assert log.wait_for("turn.after.exited")["code"] == 7
+        log.wait_for("turn.after.released")
+
+
+def test_a_guard_killed_outright_under_the_zygote_is_lost(daemon, event_log):
+    d = daemon(caps="codex = 1", grace="300ms")
+    log = event_log(d)
+    with d.client() as client:
+        client.turn("codex", ["sh", "-c", "echo ready; exec sleep 30"], id="k")
+        wait_ready(log, "k")
+        guard = log.wait_for("turn.k.started")["guard"]
+        procs.signal_process(procs.Identity(guard["pid"], guard["start"]), signal.SIGKILL)
+        assert log.wait_for("turn.k.exited") | {"ts": 0, "seq": 0} == {
+            "v": 1, "ts": 0, "seq": 0, "id": "k", "key": "codex", "code": None, "signal": None,
+            "reason": "guard_lost"}
+        log.wait_for("turn.k.released", timeout=10)
+
+
+# -- the zygote on its own -------------------------------------------------------------------------
+
+
+def spawn_and_wait(zygote: Zygote, argv: list[str], cwd: str | None = None) -> tuple[int, int, bytes]:
+    """Spawn a guard for argv with stdin closed; returns (pid, returncode, its stderr)."""
+    stdin_r, stdin_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        spawned = zygote.spawn(["--grace", "0.2", "--", *argv], cwd=cwd, env=dict(os.environ),
+                               stdio=(stdin_r, null, err_w))
+    finally:
+        for fd in (stdin_r, null, err_w):
+            os.close(fd)
+    os.close(stdin_w)
+    os.close(spawned.pidfd)
+    with os.fdopen(err_r, "rb") as f:
+        err = f.read()  # EOF: the guard and CMD have ended
+    deadline = time.monotonic() + 10
+    while True:
+        for pid, code in zygote.poll_reports():
+            assert pid == spawned.pid
+            return pid, code, err
+        assert zygote.alive
+        assert time.monotonic() < deadline, "no report from the zygote"
+        select.select([zygote.fileno()], [], [], 1)
+
+
+@pytest.fixture
+def zygote():
+    z = Zygote.start()
+    yield z
+    z.close()
+
+
+def test_statuses_come_back_exactly(zygote):
+    assert spawn_and_wait(zygote, ["sh", "-c", "exit 3"])[1] == 3
+    assert spawn_and_wait(zygote, ["sh", "-c", "kill -9 $$"])[1] == 128 + 9
+    _, code, err = spawn_and_wait(zygote, ["no-such-command-here"])
+    assert (code, err) == (127, b"ccsup-guard: unable to run no-such-command-here: No such file or directory\n")
+    assert spawn_and_wait(zygote, [PYTHON, "-c", "import os; os.kill(os.getppid(), 9)"])[1] == -9  # the guard
+
+
+def test_a_bad_cwd_is_an_oserror_and_the_zygote_serves_on(zygote, tmp_path):
+    with pytest.raises(FileNotFoundError) as caught:
+        spawn_and_wait(zygote, ["true"], cwd=str(tmp_path / "missing"))
+    assert (caught.value.strerror, caught.value.filename) == ("No such file or directory", str(tmp_path / "missing"))
+    assert spawn_and_wait(zygote, ["sh", "-c", 'test "$PWD" = "$0"', str(tmp_path)], cwd=str(tmp_path))[1] == 0
+
+
+def signal_state(pid: int) -> dict[str, str]:
+    fields = ("SigBlk", "SigIgn", "SigCgt")
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {line.split(":")[0]: line.split()[1] for line in lines if line.startswith(fields)}
+
+
+def test_a_forked_guard_has_the_signal_state_of_a_directly_started_one(zygote):
+    from guardd.launch import guard_command
+
+    argv = ["--grace", "0.2", "--", "sh", "-c", "echo ready; read line || true"]
+    direct = subprocess.Popen(guard_command(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    try:
+        forked = zygote.spawn(argv, cwd=None, env=dict(os.environ), stdio=(in_r, out_w, 2))
+        os.close(forked.pidfd)
+        for fd in (in_r, out_w):
+            os.close(fd)
+        assert direct.stdout.readline() == b"ready\n"
+        with os.fdopen(out_r, "rb") as out:
+            assert out.readline() == b"ready\n"
+            assert signal_state(forked.pid) == signal_state(direct.pid)
+    finally:
+        os.close(in_w)
+        direct.stdin.close()
+        assert direct.wait(10) == 0
+        direct.stdout.close()
+
+
+def test_a_child_whose_answer_never_reached_the_supervisor_runs_nothing(monkeypatch, tmp_path):
+    from guardd.zygote import encode
+
+    tag = f"zygote-test-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv("ZYGOTE_TEST_TAG", tag)  # carried by the zygote and every child it forks
+    zygote = Zygote.start()
+    witness = tmp_path / "ran"
+    os.kill(zygote.pid, signal.SIGSTOP)
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        request = encode(("spawn", ["--", "touch", str(witness)], None, dict(os.environ)))
+        import socket
+
+        assert socket.send_fds(zygote.sock, [request], [null, null, null]) == len(request)
+    finally:
+        os.close(null)
+    zygote.sock.close()  # the supervisor is gone before the answer: the zygote forks, cannot answer
+    os.kill(zygote.pid, signal.SIGCONT)
+    assert zygote.proc.wait(10) == 0
+    wait_until(lambda: not procs.processes_with_env("ZYGOTE_TEST_TAG", tag), timeout=5,
+               what="the forked child to exit")
+    assert not witness.exists()
+    zygote.close()
+
+
+def test_a_stuck_zygote_is_killed_and_starts_nothing(zygote, tmp_path):
+    witness = tmp_path / "ran"
+    os.kill(zygote.pid, signal.SIGSTOP)
+    stdin_r, stdin_w = os.pipe()
+    with pytest.raises(ZygoteGone, match="did not answer within 0.3 s"):
+        zygote.spawn(["--", "touch", str(witness)], cwd=None, env=dict(os.environ),
+                     stdio=(stdin_r, stdin_r, stdin_r), timeout=0.3)
+    for fd in (stdin_r, stdin_w):
+        os.close(fd)
+    assert not zygote.alive and zygote.proc.returncode == -signal.SIGKILL
+    assert not witness.exists()  # stopped before it read the request: it forked nothing
+
+
+def test_the_zygote_exits_when_its_supervisor_is_killed(tmp_path):
+    holder = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        from guardd.zygote import Zygote
+        z = Zygote.start()
+        print(z.pid, flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([PYTHON, "-c", holder], stdout=subprocess.PIPE)
+    try:
+        pid = int(proc.stdout.readline())
+        ident = procs.identity_of(pid)
+        assert procs.process_running(ident)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    wait_until(lambda: not procs.process_running(ident), timeout=2, what="the zygote to exit")
+
+
+def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
+    def no_zygote(python):
+        raise OSError("no zygote today")
+
+    async def scenario():
+        launcher = spawn.Launcher(start_zygote=no_zygote)
+        launcher.start()
+        guard = launcher.start_guard("t1", ["sh", "-c", "exit 4"], cwd=None, env={}, record_dir=tmp_path,
+                                     grace=0.2, scan=1.0, bus=None)
+        assert type(guard) is spawn.Guard and procs.read_stat(guard.pid).ppid == os.getpid()
+        done = asyncio.Event()
+        guard.attach(asyncio.get_running_loop(), tmp_path / "t1", on_output=lambda *a: None, on_exit=done.set)
+        await asyncio.wait_for(done.wait(), 10)
+        assert guard.reap() == 4
+        guard.close()
+        launcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
+    async def scenario():
+        launcher = spawn.Launcher()
+        launcher.start()
+        assert launcher.zygote is not None
+        guards, done = [], []
+        for n, code in enumerate((0, 5, 9)):
+            guard = launcher.start_guard(f"t{n}", ["sh", "-c", f"exit {code}"], cwd=None, env={"X": None},
+                                         record_dir=tmp_path, grace=0.2, scan=1.0, bus=None)
+            assert type(guard) is spawn.ForkedGuard
+            event = asyncio.Event()
+            guard.attach(asyncio.get_running_loop(), tmp_path / f"t{n}", on_output=lambda *a: None,
+                         on_exit=event.set)
+            guards.append(guard)
+            done.append(event)
+        for event in done:
+            await asyncio.wait_for(event.wait(), 10)
+        assert [g.reap() for g in guards] == [0, 5, 9]
+        for guard in guards:
+            guard.close()
+        launcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_directly(tmp_path):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        launcher = spawn.Launcher()
+        launcher.start()
+        zygote = launcher.zygote
+        guard = launcher.start_guard("t1", ["sh", "-c", "read line; exit 3"], cwd=None, env={},
+                                     record_dir=tmp_path, grace=0.2, scan=1.0, bus=None)  # no hints
+        ended = asyncio.Event()
+        guard.attach(loop, tmp_path / "t1", on_output=lambda *a: None, on_exit=ended.set)
+        os.kill(zygote.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while launcher.zygote is not None:  # the launcher sees its socket's EOF
+            assert time.monotonic() < deadline, "the launcher did not notice the zygote's end"
+            await asyncio.sleep(0.01)
+        assert zygote.proc.returncode == -signal.SIGKILL  # and reaped it
+        guard.write_stdin(b"x\n", eof=True)
+        await asyncio.wait_for(ended.wait(), 10)
+        assert guard.reap() == spawn.STATUS_UNKNOWN  # nobody could report it; the record says 3
+        assert procs.read_stat(guard.pid) is None or procs.read_stat(guard.pid).zombie
+        guard.close()
+        direct = launcher.start_guard("t2", ["true"], cwd=None, env={}, record_dir=tmp_path, grace=0.2,
+                                      scan=1.0, bus=None)
+        assert type(direct) is spawn.Guard and procs.read_stat(direct.pid).ppid == os.getpid()
+        done = asyncio.Event()
+        direct.attach(loop, tmp_path / "t2", on_output=lambda *a: None, on_exit=done.set)
+        await asyncio.wait_for(done.wait(), 10)
+        assert direct.reap() == 0
+        direct.close()
+        launcher.close()
+
+    asyncio.run(scenario())
