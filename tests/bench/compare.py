@@ -290,9 +290,13 @@ class Ccsup:
         return self.proc.pid
 
     def guards_mib(self) -> tuple[float, float]:
-        """The guards' summed RSS (shared pages counted in each) and USS (pages each alone owns)."""
+        """The guards' (and their zygote's) summed RSS (shared pages counted in each) and USS (pages
+        each alone owns). Guards are the zygote's children, so the daemon's descendants are walked;
+        the turns' own processes (not Python) are left out."""
         rss = uss = 0.0
-        for child in psutil.Process(self.proc.pid).children():
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            if not child.name().startswith("python"):
+                continue
             info = child.memory_full_info()
             rss, uss = rss + info.rss / 2**20, uss + info.uss / 2**20
         return rss, uss
