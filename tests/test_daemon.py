@@ -26,6 +26,15 @@ def stubborn(pidfile, then: str = "exec sleep 300") -> list[str]:
     return ["sh", "-c", STUBBORN_CHILD.format(pidfile=pidfile) + f" {then}"]
 
 
+def start_stubborn_turns(client, state_dir, count: int) -> list[int]:
+    """Turns t0.. each with a setsid child that ignores SIGTERM; returns the children's pids."""
+    children = []
+    for n in range(count):
+        client.turn("codex", stubborn(state_dir / f"child{n}.pid"), id=f"t{n}")
+        children.append(read_pid(state_dir / f"child{n}.pid"))
+    return children
+
+
 def read_pid(path) -> int:
     return int(wait_until(lambda: path.exists() and path.read_text().strip(), what=f"{path}"))
 
@@ -193,10 +202,7 @@ def test_supervisor_killed_work_ends_and_next_start_finds_every_slot_free(daemon
     d = daemon(grace="500ms")
     log = event_log(d)
     client = d.client()
-    children = []
-    for n in range(2):
-        client.turn("codex", stubborn(state_dir / f"child{n}.pid"), id=f"t{n}")
-        children.append(read_pid(state_dir / f"child{n}.pid"))
+    children = start_stubborn_turns(client, state_dir, 2)
     started = [log.wait_for(f"turn.t{n}.started") for n in range(2)]
     cmds = [guard_record(state_dir, s)["own_group"]["pgid"] for s in started]
     client.close()
@@ -217,10 +223,7 @@ def test_stop_returns_only_when_everything_is_gone(daemon, event_log, state_dir)
     d = daemon(grace="500ms")
     log = event_log(d)
     client = d.client()
-    children = []
-    for n in range(2):
-        client.turn("codex", stubborn(state_dir / f"child{n}.pid"), id=f"t{n}")
-        children.append(read_pid(state_dir / f"child{n}.pid"))
+    children = start_stubborn_turns(client, state_dir, 2)
     client.turn("codex", ["true"], id="waiter")
     client.close()
     result = subprocess.run([sys.executable, "-m", "supervisor", "--state-dir", str(state_dir), "stop"],
