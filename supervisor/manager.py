@@ -22,9 +22,9 @@ A guard's record is removed once its turn is released and the guard reaped: it i
 long as it can tell a reaper what to end.
 
 State: everything acknowledged is saved to `queue.json` (supervisor.store) before the answer goes
-out: waiting turns and reservations, the turns granted (saved before their guard starts, so a
-crash can never make a restarted supervisor run a turn twice), and the finished ids (ten
-minutes). `restore` takes that file back after a restart: finished ids are remembered, the turns
+out: waiting turns and reservations, and the turns granted (saved before their guard starts, so a
+crash can never make a restarted supervisor run a turn twice); finished ids (ten minutes) are
+appended to `finished.log`. `restore` takes that file back after a restart: finished ids are remembered, the turns
 the old supervisor was running get their story ended (`exited` with reason
 `supervisor_restarted`, `gone`, `released`) once no slot shows their work, held reservations
 take a slot again (their end capped at now + ttl) or are released as `lost`, and waiting items
@@ -117,6 +117,7 @@ class Manager:
         self._pending: list[tuple[str, dict]] = []  # events held back until the batch is saved
         self._must_save = False
         self._batch_depth = 0
+        self._finished_appended = 0  # lines appended to finished.log since it was last compacted
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -163,9 +164,18 @@ class Manager:
         self._cancel_timer(item.id)
         self._deadlines.pop(item.id, None)
         self._unwatch_requester(item)
-        self.finished[item.id] = (item.state.value, self.clock())
+        self._remember_finished(item.id, item.state.value, self.clock())
         if not self.turns and not self.reservations:
             self._idle.set()
+
+    def _remember_finished(self, item_id: str, state: str, at: float) -> None:
+        """In memory and appended to finished.log, before the terminal event is published."""
+        self.finished[item_id] = (state, at)
+        self._finished_appended += 1
+        try:
+            store.append_finished(self.paths.finished, item_id, state, at)
+        except OSError as e:
+            log.error("unable to append to %s: %s", self.paths.finished, e.strerror)
 
     def _cancel_timer(self, item_id: str) -> None:
         timer = self._timers.pop(item_id, None)
@@ -188,10 +198,8 @@ class Manager:
                 running.append({"id": turn.id, "key": turn.key})
         running += self.lost_running
         reservations = [r.to_json(self._deadlines.get(r.id)) for r in self.reservations.values()]
-        finished = {item_id: [state, at] for item_id, (state, at) in self.finished.items()}
         try:
-            store.save(self.paths.queue, waiting=waiting, reservations=reservations, running=running,
-                       finished=finished)
+            store.save(self.paths.queue, waiting=waiting, reservations=reservations, running=running)
         except OSError as e:
             log.error("unable to save %s: %s (what waits is kept in memory)", self.paths.queue, e.strerror)
 
@@ -653,14 +661,16 @@ class Manager:
     def _restore(self, data: dict, slot_views: list) -> list[str]:
         now = self.clock()
         problems: list[str] = []
-        for item_id, entry in data["finished"].items():
+        finished, skipped = store.load_finished(self.paths.finished)
+        if skipped:
+            problems.append(f"{self.paths.finished}: {skipped} unreadable lines skipped")
+        for item_id, entry in data["finished"].items():  # written by an older build into queue.json
             try:
-                state, at = str(entry[0]), float(entry[1])
+                finished.setdefault(item_id, (str(entry[0]), float(entry[1])))
             except (TypeError, ValueError, IndexError):
                 problems.append(f"finished entry {item_id!r} is malformed")
-                continue
-            if now - at < FINISHED_MEMORY:
-                self.finished[item_id] = (state, at)
+        self.finished = {i: (state, at) for i, (state, at) in finished.items() if now - at < FINISHED_MEMORY}
+        self._compact_finished()
         for entry in data["running"]:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not isinstance(
                 entry.get("key"), str
@@ -681,6 +691,13 @@ class Manager:
                 problems.append(f"waiting entry {str(entry.get('id') if isinstance(entry, dict) else entry)[:200]} "
                                 f"is malformed: {e}")
         return problems
+
+    def _compact_finished(self) -> None:
+        self._finished_appended = 0
+        try:
+            store.rewrite_finished(self.paths.finished, self.finished)
+        except OSError as e:
+            log.error("unable to rewrite %s: %s", self.paths.finished, e.strerror)
 
     def settle_lost(self, slot_views: list) -> None:
         """End the story of a dead supervisor's turns once no slot shows their work any more."""
@@ -759,8 +776,11 @@ class Manager:
     def tick(self) -> None:
         now = self.clock()
         for item_id, (_, at) in list(self.finished.items()):
-            if now - at > FINISHED_MEMORY:
-                del self.finished[item_id]
+            if now - at <= FINISHED_MEMORY:
+                break  # kept in the order they ended: the rest are younger
+            del self.finished[item_id]
+        if self._finished_appended > 2 * len(self.finished) + 1000:
+            self._compact_finished()
         if self.queue:
             self.grant_waiters()
         for turn in self.turns.values():

@@ -47,6 +47,10 @@ class StatePaths:
     def queue(self) -> Path:
         return self.root / "queue.json"
 
+    @property
+    def finished(self) -> Path:
+        return self.root / "finished.log"
+
     def endpoint(self, name: str) -> str:
         """The default ipc:// endpoint: control, bus-in or bus-out."""
         return f"ipc://{self.root / name}"

@@ -1,9 +1,16 @@
-"""queue.json: what the supervisor acknowledged and has not finished, kept across restarts.
+"""queue.json and finished.log: what the supervisor acknowledged, kept across restarts.
 
-The file holds the waiting turns (with their env: it may hold API keys, so the file is 0600 and a
-turn's env leaves it as soon as the turn is granted), the reservations, the turns that were running
-(so a restarted supervisor can end their story with one terminal event), and the finished ids
-with their terminal state (remembered ten minutes, so a retried request is answered, not rerun).
+queue.json holds the waiting turns (with their env: it may hold API keys, so the file is 0600 and a
+turn's env leaves it as soon as the turn is granted), the reservations, and the turns that were
+running (so a restarted supervisor can end their story with one terminal event). It is rewritten
+whole at every change, so it holds only what is unfinished and stays small.
+
+finished.log holds the finished ids with their terminal state (remembered ten minutes, so a retried
+request is answered, not rerun): one line `<id> <state> <epoch>` appended per ending, so an ending
+costs one small write however many ids are remembered (kept in queue.json, 20,000 ids made every
+save 30 ms). It is compacted (rewritten atomically with the ids still remembered) at start and
+when it has grown to more than twice what it should hold. An id in it wins over the same id in
+queue.json's `running` list: a crash between the append and the save ends nothing twice.
 
 The state question:
 - Runs again / restarts: `load` gives back what the last `save` wrote; the manager restores it.
@@ -12,6 +19,8 @@ The state question:
 - Missing: nothing was waiting. Empty, corrupt, not an object, or a newer version: the file is
   moved aside to `queue.json.bad-<epoch>` (nothing is deleted), and `load` says why, so the daemon
   publishes an error event and logs the path; the supervisor starts with an empty queue.
+- finished.log: a line that cannot be parsed (a torn last line after a crash) is skipped and
+  counted; a queue.json of an older build that still holds `finished` is read too.
 Knows the file; nothing of turns' logic.
 """
 
@@ -26,20 +35,51 @@ from guardd.record import RecordError, read_json, write_json
 QUEUE_VERSION = 1
 
 
-def save(path: Path, *, waiting: list[dict], reservations: list[dict], running: list[dict],
-         finished: dict[str, list]) -> None:
+def save(path: Path, *, waiting: list[dict], reservations: list[dict], running: list[dict]) -> None:
     write_json(
         path,
-        {
-            "v": QUEUE_VERSION,
-            "saved_at": time.time(),
-            "waiting": waiting,
-            "reservations": reservations,
-            "running": running,
-            "finished": finished,
-        },
+        {"v": QUEUE_VERSION, "saved_at": time.time(), "waiting": waiting, "reservations": reservations,
+         "running": running},
         mode=0o600,
     )
+
+
+def append_finished(path: Path, item_id: str, state: str, at: float) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, f"{item_id} {state} {at:.3f}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rewrite_finished(path: Path, finished: dict[str, tuple[str, float]]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, "".join(f"{i} {state} {at:.3f}\n" for i, (state, at) in finished.items()).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def load_finished(path: Path) -> tuple[dict[str, tuple[str, float]], int]:
+    """(finished ids, how many lines were skipped as unreadable). A missing file is empty."""
+    finished: dict[str, tuple[str, float]] = {}
+    skipped = 0
+    try:
+        text = path.read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        return finished, 0
+    for line in text.splitlines():
+        parts = line.split()
+        try:
+            item_id, state, at = parts
+            finished[item_id] = (state, float(at))
+        except ValueError:
+            skipped += 1
+    return finished, skipped
 
 
 def load(path: Path) -> tuple[dict, str | None]:

@@ -96,10 +96,15 @@ def test_finished_ids_are_remembered_across_a_restart(daemon, state_dir):
         events = list(client.run_turn("codex", ["sh", "-c", f"echo x >> {marker}"], id="once"))
         assert events[-1][0] == "turn.once.released"
     d.stop()
+    assert "finished" not in queue_file(state_dir)  # one small append per ending, not a rewrite
+    with open(state_dir / "finished.log", "a") as log:
+        log.write("torn-by-a-crash rel")  # a last line cut short is skipped, never fatal
     d.start()
     with d.client() as client:
         assert client.turn("codex", ["sh", "-c", f"echo x >> {marker}"], id="once")["state"] == "released"
     assert marker.read_text() == "x\n"
+    assert "unreadable lines skipped" in d.stderr_path.read_text()
+    assert (state_dir / "finished.log").read_text().split()[:2] == ["once", "released"]  # compacted
 
 
 def test_a_corrupt_or_newer_queue_file_is_moved_aside_and_the_supervisor_starts(daemon, event_log, state_dir):
