@@ -597,8 +597,12 @@ class Manager:
         try:
             groups = record_groups(record) if record else []
             if guard_done:
-                alive = any(procs.group_alive(g) for g in groups) or bool(
-                    procs.processes_with_env("CCSUP_TURN", turn.id)
+                # The groups are always judged here. The sweep for escapees by their CCSUP_TURN
+                # marker reads every process's environment, so it is done only when the guard did
+                # not end its own work (killed outright, or gave up): its "gone" covers them.
+                ended_by_guard = (record or {}).get("state") == "gone"
+                alive = any(procs.group_alive(g) for g in groups) or (
+                    not ended_by_guard and bool(procs.processes_with_env("CCSUP_TURN", turn.id))
                 )
                 if alive:
                     log.warning("turn %s: the guard ended but its work did not; ending it now", turn.id)
