@@ -374,15 +374,12 @@ def status(ctx, as_json: bool) -> None:
         _emit_json(result)
         return
 
-    def count(value) -> int:
-        return len(value) if isinstance(value, (list, dict)) else int(value or 0)
-
     started = result.get("started_at")
     click.echo(f"ccsup {result.get('version', '?')}, pid {result.get('pid', '?')}, up {_age(started, time.time())}")
     click.echo(f"state   {result.get('state_dir', client.state_dir)}")
     if "config" in result:
         click.echo(f"config  {result['config']}")
-    click.echo(f"turns   {count(result.get('turns'))} active, {count(result.get('waits'))} waiting")
+    click.echo(f"turns   {result['turns']} active, {result['waits']} waiting")
 
 
 @main.command()

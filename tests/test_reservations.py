@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from conftest import wait_until
 from supervisor.client import RemoteError
 
 HOLDER = {"session": "s1", "agent": "a1"}
@@ -90,11 +91,11 @@ def test_a_bound_reservation_is_never_taken_back_when_its_time_runs_out(daemon, 
     d = daemon(caps="codex = 1", extra='reservation_ttl = "300ms"')
     log = event_log(d)
     with d.client() as client:
-        client.reserve("codex", holder=HOLDER, id="r1")
+        until = client.reserve("codex", holder=HOLDER, id="r1")["until"]
         client.turn("codex", ["sleep", "0.8"], id="t1", holder=HOLDER, reservation="r1")
         client.turn("codex", ["true"], id="next")
-        time.sleep(0.5)  # past the reservation's end: the turn still holds the slot
-        assert [s["turn"] for s in client.ps()["slots"]] == ["t1"]
+        wait_until(lambda: time.time() > until + 0.1, what="the reservation's end to pass")
+        assert [s["turn"] for s in client.ps()["slots"]] == ["t1"]  # the turn still holds the slot
         log.wait_for("turn.next.released")
     topics = log.topics("turn.")
     assert topics.index("turn.t1.released") < topics.index("turn.next.granted")
