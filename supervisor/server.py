@@ -102,7 +102,15 @@ def zap_answer(frames: list[bytes], allowed: frozenset[bytes]) -> tuple[list[byt
     return [b"1.0", request_id, b"400", b"unknown ZAP domain", b"", b""], None
 
 
-def _secure_ipc(endpoint: str) -> None:
+def _bind(sock: zmq.Socket, what: str, endpoint: str) -> None:
+    """Bind; an ipc:// socket file is created 0600 (umask) and made so (chmod) whatever the umask."""
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as e:
+        raise ConfigError(f"{what}: unable to bind {endpoint}: {e}") from None
+    finally:
+        os.umask(old_umask)
     if endpoint.startswith("ipc://"):
         os.chmod(endpoint[len("ipc://") :], 0o600)
 
@@ -168,27 +176,15 @@ class Server:
         self.bus_in.setsockopt(zmq.RCVHWM, HWM)
         self.bus_out.setsockopt(zmq.SNDHWM, HWM)
         self.bus_out.setsockopt(zmq.XPUB_VERBOSE, 1)
-        old_umask = os.umask(0o177)  # ipc socket files are created 0600
-        try:
-            for sock, name in ((self.control, "control"), (self.bus_in, "bus_in"), (self.bus_out, "bus_out")):
-                try:
-                    sock.bind(self.endpoints[name])
-                except zmq.ZMQError as e:
-                    raise ConfigError(f"endpoints.{name}: unable to bind {self.endpoints[name]}: {e}") from None
-                _secure_ipc(self.endpoints[name])
-        finally:
-            os.umask(old_umask)
+        for sock, name in ((self.control, "control"), (self.bus_in, "bus_in"), (self.bus_out, "bus_out")):
+            _bind(sock, f"endpoints.{name}", self.endpoints[name])
         self.bus_in.send(b"\x01")  # subscribe to everything published on bus-in
         self.guard_in = None
         if self.guard_bus:
             self.guard_in = ctx.socket(zmq.XSUB)
             self.guard_in.setsockopt(zmq.LINGER, 0)
             self.guard_in.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
-            old_umask = os.umask(0o177)
-            try:
-                self.guard_in.bind(self.guard_bus)
-            finally:
-                os.umask(old_umask)
+            _bind(self.guard_in, "the guard bus", self.guard_bus)
             self.guard_in.send(b"\x01")
 
     def start(self, on_request: RequestHandler, on_bus: BusHandler, on_bad_bus: BadBusHandler) -> None:
