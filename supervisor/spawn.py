@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from guardd import procs
+from guardd.record import record_path
 from guardd.guard import EXIT_GUARD_FAILURE
 from guardd.launch import guard_command
 from guardd.zygote import Zygote, ZygoteGone
@@ -65,7 +66,7 @@ class Guard:
             stat = procs.read_stat(process.pid)  # not reaped yet, so the pid is still this child's
             start = stat.start if stat else 0
         self.identity = procs.Identity(process.pid, start)
-        self.record_path = record_dir / f"{process.pid}-{self.identity.start}.json"
+        self.record_path = record_path(record_dir, self.identity)
         self.pidfd = os.pidfd_open(process.pid) if pidfd is None else pidfd
         self.returncode: int | None = None
         self._on_exit: Callable[[], None] | None = None
