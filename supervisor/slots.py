@@ -60,7 +60,7 @@ from typing import Callable
 
 from guardd import procs
 from guardd.procs import Group, Identity
-from guardd.record import RecordError, read_json, write_json
+from guardd.record import RecordError, read_json, record_groups, write_json
 
 from .caps import MACHINE_KEY, Caps, check_key, key_problem
 from .errors import CcsupError, UsageError, os_failure
@@ -200,10 +200,7 @@ def work_groups(work: dict, path="slot record") -> tuple[Identity | None, list[G
             data = None
         if data is not None:
             try:
-                own = data.get("own_group")
-                if own is not None:
-                    groups.append(Group.from_json(own))
-                groups.extend(Group.from_json(g) for g in data.get("groups") or [])
+                groups.extend(record_groups(data))
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise RecordError(f"{record} is not a usable guard record: malformed groups ({e})") from None
     unique = list(dict.fromkeys(groups))
