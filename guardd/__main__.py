@@ -21,8 +21,13 @@ USAGE = (
     " -- CMD [ARG...]"
 )
 _UNITS = (("ms", 0.001), ("s", 1.0), ("m", 60.0))
-_OPTIONS = {"--record-dir": "record_dir", "--grace": "grace", "--scan": "scan",
-            "--turn": "turn", "--bus": "bus"}
+_OPTIONS = {
+    "--record-dir": "record_dir",
+    "--grace": "grace",
+    "--scan": "scan",
+    "--turn": "turn",
+    "--bus": "bus",
+}
 
 
 class UsageError(ValueError):
@@ -84,10 +89,16 @@ def parse_args(args: list[str], env: dict | None = None) -> Options:
     argv = args[i:]
     if not argv:
         raise UsageError("no command given")
-    grace = (parse_duration(values["grace"], "--grace") if "grace" in values
-             else _env_ms(env, "CCSUP_GUARD_GRACE_MS", 5000))
-    scan = (parse_duration(values["scan"], "--scan") if "scan" in values
-            else _env_ms(env, "CCSUP_GUARD_SCAN_MS", 2000))
+    grace = (
+        parse_duration(values["grace"], "--grace")
+        if "grace" in values
+        else _env_ms(env, "CCSUP_GUARD_GRACE_MS", 5000)
+    )
+    scan = (
+        parse_duration(values["scan"], "--scan")
+        if "scan" in values
+        else _env_ms(env, "CCSUP_GUARD_SCAN_MS", 2000)
+    )
     if scan <= 0:
         raise UsageError("the scan interval must be > 0")
     turn = values.get("turn")

@@ -54,8 +54,15 @@ class Options:
 
     __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus")
 
-    def __init__(self, argv: list[str], record_dir: str | None = None, grace: float = 5.0,
-                 scan: float = 2.0, turn: str | None = None, bus: str | None = None):
+    def __init__(
+        self,
+        argv: list[str],
+        record_dir: str | None = None,
+        grace: float = 5.0,
+        scan: float = 2.0,
+        turn: str | None = None,
+        bus: str | None = None,
+    ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
         self.turn, self.bus = turn, bus
 
@@ -82,7 +89,7 @@ class _Exit:
         self.code, self.signal = code, signal
 
     @classmethod
-    def from_status(cls, status: int) -> "_Exit":
+    def from_status(cls, status: int) -> _Exit:
         if os.WIFSIGNALED(status):
             return cls(None, os.WTERMSIG(status))
         return cls(os.waitstatus_to_exitcode(status), None)
@@ -138,8 +145,11 @@ class Guard:
     def run(self) -> int:
         wake_fd = self._install_signals()
         linux.register_subreaper()
-        self.parent_fd = (self._given_parent_fd if self._given_parent_fd is not None
-                          else linux.open_parent_pidfd())
+        self.parent_fd = (
+            self._given_parent_fd
+            if self._given_parent_fd is not None
+            else linux.open_parent_pidfd()
+        )
         if self.record_file is not None:
             self._prepare_record_dir()
         failed = self._spawn_cmd()
@@ -364,12 +374,12 @@ class Guard:
         left = [g.pgid for g in self.groups if procs.group_alive(g)]
         if self.own is not None and procs.group_alive(self.own):
             left.append(self.own.pgid)
-        why = "; ".join(self.eperm) or (
-            f"still alive {_GIVE_UP_GRACES} graces after SIGKILL"
-        )
+        why = "; ".join(self.eperm) or (f"still alive {_GIVE_UP_GRACES} graces after SIGKILL")
         self.reason = f"unkillable: groups {left}: {why}"
-        print(f"ccsup-guard: unable to end the work of turn {self.turn}: {self.reason}",
-              file=sys.stderr)
+        print(
+            f"ccsup-guard: unable to end the work of turn {self.turn}: {self.reason}",
+            file=sys.stderr,
+        )
         self._write_record()  # state stays "stopping": the slot stays counted
         self._close_hints()
         return EXIT_GUARD_FAILURE
@@ -404,8 +414,10 @@ class Guard:
             record.write_json(self.record_file, self.to_record())
         except OSError as e:
             # Containment matters more than the record: keep going, loudly.
-            print(f"ccsup-guard: unable to write record {self.record_file}: {e.strerror}",
-                  file=sys.stderr)
+            print(
+                f"ccsup-guard: unable to write record {self.record_file}: {e.strerror}",
+                file=sys.stderr,
+            )
 
 
 def _drain(fd: int) -> set[int]:
@@ -439,7 +451,7 @@ def _exec_child(argv: list[str], env: dict, errw: int) -> None:
             os.write(errw, str(e.errno or 0).encode())
         finally:
             os._exit(EXIT_NOT_FOUND)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 -- the forked child must never return into the guard
         os._exit(EXIT_GUARD_FAILURE)
 
 

@@ -29,7 +29,6 @@ Holds no state beyond the process.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import socket
 import struct
@@ -39,7 +38,9 @@ import time
 
 _CONNECT_WAIT = 0.5  # seconds for connect, greeting and READY together
 _CLOSE_WAIT = 0.1  # bound on delivering what is queued at close
-_GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" + bytes(31)
+_GREETING = (
+    b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" + bytes(31)
+)
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 
 
@@ -103,8 +104,10 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
             chunk = b""
         if not chunk:
             # libzmq closes at once, its greeting unsent, on a mechanism it does not accept.
-            raise ProtocolError("the peer closed the connection in the handshake (a CURVE"
-                                " endpoint? the guard speaks only NULL)")
+            raise ProtocolError(
+                "the peer closed the connection in the handshake (a CURVE"
+                " endpoint? the guard speaks only NULL)"
+            )
         data += chunk
     return data
 
@@ -119,8 +122,10 @@ def handshake(sock: socket.socket, deadline: float) -> None:
         raise ProtocolError("the peer does not speak ZMTP 3")
     mechanism = peer[12:32].rstrip(b"\0")
     if mechanism != b"NULL":
-        raise ProtocolError(f"the peer wants the {mechanism.decode(errors='replace')} mechanism"
-                            " (the guard speaks only NULL)")
+        raise ProtocolError(
+            f"the peer wants the {mechanism.decode(errors='replace')} mechanism"
+            " (the guard speaks only NULL)"
+        )
     sock.sendall(ready_command())
     flags = _recv_exact(sock, 1, deadline)[0]
     if not flags & _COMMAND:
@@ -128,8 +133,11 @@ def handshake(sock: socket.socket, deadline: float) -> None:
     size_bytes = _recv_exact(sock, 8 if flags & _LONG else 1, deadline)
     body = _recv_exact(sock, int.from_bytes(size_bytes, "big"), deadline)
     if body[:6] == b"\x05ERROR":
-        raise ProtocolError(f"the peer refused: {body[7:7 + body[6:7][0]].decode(errors='replace')}"
-                            if len(body) > 6 else "the peer refused")
+        raise ProtocolError(
+            f"the peer refused: {body[7 : 7 + body[6:7][0]].decode(errors='replace')}"
+            if len(body) > 6
+            else "the peer refused"
+        )
     if body[:6] != b"\x05READY":
         raise ProtocolError("the peer did not send READY")
 

@@ -21,14 +21,12 @@ import sys
 
 _HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOOTSTRAP = (
-    f"import sys; sys.path.append({_HOME!r}); "
-    "from guardd.__main__ import main; sys.exit(main())"
+    f"import sys; sys.path.append({_HOME!r}); from guardd.__main__ import main; sys.exit(main())"
 )
 
 
 ZYGOTE_BOOTSTRAP = (
-    f"import sys; sys.path.append({_HOME!r}); "
-    "from guardd.zygote import main; sys.exit(main())"
+    f"import sys; sys.path.append({_HOME!r}); from guardd.zygote import main; sys.exit(main())"
 )
 
 

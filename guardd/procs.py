@@ -40,8 +40,10 @@ class _Value:
     def __init__(self, *args, **kwargs):
         names = self.__slots__
         if len(args) > len(names):
-            raise TypeError(f"{type(self).__name__}() takes {len(names)} arguments, got {len(args)}")
-        values = dict(zip(names, args))
+            raise TypeError(
+                f"{type(self).__name__}() takes {len(names)} arguments, got {len(args)}"
+            )
+        values = dict(zip(names, args, strict=False))
         for name, value in kwargs.items():
             if name not in names:
                 raise TypeError(f"{type(self).__name__}() got an unexpected argument {name!r}")
@@ -109,7 +111,7 @@ class Identity(_Value):
         return {"pid": self.pid, "start": self.start}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Identity":
+    def from_json(cls, data: dict) -> Identity:
         return cls(int(data["pid"]), int(data["start"]))
 
 
@@ -125,7 +127,7 @@ class Group(_Value):
         return {"pgid": self.pgid, "leader_start": self.leader_start}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Group":
+    def from_json(cls, data: dict) -> Group:
         start = data.get("leader_start")
         return cls(int(data["pgid"]), None if start is None else int(start))
 
@@ -288,7 +290,9 @@ def environ_has(pid: int, name: str, value: str) -> bool:
     return f"{name}={value}".encode() in data.split(b"\0")
 
 
-def processes_with_env(name: str, value: str, procs: dict[int, Stat] | None = None) -> list[Identity]:
+def processes_with_env(
+    name: str, value: str, procs: dict[int, Stat] | None = None
+) -> list[Identity]:
     """Live processes whose environment carries name=value: escapees found by their marker."""
     if procs is None:
         procs = snapshot()

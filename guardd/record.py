@@ -53,7 +53,9 @@ def read_json(path: str | os.PathLike, max_version: int = RECORD_VERSION) -> dic
     if not isinstance(version, int) or isinstance(version, bool):
         raise RecordError(f"{path} has no version field 'v'")
     if version > max_version:
-        raise RecordError(f"{path} is version {version}, newer than this ccsup knows ({max_version})")
+        raise RecordError(
+            f"{path} is version {version}, newer than this ccsup knows ({max_version})"
+        )
     return data
 
 

@@ -39,8 +39,10 @@ class Proc:
         self.pid, self.ppid, self.pgid, self.start, self.zombie = pid, ppid, pgid, start, zombie
 
     def __repr__(self) -> str:
-        return (f"Proc(pid={self.pid}, ppid={self.ppid}, pgid={self.pgid}, start={self.start},"
-                f" zombie={self.zombie})")
+        return (
+            f"Proc(pid={self.pid}, ppid={self.ppid}, pgid={self.pgid}, start={self.start},"
+            f" zombie={self.zombie})"
+        )
 
 
 def _read(path: str) -> bytes | None:

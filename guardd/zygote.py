@@ -78,7 +78,9 @@ class ZygoteGone(Exception):
 def encode(message: tuple) -> bytes:
     body = marshal.dumps(message)
     if len(body) > MAX_MESSAGE:
-        raise ValueError(f"a zygote message of {len(body)} bytes is over the {MAX_MESSAGE}-byte limit")
+        raise ValueError(
+            f"a zygote message of {len(body)} bytes is over the {MAX_MESSAGE}-byte limit"
+        )
     return _HEADER.pack(len(body)) + body
 
 
@@ -92,7 +94,8 @@ class _Inbox:
     def receive(self, sock: socket.socket) -> bool:
         """One read; False at EOF. BlockingIOError when nothing is there (non-blocking socket)."""
         data, ancdata, flags, _ = sock.recvmsg(
-            _READ_SIZE, socket.CMSG_SPACE(_MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC)
+            _READ_SIZE, socket.CMSG_SPACE(_MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC
+        )
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")
@@ -110,13 +113,15 @@ class _Inbox:
                 raise OSError(f"unable to read from the zygote socket: a {size}-byte message")
             if len(self.data) < _HEADER.size + size:
                 return
-            body = bytes(self.data[_HEADER.size:_HEADER.size + size])
-            del self.data[:_HEADER.size + size]
+            body = bytes(self.data[_HEADER.size : _HEADER.size + size])
+            del self.data[: _HEADER.size + size]
             yield marshal.loads(body)
 
     def take_fds(self, n: int) -> list[int]:
         if len(self.fds) < n:
-            raise OSError(f"unable to read from the zygote socket: {n} fds expected, {len(self.fds)} came")
+            raise OSError(
+                f"unable to read from the zygote socket: {n} fds expected, {len(self.fds)} came"
+            )
         taken, self.fds = self.fds[:n], self.fds[n:]
         return taken
 
@@ -173,7 +178,9 @@ class _Zygote:
                     return 0  # the supervisor closed its end: it is stopping
                 for message in self.inbox.messages():
                     if message[0] != "spawn":
-                        raise OSError(f"unable to serve the zygote socket: unknown request {message[0]!r}")
+                        raise OSError(
+                            f"unable to serve the zygote socket: unknown request {message[0]!r}"
+                        )
                     self._spawn(*message[1:], self.inbox.take_fds(3))
 
     def _reap(self) -> None:
@@ -235,7 +242,7 @@ class _Zygote:
             code = self._run_child(args, cwd, env, stdio, report_w, go_r)
         except SystemExit as e:  # as the interpreter would treat it (`--help` exits 0)
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:  # a bug: say it where a guard's traceback would go
+        except BaseException:  # noqa: BLE001 -- a bug: say it where a guard's traceback would go
             try:
                 import traceback
 
@@ -374,7 +381,7 @@ class Zygote:
         return self.sock.fileno()
 
     @classmethod
-    def start(cls, python: str | None = None, timeout: float = 10.0) -> "Zygote":
+    def start(cls, python: str | None = None, timeout: float = 10.0) -> Zygote:
         """Start a zygote and wait until it is ready. OSError or ZygoteGone when it cannot be."""
         import subprocess
 
@@ -382,7 +389,9 @@ class Zygote:
         try:
             proc = subprocess.Popen(
                 zygote_command(["--fd", str(theirs.fileno())], python),
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 start_new_session=True,  # nothing of a terminal reaches it, as with guards
             )
         except BaseException:
@@ -404,8 +413,15 @@ class Zygote:
             raise
         return zygote
 
-    def spawn(self, args: list[str], *, cwd: str | None, env: dict, stdio: tuple[int, int, int],
-              timeout: float = 5.0) -> Spawned:
+    def spawn(
+        self,
+        args: list[str],
+        *,
+        cwd: str | None,
+        env: dict,
+        stdio: tuple[int, int, int],
+        timeout: float = 5.0,
+    ) -> Spawned:
         """Fork a guard running `ccsup-guard ARGS` with these stdio fds (the caller closes its
         copies after). OSError: the child could not be set up (its errno, e.g. a bad cwd).
         ValueError: the request is too large for the wire. ZygoteGone: the zygote is gone or was
@@ -423,7 +439,9 @@ class Zygote:
             self._stop(kill=True)
             self._read_available()
             if not self.replies:
-                raise ZygoteGone(f"the zygote did not answer within {timeout:g} s; it was killed") from None
+                raise ZygoteGone(
+                    f"the zygote did not answer within {timeout:g} s; it was killed"
+                ) from None
             reply = self.replies.pop(0)
         if reply[0] == "spawned":
             (pidfd,) = self.inbox.take_fds(1)

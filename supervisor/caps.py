@@ -12,9 +12,9 @@ harness named in `caps` (each such key on its own, not shared); the harness's `d
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from .errors import UsageError
 
@@ -111,11 +111,13 @@ class Caps:
             return self.harness_default[harness]
         return self.default_cap
 
-    def with_caps(self, extra: Mapping[str, int]) -> "Caps":
+    def with_caps(self, extra: Mapping[str, int]) -> Caps:
         """These caps with `extra` (e.g. from --caps) winning over the file's."""
         merged = dict(self.caps)
         merged.update(extra)
-        return Caps(self.default_cap, merged, self.harness_default, self.machine_cap, self.min_free_memory)
+        return Caps(
+            self.default_cap, merged, self.harness_default, self.machine_cap, self.min_free_memory
+        )
 
     def configured_keys(self) -> list[str]:
         keys = list(self.caps)

@@ -147,12 +147,28 @@ def _caps_option(ctx, param, value: str | None) -> dict[str, int] | None:
 
 
 @main.command()
-@click.option("--foreground", is_flag=True, help="Run the supervisor in this process (for systemd); log to stderr.")
-@click.option("--config", "config_path", metavar="FILE", help="The TOML config (wins over the global --config).")
-@click.option("--caps", callback=_caps_option, metavar="KEY=N,...", help="Caps that win over the config's, e.g. codex=2,opencode:xai=1.")
+@click.option(
+    "--foreground",
+    is_flag=True,
+    help="Run the supervisor in this process (for systemd); log to stderr.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    help="The TOML config (wins over the global --config).",
+)
+@click.option(
+    "--caps",
+    callback=_caps_option,
+    metavar="KEY=N,...",
+    help="Caps that win over the config's, e.g. codex=2,opencode:xai=1.",
+)
 @click.option("--log-to-file", is_flag=True, hidden=True)
 @click.pass_context
-def start(ctx, foreground: bool, config_path: str | None, caps: dict | None, log_to_file: bool) -> None:
+def start(
+    ctx, foreground: bool, config_path: str | None, caps: dict | None, log_to_file: bool
+) -> None:
     """Start the supervisor; return once it answers."""
     from . import config as cfg
     from .paths import StatePaths
@@ -160,13 +176,18 @@ def start(ctx, foreground: bool, config_path: str | None, caps: dict | None, log
     where = _where(ctx)
     config = where.config(config_path)
     state_dir = where.state_dir(config)
-    config.endpoints.resolve(state_dir)  # refuses an ipc path too long to bind, before anything starts
+    config.endpoints.resolve(
+        state_dir
+    )  # refuses an ipc path too long to bind, before anything starts
     if foreground:
         from .daemon import serve
 
         ctx.exit(
             serve(
-                config, state_dir, caps_override=caps, foreground=not log_to_file,
+                config,
+                state_dir,
+                caps_override=caps,
+                foreground=not log_to_file,
                 config_path=config_path or where.config_option,
             )
         )
@@ -231,7 +252,10 @@ def _wait_until_answering(where: Where, child, state_dir: Path) -> int:
                     text = ""
                 for line in text.splitlines():
                     click.echo(line, err=True)
-                raise _ExitWith(code or 1, "" if text else f"the supervisor exited with status {code} before it answered")
+                raise _ExitWith(
+                    code or 1,
+                    "" if text else f"the supervisor exited with status {code} before it answered",
+                )
             try:
                 status = client.status()
             except NotRunning:
@@ -256,7 +280,13 @@ class _ExitWith(CcsupError):
 
 
 @main.command()
-@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, help="Seconds to wait.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait.",
+)
 @click.pass_context
 def stop(ctx, timeout: float) -> None:
     """Stop the supervisor: every turn ended and confirmed gone first."""
@@ -290,7 +320,9 @@ def _still_running(client: Client) -> str:
         for s in ps.get("slots", [])
         if s.get("state") != "free"
     ]
-    return "still running: " + ("; ".join(busy) if busy else "no slot is held (it is finishing its shutdown)")
+    return "still running: " + (
+        "; ".join(busy) if busy else "no slot is held (it is finishing its shutdown)"
+    )
 
 
 # -- status / ps -----------------------------------------------------------------------------------
@@ -331,7 +363,10 @@ def format_groups(groups) -> str:
 
 def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
 
 
 def format_ps(ps: dict, now: float) -> list[str]:
@@ -341,20 +376,33 @@ def format_ps(ps: dict, now: float) -> list[str]:
     if slots:
         rows = [
             [
-                s.get("key", "?"), str(s.get("index", "?")), str(s.get("cap", "?")), s.get("state", "?"),
-                s.get("turn") or "-", format_holder(s.get("holder")), str(s.get("pid") or "-"),
-                format_groups(s.get("groups")), _age(s.get("since"), now),
+                s.get("key", "?"),
+                str(s.get("index", "?")),
+                str(s.get("cap", "?")),
+                s.get("state", "?"),
+                s.get("turn") or "-",
+                format_holder(s.get("holder")),
+                str(s.get("pid") or "-"),
+                format_groups(s.get("groups")),
+                _age(s.get("since"), now),
             ]
             for s in slots
         ]
-        lines += format_table(["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"], rows)
+        lines += format_table(
+            ["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"], rows
+        )
     else:
         lines.append("no slots")
     lines.append("")
     if waits:
         rows = [
-            [str(w.get("position", "?")), w.get("id", "?"), w.get("key", "?"), format_holder(w.get("holder")),
-             _age(w.get("since"), now)]
+            [
+                str(w.get("position", "?")),
+                w.get("id", "?"),
+                w.get("key", "?"),
+                format_holder(w.get("holder")),
+                _age(w.get("since"), now),
+            ]
             for w in waits
         ]
         lines += format_table(["POS", "ID", "KEY", "HOLDER", "WAITING"], rows)
@@ -375,7 +423,9 @@ def status(ctx, as_json: bool) -> None:
         return
 
     started = result.get("started_at")
-    click.echo(f"ccsup {result.get('version', '?')}, pid {result.get('pid', '?')}, up {_age(started, time.time())}")
+    click.echo(
+        f"ccsup {result.get('version', '?')}, pid {result.get('pid', '?')}, up {_age(started, time.time())}"
+    )
     click.echo(f"state   {result.get('state_dir', client.state_dir)}")
     if "config" in result:
         click.echo(f"config  {result['config']}")
@@ -413,7 +463,9 @@ def _env_option(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
     for item in values:
         name, sep, value = item.partition("=")
         if not name:
-            raise click.BadParameter(f"{item!r}: write NAME=VALUE, or NAME to pass this shell's value")
+            raise click.BadParameter(
+                f"{item!r}: write NAME=VALUE, or NAME to pass this shell's value"
+            )
         if not sep:
             if name not in os.environ:
                 raise click.BadParameter(f"{name!r} has no value here; write {name}=VALUE")
@@ -459,7 +511,7 @@ class OutputFollower:
         offset = self.position if not isinstance(offset, int) else offset
         end = offset + len(data)
         if end > self.position:
-            self.out.write(data[max(0, self.position - offset):])
+            self.out.write(data[max(0, self.position - offset) :])
             self.out.flush()
             self.position = end
 
@@ -484,13 +536,33 @@ def turn_exit_status(exited: dict | None) -> int:
 
 
 @main.command(context_settings={"allow_interspersed_args": False})
-@click.option("--key", required=True, callback=_key_option, help="The cap key, e.g. codex or opencode:xai.")
+@click.option(
+    "--key", required=True, callback=_key_option, help="The cap key, e.g. codex or opencode:xai."
+)
 @click.option("--session", help="The holder's session label.")
 @click.option("--agent", help="The holder's agent label.")
-@click.option("--cwd", type=click.Path(file_okay=False), help="Working directory (default: this one).")
-@click.option("--env", "env", multiple=True, callback=_env_option, metavar="NAME=VALUE", help="Set a variable for the command (repeatable); NAME alone passes this shell's value.")
-@click.option("--wait-timeout", type=click.FloatRange(min=0, min_open=True), help="Give up after waiting this many seconds for a slot.")
-@click.option("--json", "as_json", is_flag=True, help="Print the turn's events as JSON lines instead of its output.")
+@click.option(
+    "--cwd", type=click.Path(file_okay=False), help="Working directory (default: this one)."
+)
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    callback=_env_option,
+    metavar="NAME=VALUE",
+    help="Set a variable for the command (repeatable); NAME alone passes this shell's value.",
+)
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Give up after waiting this many seconds for a slot.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the turn's events as JSON lines instead of its output.",
+)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(ctx, key, session, agent, cwd, env, wait_timeout, as_json, cmd) -> None:
@@ -509,8 +581,13 @@ def run(ctx, key, session, agent, cwd, env, wait_timeout, as_json, cmd) -> None:
         runner = _TurnRunner(client, turn_id, key, as_json)
         with _sigint_queued() as interrupts:
             reply = client.turn(
-                key, list(cmd), id=turn_id, cwd=os.path.abspath(cwd or os.getcwd()), env=env or None,
-                holder=holder, wait_timeout=wait_timeout,
+                key,
+                list(cmd),
+                id=turn_id,
+                cwd=os.path.abspath(cwd or os.getcwd()),
+                env=env or None,
+                holder=holder,
+                wait_timeout=wait_timeout,
             )
             if reply.get("state") == "queued":
                 runner.waiting(reply.get("position"))
@@ -576,13 +653,21 @@ class _TurnRunner:
         while True:
             if interrupts and not cancel_sent:
                 cancel_sent = True
-                click.echo(f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)", err=True)
+                click.echo(
+                    f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)",
+                    err=True,
+                )
                 try:
                     self.client.cancel(self.turn_id)
                 except RemoteError as e:
-                    click.echo(f"ccsup: unable to cancel turn {self.turn_id}: {e.message}", err=True)
+                    click.echo(
+                        f"ccsup: unable to cancel turn {self.turn_id}: {e.message}", err=True
+                    )
             if len(interrupts) >= 2:
-                click.echo(f"ccsup: turn {self.turn_id} is still being stopped; not waiting for it", err=True)
+                click.echo(
+                    f"ccsup: turn {self.turn_id} is still being stopped; not waiting for it",
+                    err=True,
+                )
                 return 130
             event = sub.recv(0.1)
             self._show_waiting()
@@ -619,10 +704,15 @@ class _TurnRunner:
                 follower.close()
         if kind == "released":
             if self.exited is None and not self.as_json:
-                click.echo(f"ccsup: turn {self.turn_id} was released without an exit status", err=True)
+                click.echo(
+                    f"ccsup: turn {self.turn_id} was released without an exit status", err=True
+                )
             return turn_exit_status(self.exited)
         if not self.as_json:
-            click.echo(f"ccsup: turn {self.turn_id} {kind}: {body.get('reason') or 'no reason given'}", err=True)
+            click.echo(
+                f"ccsup: turn {self.turn_id} {kind}: {body.get('reason') or 'no reason given'}",
+                err=True,
+            )
         return 1
 
 
@@ -633,7 +723,9 @@ def _turn_id_argument(ctx, param, value: str) -> str:
     from .paths import TURN_ID
 
     if not TURN_ID.match(value):
-        raise click.BadParameter(f"{value!r} is not a turn id (1 to 128 letters, digits, '_' or '-')")
+        raise click.BadParameter(
+            f"{value!r} is not a turn id (1 to 128 letters, digits, '_' or '-')"
+        )
     return value
 
 
@@ -687,8 +779,15 @@ def _turn_active(ps: dict, turn_id: str) -> bool:
 
 @main.command()
 @click.argument("turn_id", metavar="ID", callback=_turn_id_argument)
-@click.option("-f", "--follow", is_flag=True, help="Keep printing until the turn ends or the supervisor is gone.")
-@click.option("--stderr", "use_stderr", is_flag=True, help="The turn's stderr instead of its stdout.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Keep printing until the turn ends or the supervisor is gone.",
+)
+@click.option(
+    "--stderr", "use_stderr", is_flag=True, help="The turn's stderr instead of its stdout."
+)
 @click.pass_context
 def logs(ctx, turn_id: str, follow: bool, use_stderr: bool) -> None:
     """Print a turn's output log (exact bytes)."""
@@ -709,7 +808,9 @@ def logs(ctx, turn_id: str, follow: bool, use_stderr: bool) -> None:
             return
         with client.subscribe([f"turn.{turn_id}."]) as sub:
             if not _turn_active(client.ps(), turn_id) and not path.exists():
-                raise CcsupError(f"unable to follow turn {turn_id}: it is not running and has no {stream} log")
+                raise CcsupError(
+                    f"unable to follow turn {turn_id}: it is not running and has no {stream} log"
+                )
             active = _turn_active(client.ps(), turn_id)
             out.drain()
             try:
@@ -729,7 +830,11 @@ def logs(ctx, turn_id: str, follow: bool, use_stderr: bool) -> None:
 
 
 @main.command()
-@click.option("--key", callback=lambda c, p, v: None if v is None else _key_option(c, p, v), help="Only this key.")
+@click.option(
+    "--key",
+    callback=lambda c, p, v: None if v is None else _key_option(c, p, v),
+    help="Only this key.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def reap(ctx, key: str | None, as_json: bool) -> None:
@@ -743,7 +848,9 @@ def reap(ctx, key: str | None, as_json: bool) -> None:
     if not reaped:
         click.echo("nothing to reap")
     for slot in reaped:
-        click.echo(f"reaped {slot.get('key', '?')}[{slot.get('index', '?')}] (turn {slot.get('turn') or '-'})")
+        click.echo(
+            f"reaped {slot.get('key', '?')}[{slot.get('index', '?')}] (turn {slot.get('turn') or '-'})"
+        )
 
 
 @main.command()
@@ -757,4 +864,3 @@ def reload(ctx, as_json: bool) -> None:
         _emit_json(result)
     else:
         click.echo(f"reloaded ({result.get('config', 'config')})")
-

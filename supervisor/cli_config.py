@@ -63,7 +63,8 @@ def _summary(config: cfg.Config, state_dir: Path) -> dict:
         "grace": config.grace,
         "scan": config.scan,
         "endpoints": {
-            name: getattr(config.endpoints.resolve(state_dir), name) for name in ("control", "bus_in", "bus_out")
+            name: getattr(config.endpoints.resolve(state_dir), name)
+            for name in ("control", "bus_in", "bus_out")
         },
         "curve": config.endpoints.curve is not None,
     }
@@ -93,8 +94,13 @@ def config_group() -> None:
 
 
 @config_group.command("check")
-@click.option("--config", "config_path", metavar="FILE", default=None,
-              help="The file to check (default: $CCSUP_CONFIG, then $XDG_CONFIG_HOME/ccsup/ccsup.toml).")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    default=None,
+    help="The file to check (default: $CCSUP_CONFIG, then $XDG_CONFIG_HOME/ccsup/ccsup.toml).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the effective settings as JSON.")
 @click.pass_context
 def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
@@ -120,8 +126,13 @@ def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
 
 
 @config_group.command("init")
-@click.option("--path", "target", metavar="FILE", default=None,
-              help="Where to write (default: $XDG_CONFIG_HOME/ccsup/ccsup.toml).")
+@click.option(
+    "--path",
+    "target",
+    metavar="FILE",
+    default=None,
+    help="Where to write (default: $XDG_CONFIG_HOME/ccsup/ccsup.toml).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing file.")
 @click.pass_context
 def init(ctx: click.Context, target: str | None, force: bool) -> None:

@@ -49,8 +49,9 @@ import fcntl
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import zmq
 
@@ -135,7 +136,10 @@ def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:
         except OSError:
             continue
         # "lock:\t1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF", for locks held through this fd
-        if any(line.startswith("lock:") and " FLOCK " in line and "->" not in line for line in info.splitlines()):
+        if any(
+            line.startswith("lock:") and " FLOCK " in line and "->" not in line
+            for line in info.splitlines()
+        ):
             return True
     return False
 
@@ -167,7 +171,7 @@ def lock_held(lock_path: Path) -> bool:
 
 
 def _ipc_path(endpoint: str) -> Path | None:
-    return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+    return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
 
 
 # -- the client ------------------------------------------------------------------------------------
@@ -182,8 +186,14 @@ class Client:
     $CCSUP_CLIENT_SECRET_KEY, else endpoints.curve["client_secret_key"] (see the module note).
     """
 
-    def __init__(self, state_dir: Path, *, endpoints: Any = None, timeout: float = 5.0,
-                 client_secret_key: str | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        endpoints: Any = None,
+        timeout: float = 5.0,
+        client_secret_key: str | None = None,
+    ):
         self.state_dir = Path(state_dir)
         self.paths = StatePaths(self.state_dir)
         self.timeout = timeout
@@ -202,7 +212,10 @@ class Client:
         elif os.environ.get(CLIENT_KEY_ENV):
             self._client_key = (os.environ[CLIENT_KEY_ENV], f"${CLIENT_KEY_ENV}")
         elif self._curve and self._curve.get("client_secret_key"):
-            self._client_key = (self._curve["client_secret_key"], "endpoints.curve.client_secret_key")
+            self._client_key = (
+                self._curve["client_secret_key"],
+                "endpoints.curve.client_secret_key",
+            )
         else:
             self._client_key = None
         self._ctx = zmq.Context()
@@ -216,7 +229,7 @@ class Client:
             self._dealer = None
         self._ctx.destroy(linger=LINGER_MS)
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -246,8 +259,10 @@ class Client:
         try:
             return zmq.curve_public(secret.encode()), secret.encode()
         except (ValueError, zmq.ZMQError):
-            raise ConfigError(f"unable to connect to {endpoint}: {where} is not a CURVE secret key "
-                              f"(40 Z85 characters)") from None
+            raise ConfigError(
+                f"unable to connect to {endpoint}: {where} is not a CURVE secret key "
+                f"(40 Z85 characters)"
+            ) from None
 
     # -- is it running
 
@@ -287,14 +302,18 @@ class Client:
             try:
                 reply = protocol.decode_reply(frames[-1])
             except protocol.ProtocolError as e:
-                raise CcsupError(f"unable to read the supervisor's reply to {cmd!r}: {e.message}") from None
+                raise CcsupError(
+                    f"unable to read the supervisor's reply to {cmd!r}: {e.message}"
+                ) from None
             if reply.get("id") != req_id:
                 continue  # a late answer to an earlier request
             if reply["ok"]:
                 result = reply.get("result")
                 return result if isinstance(result, dict) else {}
             error = reply.get("error") or {}
-            raise RemoteError(str(error.get("code", "failed")), str(error.get("message", "(no message)")))
+            raise RemoteError(
+                str(error.get("code", "failed")), str(error.get("message", "(no message)"))
+            )
 
     def status(self) -> dict:
         return self.call("status")
@@ -315,10 +334,17 @@ class Client:
         wait_timeout: float | None = None,
     ) -> dict:
         """Request a turn; answers {"id","state","position"}. Follow it with subscribe/run_turn."""
-        return self.call("turn", **_turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout))
+        return self.call(
+            "turn", **_turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout)
+        )
 
     def reserve(
-        self, key: str, *, holder: dict | None = None, id: str | None = None, wait_timeout: float | None = None
+        self,
+        key: str,
+        *,
+        holder: dict | None = None,
+        id: str | None = None,
+        wait_timeout: float | None = None,
     ) -> dict:
         args: dict[str, Any] = {"key": key, "holder": holder or {}}
         if id is not None:
@@ -345,8 +371,12 @@ class Client:
     # -- bus
 
     def subscribe(
-        self, prefixes: list[str] | str, *, timeout: float | None = None, on_gap: Callable[[int, int], None] | None = None
-    ) -> "Subscription":
+        self,
+        prefixes: list[str] | str,
+        *,
+        timeout: float | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
+    ) -> Subscription:
         """A live subscription to these topic prefixes ("" for everything)."""
         if isinstance(prefixes, str):
             prefixes = [prefixes]
@@ -362,7 +392,9 @@ class Client:
         if not sub.live:
             sub.close()
             self.check_running()
-            raise CcsupError(f"the supervisor on {self.state_dir} did not answer a bus subscription")
+            raise CcsupError(
+                f"the supervisor on {self.state_dir} did not answer a bus subscription"
+            )
         return sub
 
     def run_turn(self, key: str, argv: list[str], **kw: Any) -> Iterator[tuple[str, dict]]:
@@ -378,7 +410,7 @@ class Client:
 
     def publish_request(
         self, kind: str, body: dict, *, prefix: str | None = None, timeout: float | None = None
-    ) -> "Subscription":
+    ) -> Subscription:
         """Publish `request.<kind>` on the bus and return a subscription to its events.
 
         A fresh PUB drops what it sends before its connection is up, so the request is re-sent
@@ -389,12 +421,15 @@ class Client:
         if topic not in protocol.REQUEST_TOPICS:
             raise UsageError(f"unknown bus request {kind!r}; known: turn, reserve, cancel")
         if not isinstance(body.get("id"), str):
-            raise UsageError(f"a bus request carries a client-made 'id' (a string)")
+            raise UsageError("a bus request carries a client-made 'id' (a string)")
         sub = self.subscribe([prefix or f"turn.{body['id']}."], timeout=timeout)
         pub = self._socket(zmq.PUB, self.bus_in_endpoint)
         try:
             deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-            frames = [topic.encode(), protocol.dumps({"v": protocol.VERSION, "ts": time.time(), **body})]
+            frames = [
+                topic.encode(),
+                protocol.dumps({"v": protocol.VERSION, "ts": time.time(), **body}),
+            ]
             interval = 0.02
             while True:
                 pub.send_multipart(frames)
@@ -403,7 +438,9 @@ class Client:
                 if time.monotonic() > deadline:
                     sub.close()
                     self.check_running()
-                    raise CcsupError(f"no event answered {topic} {body['id']!r} on {self.state_dir}")
+                    raise CcsupError(
+                        f"no event answered {topic} {body['id']!r} on {self.state_dir}"
+                    )
                 interval = min(interval * 2, 0.5)
         except BaseException:
             sub.close()
@@ -415,8 +452,12 @@ class Client:
 def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> dict:
     args: dict[str, Any] = {"key": key, "argv": list(argv)}
     for name, value in (
-        ("id", id), ("cwd", cwd), ("env", env), ("holder", holder),
-        ("reservation", reservation), ("wait_timeout", wait_timeout),
+        ("id", id),
+        ("cwd", cwd),
+        ("env", env),
+        ("holder", holder),
+        ("reservation", reservation),
+        ("wait_timeout", wait_timeout),
     ):
         if value is not None:
             args[name] = value
@@ -426,7 +467,13 @@ def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> di
 class Subscription:
     """A live SUB on the bus: recv(timeout) -> (topic, body) | None, iteration, close."""
 
-    def __init__(self, sock: zmq.Socket, prefixes: list[str], *, on_gap: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        prefixes: list[str],
+        *,
+        on_gap: Callable[[int, int], None] | None = None,
+    ):
         self._sock = sock
         self.prefixes = prefixes
         self.live = False
@@ -523,7 +570,7 @@ class Subscription:
     def close(self) -> None:
         self._sock.close(linger=0)
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -25,10 +25,11 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 # Start-up cost matters here (every `ccsup` command parses the config): difflib, tomli_w and
 # importlib.resources are imported where they are needed, regular expressions used only for an
@@ -72,7 +73,7 @@ class Endpoints:
     bus_out: str | None = None
     curve: dict | None = None
 
-    def resolve(self, state_dir: Path) -> "Endpoints":
+    def resolve(self, state_dir: Path) -> Endpoints:
         """These endpoints with the defaults filled in: ipc://<state_dir>/control, bus-in, bus-out."""
         state_dir = Path(state_dir)
         resolved = Endpoints(
@@ -83,7 +84,7 @@ class Endpoints:
         )
         for name in ("control", "bus_in", "bus_out"):
             endpoint = getattr(resolved, name)
-            path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+            path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
             if path is not None and len(os.fsencode(path)) > MAX_IPC_PATH:
                 raise ConfigError(
                     f"endpoints.{name}: the ipc socket path {path!r} is longer than {MAX_IPC_PATH} "
@@ -175,12 +176,14 @@ def parse_duration(value: object, *, where: str) -> float:
         match = _DURATION.match(value)
         if not match:
             raise ConfigError(
-                f"{where}: {value!r} is not a duration (write it like \"5s\", \"500ms\", \"2m\", \"1h\")"
+                f'{where}: {value!r} is not a duration (write it like "5s", "500ms", "2m", "1h")'
             )
         unit = match.group(2).lower() if match.group(2) else None
         seconds = float(match.group(1)) * _DURATION_UNIT[unit]
     else:
-        raise ConfigError(f"{where}: a duration is a string like \"5s\" or a number of seconds, not {_kind(value)}")
+        raise ConfigError(
+            f'{where}: a duration is a string like "5s" or a number of seconds, not {_kind(value)}'
+        )
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"{where}: a duration must be more than zero, not {value!r}")
     return seconds
@@ -195,11 +198,13 @@ def parse_size(value: object, *, where: str) -> int:
         unit = match.group(2).lower() if match else None
         if not match or unit not in _SIZE_UNIT:
             raise ConfigError(
-                f"{where}: {value!r} is not a size (write it like \"2GiB\", \"512MiB\", \"100k\" or bytes)"
+                f'{where}: {value!r} is not a size (write it like "2GiB", "512MiB", "100k" or bytes)'
             )
         size = int(float(match.group(1)) * _SIZE_UNIT[unit])
     else:
-        raise ConfigError(f"{where}: a size is a string like \"2GiB\" or a whole number of bytes, not {_kind(value)}")
+        raise ConfigError(
+            f'{where}: a size is a string like "2GiB" or a whole number of bytes, not {_kind(value)}'
+        )
     if size < 0:
         raise ConfigError(f"{where}: a size must not be negative, not {value!r}")
     return size
@@ -222,7 +227,9 @@ def dotted(path: KeyPath) -> str:
         return ".".join(path)
     import tomli_w  # only for a key that needs quoting
 
-    return ".".join(p if _BARE_KEY.match(p) else tomli_w.dumps({p: 0}).split(" = ")[0] for p in path)
+    return ".".join(
+        p if _BARE_KEY.match(p) else tomli_w.dumps({p: 0}).split(" = ")[0] for p in path
+    )
 
 
 def _key_path(text: str) -> KeyPath:
@@ -281,6 +288,7 @@ def _syntax_line(err: tomllib.TOMLDecodeError, text: str) -> int | None:
 
 # ----------------------------------------------------------------------------- the schema
 
+
 class _Key(NamedTuple):
     name: str
     value: object  # the default, or an example when `example` is true
@@ -296,59 +304,145 @@ class _Section(NamedTuple):
 
 
 _SECTIONS = (
-    _Section(None, "ccsup configuration. Durations are strings such as \"5s\", \"500ms\", \"2m\"; sizes such\n"
-             "as \"2GiB\", \"512MiB\" (K/M/G/T and KiB/MiB/... are powers of 1024, kB/MB/GB are SI).\n"
-             "Check a file with `ccsup config check [--config FILE]`. A commented-out `# key = value`\n"
-             "line shows an optional key with an example value: remove the '# ' to use it.\n", (
-        _Key("state_dir", "~/.local/state/ccsup",
-             "Where slots, records, logs and sockets live (default: $XDG_STATE_HOME/ccsup, else\n"
-             "~/.local/state/ccsup). --state-dir and $CCSUP_STATE_DIR win over this.", example=True),
-    )),
-    _Section("slots", "The machine-wide gate: how many turns of a cap key run at once.", (
-        _Key("default_cap", DEFAULT_CAP,
-             "The cap of a key that neither `caps` nor its harness's default_cap names (>= 1)."),
-        _Key("reservation_ttl", "60s",
-             "How long a reservation holds its slot before a turn binds it\n"
-             "($CCSUP_RESERVATION_TTL_MS overrides it, for tests)."),
-        _Key("machine_cap", 8, "At most this many turns of all keys together (default: no machine cap).",
-             example=True),
-        _Key("min_free_memory", "1GiB", "Grant no new turn while less memory than this is available\n"
-             "(default: no floor).", example=True),
-        _Key("caps", {"codex": 2, "opencode:xai": 1, "opencode": 3},
-             "Caps by key. A bare harness name (opencode = 3) gives that cap to every opencode:* key\n"
-             "not named itself, each key on its own. Keys are `harness` or `harness:variant`.",
-             example=True),
-    )),
-    _Section("guard", "How a turn's guard ends the work.", (
-        _Key("grace", "5s", "Between SIGTERM and SIGKILL when a turn is stopped."),
-        _Key("scan", "2s", "How often the guard scans for new process groups of the turn's descendants."),
-    )),
-    _Section("endpoints", "ZeroMQ endpoints (defaults: ipc:// sockets in the state directory, reachable only\n"
-             "by its owner). Only ipc:// (an absolute path) and tcp:// are accepted; a tcp://\n"
-             "endpoint needs the [endpoints.curve] keys.", (
-        _Key("control", "ipc:///run/user/1000/ccsup/control",
-             "The control socket (ROUTER); default ipc://<state_dir>/control.", example=True),
-        _Key("bus_in", "ipc:///run/user/1000/ccsup/bus-in",
-             "Where publishers connect (XSUB); default ipc://<state_dir>/bus-in.", example=True),
-        _Key("bus_out", "ipc:///run/user/1000/ccsup/bus-out",
-             "Where subscribers connect (XPUB); default ipc://<state_dir>/bus-out.", example=True),
-    )),
-    _Section("endpoints.curve", "CURVE keys for tcp:// endpoints, 40-character Z85 strings; make a pair with\n"
-             "python -c 'import zmq; print(*(k.decode() for k in zmq.curve_keypair()), sep=\"\\n\")'\n"
-             "(public first). Keep this file private (chmod 600).", (
-        _Key("public_key", "<40 Z85 characters>", "The supervisor's public key (every client needs it).", example=True),
-        _Key("secret_key", "<40 Z85 characters>", "The supervisor's secret key.", example=True),
-        _Key("client_keys", ["<40 Z85 characters>"],
-             "The public keys of the clients let in on tcp:// (required with a tcp:// endpoint);\n"
-             "any other client is refused in the CURVE handshake and gets no answer.", example=True),
-        _Key("client_secret_key", "<40 Z85 characters>",
-             "The secret key `ccsup` itself uses on tcp:// ($CCSUP_CLIENT_SECRET_KEY wins over it);\n"
-             "its public key must be in client_keys.", example=True),
-    ), example=True),
-    _Section("harness.codex", "Per harness (the part of a key before ':'): defaults a request may rely on.", (
-        _Key("command", ["codex", "app-server"], "The command a sidecar runs for this harness.", example=True),
-        _Key("default_cap", 2, "The cap of this harness's keys that `caps` does not name.", example=True),
-    ), example=True),
+    _Section(
+        None,
+        'ccsup configuration. Durations are strings such as "5s", "500ms", "2m"; sizes such\n'
+        'as "2GiB", "512MiB" (K/M/G/T and KiB/MiB/... are powers of 1024, kB/MB/GB are SI).\n'
+        "Check a file with `ccsup config check [--config FILE]`. A commented-out `# key = value`\n"
+        "line shows an optional key with an example value: remove the '# ' to use it.\n",
+        (
+            _Key(
+                "state_dir",
+                "~/.local/state/ccsup",
+                "Where slots, records, logs and sockets live (default: $XDG_STATE_HOME/ccsup, else\n"
+                "~/.local/state/ccsup). --state-dir and $CCSUP_STATE_DIR win over this.",
+                example=True,
+            ),
+        ),
+    ),
+    _Section(
+        "slots",
+        "The machine-wide gate: how many turns of a cap key run at once.",
+        (
+            _Key(
+                "default_cap",
+                DEFAULT_CAP,
+                "The cap of a key that neither `caps` nor its harness's default_cap names (>= 1).",
+            ),
+            _Key(
+                "reservation_ttl",
+                "60s",
+                "How long a reservation holds its slot before a turn binds it\n"
+                "($CCSUP_RESERVATION_TTL_MS overrides it, for tests).",
+            ),
+            _Key(
+                "machine_cap",
+                8,
+                "At most this many turns of all keys together (default: no machine cap).",
+                example=True,
+            ),
+            _Key(
+                "min_free_memory",
+                "1GiB",
+                "Grant no new turn while less memory than this is available\n(default: no floor).",
+                example=True,
+            ),
+            _Key(
+                "caps",
+                {"codex": 2, "opencode:xai": 1, "opencode": 3},
+                "Caps by key. A bare harness name (opencode = 3) gives that cap to every opencode:* key\n"
+                "not named itself, each key on its own. Keys are `harness` or `harness:variant`.",
+                example=True,
+            ),
+        ),
+    ),
+    _Section(
+        "guard",
+        "How a turn's guard ends the work.",
+        (
+            _Key("grace", "5s", "Between SIGTERM and SIGKILL when a turn is stopped."),
+            _Key(
+                "scan",
+                "2s",
+                "How often the guard scans for new process groups of the turn's descendants.",
+            ),
+        ),
+    ),
+    _Section(
+        "endpoints",
+        "ZeroMQ endpoints (defaults: ipc:// sockets in the state directory, reachable only\n"
+        "by its owner). Only ipc:// (an absolute path) and tcp:// are accepted; a tcp://\n"
+        "endpoint needs the [endpoints.curve] keys.",
+        (
+            _Key(
+                "control",
+                "ipc:///run/user/1000/ccsup/control",
+                "The control socket (ROUTER); default ipc://<state_dir>/control.",
+                example=True,
+            ),
+            _Key(
+                "bus_in",
+                "ipc:///run/user/1000/ccsup/bus-in",
+                "Where publishers connect (XSUB); default ipc://<state_dir>/bus-in.",
+                example=True,
+            ),
+            _Key(
+                "bus_out",
+                "ipc:///run/user/1000/ccsup/bus-out",
+                "Where subscribers connect (XPUB); default ipc://<state_dir>/bus-out.",
+                example=True,
+            ),
+        ),
+    ),
+    _Section(
+        "endpoints.curve",
+        "CURVE keys for tcp:// endpoints, 40-character Z85 strings; make a pair with\n"
+        "python -c 'import zmq; print(*(k.decode() for k in zmq.curve_keypair()), sep=\"\\n\")'\n"
+        "(public first). Keep this file private (chmod 600).",
+        (
+            _Key(
+                "public_key",
+                "<40 Z85 characters>",
+                "The supervisor's public key (every client needs it).",
+                example=True,
+            ),
+            _Key("secret_key", "<40 Z85 characters>", "The supervisor's secret key.", example=True),
+            _Key(
+                "client_keys",
+                ["<40 Z85 characters>"],
+                "The public keys of the clients let in on tcp:// (required with a tcp:// endpoint);\n"
+                "any other client is refused in the CURVE handshake and gets no answer.",
+                example=True,
+            ),
+            _Key(
+                "client_secret_key",
+                "<40 Z85 characters>",
+                "The secret key `ccsup` itself uses on tcp:// ($CCSUP_CLIENT_SECRET_KEY wins over it);\n"
+                "its public key must be in client_keys.",
+                example=True,
+            ),
+        ),
+        example=True,
+    ),
+    _Section(
+        "harness.codex",
+        "Per harness (the part of a key before ':'): defaults a request may rely on.",
+        (
+            _Key(
+                "command",
+                ["codex", "app-server"],
+                "The command a sidecar runs for this harness.",
+                example=True,
+            ),
+            _Key(
+                "default_cap",
+                2,
+                "The cap of this harness's keys that `caps` does not name.",
+                example=True,
+            ),
+        ),
+        example=True,
+    ),
 )
 _KNOWN = {
     (): {"state_dir", "slots", "guard", "endpoints", "harness"},
@@ -393,7 +487,11 @@ class _Checker:
                 import difflib  # only for a mistake
 
                 close = difflib.get_close_matches(name, sorted(known), n=1)
-                hint = f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(sorted(known))})"
+                hint = (
+                    f" (did you mean {close[0]}?)"
+                    if close
+                    else f" (known: {', '.join(sorted(known))})"
+                )
                 self.add(path + (name,), "unknown key" + hint)
         return value
 
@@ -403,7 +501,7 @@ class _Checker:
             return check(value, where=dotted(path))
         except UsageError as err:
             prefix = dotted(path) + ": "
-            message = err.message[len(prefix):] if err.message.startswith(prefix) else err.message
+            message = err.message[len(prefix) :] if err.message.startswith(prefix) else err.message
             self.add(path, message)
             return None
 
@@ -430,9 +528,13 @@ def _endpoint(value: object, *, where: str) -> str:
         raise ConfigError(f"{where}: {value!r} is not an ipc:// or tcp:// endpoint")
     if scheme == "ipc":
         if not rest.startswith("/"):
-            raise ConfigError(f"{where}: an ipc endpoint needs an absolute path (ipc:///...), not {value!r}")
+            raise ConfigError(
+                f"{where}: an ipc endpoint needs an absolute path (ipc:///...), not {value!r}"
+            )
         if len(os.fsencode(rest)) > MAX_IPC_PATH:
-            raise ConfigError(f"{where}: the ipc path is longer than {MAX_IPC_PATH} bytes, which a Unix socket cannot bind")
+            raise ConfigError(
+                f"{where}: the ipc path is longer than {MAX_IPC_PATH} bytes, which a Unix socket cannot bind"
+            )
     else:
         host, colon, port = rest.rpartition(":")
         if not colon or not host or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
@@ -443,7 +545,9 @@ def _endpoint(value: object, *, where: str) -> str:
 def _z85_key(value: object, *, where: str) -> str:
     value = _string(value, where=where)
     if not re.match(_Z85, value):
-        raise ConfigError(f"{where}: a CURVE key is {Z85_KEY_LENGTH} Z85 characters (see zmq.curve_keypair())")
+        raise ConfigError(
+            f"{where}: a CURVE key is {Z85_KEY_LENGTH} Z85 characters (see zmq.curve_keypair())"
+        )
     return value
 
 
@@ -459,7 +563,9 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        raise ConfigProblems([Problem(source, _syntax_line(err, text), None, f"invalid TOML: {err}")]) from None
+        raise ConfigProblems(
+            [Problem(source, _syntax_line(err, text), None, f"invalid TOML: {err}")]
+        ) from None
     c = _Checker(text, source)
     top = c.table(data, (), _KNOWN[()])
 
@@ -475,9 +581,21 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
 
     slots = c.table(top, ("slots",), _KNOWN[("slots",)])
     default_cap = c.run(("slots", "default_cap"), _cap, slots.get("default_cap", DEFAULT_CAP))
-    ttl = c.run(("slots", "reservation_ttl"), parse_duration, slots.get("reservation_ttl", DEFAULT_RESERVATION_TTL))
-    machine_cap = c.run(("slots", "machine_cap"), _cap, slots["machine_cap"]) if "machine_cap" in slots else None
-    min_free = c.run(("slots", "min_free_memory"), parse_size, slots["min_free_memory"]) if "min_free_memory" in slots else None
+    ttl = c.run(
+        ("slots", "reservation_ttl"),
+        parse_duration,
+        slots.get("reservation_ttl", DEFAULT_RESERVATION_TTL),
+    )
+    machine_cap = (
+        c.run(("slots", "machine_cap"), _cap, slots["machine_cap"])
+        if "machine_cap" in slots
+        else None
+    )
+    min_free = (
+        c.run(("slots", "min_free_memory"), parse_size, slots["min_free_memory"])
+        if "min_free_memory" in slots
+        else None
+    )
     caps: dict[str, int] = {}
     caps_table = slots.get("caps", {})
     if not isinstance(caps_table, dict):
@@ -507,15 +625,25 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         except ValueError:
             ms = float("nan")
         if not math.isfinite(ms) or ms <= 0:
-            c.problems.append(Problem("environment", None, f"${TTL_ENV}",
-                                      f"must be a number of milliseconds > 0, not {raw!r}"))
+            c.problems.append(
+                Problem(
+                    "environment",
+                    None,
+                    f"${TTL_ENV}",
+                    f"must be a number of milliseconds > 0, not {raw!r}",
+                )
+            )
         else:
             ttl = ms / 1000.0
 
     if c.problems:
         # In file order, as an editor walks them; those without a line (the environment) last.
-        raise ConfigProblems(sorted(c.problems, key=lambda p: p.line if p.line is not None else math.inf))
-    harness_default = {name: h.default_cap for name, h in harness.items() if h.default_cap is not None}
+        raise ConfigProblems(
+            sorted(c.problems, key=lambda p: p.line if p.line is not None else math.inf)
+        )
+    harness_default = {
+        name: h.default_cap for name, h in harness.items() if h.default_cap is not None
+    }
     return Config(
         source=source,
         state_dir=state_dir,
@@ -539,19 +667,27 @@ def _parse_endpoints(c: _Checker, top: dict) -> Endpoints:
         keys = {}
         for name in ("public_key", "secret_key"):
             if name not in curve_table:
-                c.add(("endpoints", "curve"), f"{name} is missing (both public_key and secret_key are needed)")
+                c.add(
+                    ("endpoints", "curve"),
+                    f"{name} is missing (both public_key and secret_key are needed)",
+                )
             else:
                 keys[name] = c.run(("endpoints", "curve", name), _z85_key, curve_table[name])
         client_keys = _parse_client_keys(c, curve_table)
         client_secret = None
         if "client_secret_key" in curve_table:
-            client_secret = c.run(("endpoints", "curve", "client_secret_key"), _z85_key,
-                                  curve_table["client_secret_key"])
+            client_secret = c.run(
+                ("endpoints", "curve", "client_secret_key"),
+                _z85_key,
+                curve_table["client_secret_key"],
+            )
         has_tcp = any(value and value.startswith("tcp://") for value in values.values())
         if has_tcp and client_keys == []:
-            c.add(("endpoints", "curve", "client_keys"),
-                  "a tcp:// endpoint needs the public keys of the clients it lets in "
-                  "(client_keys = [\"<40 Z85 characters>\", ...]); without them it would let in anyone")
+            c.add(
+                ("endpoints", "curve", "client_keys"),
+                "a tcp:// endpoint needs the public keys of the clients it lets in "
+                '(client_keys = ["<40 Z85 characters>", ...]); without them it would let in anyone',
+            )
         if len(keys) == 2 and None not in keys.values():
             problem = _curve_pair_problem(keys["public_key"], keys["secret_key"])
             if problem:
@@ -561,15 +697,19 @@ def _parse_endpoints(c: _Checker, top: dict) -> Endpoints:
         if client_secret is not None and client_keys:
             public = _curve_public(client_secret)
             if public is not None and public not in client_keys:
-                c.add(("endpoints", "curve", "client_secret_key"),
-                      f"its public key {public} is not in client_keys, so the supervisor would refuse this client")
+                c.add(
+                    ("endpoints", "curve", "client_secret_key"),
+                    f"its public key {public} is not in client_keys, so the supervisor would refuse this client",
+                )
         if curve is not None and client_secret is not None:
             curve["client_secret_key"] = client_secret
     for name, value in values.items():
         if value and value.startswith("tcp://") and curve is None and "curve" not in table:
-            c.add(("endpoints", name),
-                  "a tcp:// endpoint is refused unless [endpoints.curve] public_key, secret_key and "
-                  "client_keys are configured")
+            c.add(
+                ("endpoints", name),
+                "a tcp:// endpoint is refused unless [endpoints.curve] public_key, secret_key and "
+                "client_keys are configured",
+            )
     return Endpoints(values["control"], values["bus_in"], values["bus_out"], curve)
 
 
@@ -628,12 +768,22 @@ def _parse_harness(c: _Checker, top: dict) -> dict[str, Harness]:
         command = None
         if "command" in entry:
             value = entry["command"]
-            if (not isinstance(value, list) or not value
-                    or not all(isinstance(arg, str) for arg in value) or not value[0]):
-                c.add(path + ("command",), "must be a non-empty array of strings, the program first")
+            if (
+                not isinstance(value, list)
+                or not value
+                or not all(isinstance(arg, str) for arg in value)
+                or not value[0]
+            ):
+                c.add(
+                    path + ("command",), "must be a non-empty array of strings, the program first"
+                )
             else:
                 command = list(value)
-        default_cap = c.run(path + ("default_cap",), _cap, entry["default_cap"]) if "default_cap" in entry else None
+        default_cap = (
+            c.run(path + ("default_cap",), _cap, entry["default_cap"])
+            if "default_cap" in entry
+            else None
+        )
         harness[name] = Harness(name, command, default_cap)
     return harness
 
@@ -683,7 +833,9 @@ def load(cli_path: str | None = None, env: Mapping[str, str] = os.environ) -> Co
     except OSError as err:
         raise ConfigError(f"unable to read config {path}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
-        raise ConfigError(f"unable to read config {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ConfigError(
+            f"unable to read config {path}: not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
     return parse(text, str(path), env)
 
 

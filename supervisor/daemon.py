@@ -50,7 +50,9 @@ def take_instance_lock(paths: StatePaths) -> int:
     except BlockingIOError:
         owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise AlreadyRunning(f"a supervisor is already running on {paths.root} (pid {owner})") from None
+        raise AlreadyRunning(
+            f"a supervisor is already running on {paths.root} (pid {owner})"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -87,16 +89,29 @@ def setup_logging(paths: StatePaths, foreground: bool) -> None:
 
 
 class Daemon:
-    def __init__(self, config: Config, paths: StatePaths, *, config_path: str | None, caps_override: dict | None):
+    def __init__(
+        self,
+        config: Config,
+        paths: StatePaths,
+        *,
+        config_path: str | None,
+        caps_override: dict | None,
+    ):
         self.config = config
         self.paths = paths
         self.config_path = config_path
         self.caps_override = caps_override or {}
         endpoints = config.endpoints.resolve(paths.root)
         # Guards publish their hints without keys: over CURVE tcp they get a private ipc bus-in.
-        self._bus_in = endpoints.bus_in if endpoints.bus_in.startswith("ipc://") else paths.endpoint("guard-bus")
+        self._bus_in = (
+            endpoints.bus_in
+            if endpoints.bus_in.startswith("ipc://")
+            else paths.endpoint("guard-bus")
+        )
         guard_bus = None if self._bus_in == endpoints.bus_in else self._bus_in
-        self.server = Server(endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve, guard_bus)
+        self.server = Server(
+            endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve, guard_bus
+        )
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
         self.manager: Manager | None = None
         self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
@@ -104,17 +119,29 @@ class Daemon:
         self._reaping: asyncio.Task | None = None
 
     def _settings(self, config: Config) -> Settings:
-        return Settings(grace=config.grace, scan=config.scan, bus_in=self._bus_in, config_source=config.source,
-                        reservation_ttl=config.reservation_ttl)
+        return Settings(
+            grace=config.grace,
+            scan=config.scan,
+            bus_in=self._bus_in,
+            config_source=config.source,
+            reservation_ttl=config.reservation_ttl,
+        )
 
     async def run(self) -> int:
         self.server.bind()
         self.manager = Manager(
-            paths=self.paths, gate=self.gate, publish=self.server.publish, settings=self._settings(self.config),
+            paths=self.paths,
+            gate=self.gate,
+            publish=self.server.publish,
+            settings=self._settings(self.config),
             start_guard=self.launcher.start_guard,
         )
-        self.server.publish("supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)})
-        log.info("started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source)
+        self.server.publish(
+            "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
+        )
+        log.info(
+            "started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source
+        )
         self.launcher.start()  # before restore, which may start guards
         self.restore()  # before any request is served: nothing new can jump what was waiting
         self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
@@ -146,9 +173,15 @@ class Daemon:
         problems += self.manager.restore(saved, self.gate.inspect_all())
         for text in problems:
             log.error("%s", text)
-            self.server.publish("supervisor.error", {"message": text, "path": str(self.paths.queue)})
-        restored = {"waiting": len(self.manager.queue), "reservations": len(self.manager.reservations),
-                    "lost": len(self.manager.lost_running), "problems": len(problems)}
+            self.server.publish(
+                "supervisor.error", {"message": text, "path": str(self.paths.queue)}
+            )
+        restored = {
+            "waiting": len(self.manager.queue),
+            "reservations": len(self.manager.reservations),
+            "lost": len(self.manager.lost_running),
+            "problems": len(problems),
+        }
         self.server.publish("supervisor.restored", restored)
         log.info("restored %s", restored)
         self.manager.grant_waiters()
@@ -196,7 +229,9 @@ class Daemon:
             raise ProtocolError("failed", e.message) from None
         except Exception as e:  # a bug must not take the supervisor down with it
             log.exception("bug while answering %s", request.cmd)
-            raise ProtocolError("failed", f"internal error answering {request.cmd}: {type(e).__name__}; see the log") from None
+            raise ProtocolError(
+                "failed", f"internal error answering {request.cmd}: {type(e).__name__}; see the log"
+            ) from None
 
     async def cmd_status(self, args: dict) -> dict:
         result = self.manager.status()

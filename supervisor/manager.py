@@ -39,9 +39,9 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 from guardd import procs
 from guardd.record import RecordError, read_json, record_groups
@@ -58,7 +58,9 @@ log = logging.getLogger("ccsup.manager")
 FINISHED_MEMORY = 600.0  # seconds a finished id is remembered
 # Events after which queue.json must change: the file is saved before they are published, so a
 # crash can lose an announcement but never make a restarted supervisor announce or run it again.
-PERSISTED = frozenset({Event.QUEUED, Event.GRANTED, Event.CANCELLED, Event.RELEASED, Event.REJECTED})
+PERSISTED = frozenset(
+    {Event.QUEUED, Event.GRANTED, Event.CANCELLED, Event.RELEASED, Event.REJECTED}
+)
 RETRY_INTERVAL = 0.25  # how often waiters retry slots that other processes may have freed
 
 
@@ -184,7 +186,9 @@ class Manager:
 
     def _call_later(self, item_id: str, delay: float, callback) -> None:
         self._cancel_timer(item_id)
-        self._timers[item_id] = asyncio.get_running_loop().call_later(max(delay, 0.0), callback, item_id)
+        self._timers[item_id] = asyncio.get_running_loop().call_later(
+            max(delay, 0.0), callback, item_id
+        )
 
     # -- queue.json ------------------------------------------------------------------------------
 
@@ -199,9 +203,13 @@ class Manager:
         running += self.lost_running
         reservations = [r.to_json(self._deadlines.get(r.id)) for r in self.reservations.values()]
         try:
-            store.save(self.paths.queue, waiting=waiting, reservations=reservations, running=running)
+            store.save(
+                self.paths.queue, waiting=waiting, reservations=reservations, running=running
+            )
         except OSError as e:
-            log.error("unable to save %s: %s (what waits is kept in memory)", self.paths.queue, e.strerror)
+            log.error(
+                "unable to save %s: %s (what waits is kept in memory)", self.paths.queue, e.strerror
+            )
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -241,7 +249,12 @@ class Manager:
                     self._apply(reservation, Event.CANCELLED, reason="bound", turn=turn.id)
                 else:
                     self.queue.add(turn.key, turn_id, turn.requested_at)
-                self._apply(turn, Event.QUEUED, position=self.queue.position(turn_id), holder=turn.holder.to_json())
+                self._apply(
+                    turn,
+                    Event.QUEUED,
+                    position=self.queue.position(turn_id),
+                    holder=turn.holder.to_json(),
+                )
             self._wait_limit(turn)
         if requester is not None:
             self._watch_requester(requester, turn)
@@ -250,11 +263,15 @@ class Manager:
 
     def _check_binding(self, reservation: Reservation, args: TurnArgs) -> None:
         if reservation.key != args.key:
-            raise ProtocolError("conflict", f"reservation {reservation.id} is for key {reservation.key}, not {args.key}")
+            raise ProtocolError(
+                "conflict",
+                f"reservation {reservation.id} is for key {reservation.key}, not {args.key}",
+            )
         mine = (reservation.holder.session, reservation.holder.agent)
         if mine != (None, None) and mine != (args.holder.session, args.holder.agent):
             raise ProtocolError(
-                "conflict", f"reservation {reservation.id} belongs to session {mine[0]!r} agent {mine[1]!r}"
+                "conflict",
+                f"reservation {reservation.id} belongs to session {mine[0]!r} agent {mine[1]!r}",
             )
 
     def _bind_held(self, turn: Turn, reservation: Reservation) -> None:
@@ -306,15 +323,23 @@ class Manager:
         if res_id in self.turns:
             raise ProtocolError("conflict", f"id {res_id} is already used for another request")
         if res_id in self.finished:
-            return {"reservation": res_id, "key": args.key, "state": self.finished[res_id][0],
-                    "until": None, "position": None}
-        reservation = Reservation(res_id, args.key, args.holder, requested_at=self.clock(),
-                                  wait_timeout=args.wait_timeout)
+            return {
+                "reservation": res_id,
+                "key": args.key,
+                "state": self.finished[res_id][0],
+                "until": None,
+                "position": None,
+            }
+        reservation = Reservation(
+            res_id, args.key, args.holder, requested_at=self.clock(), wait_timeout=args.wait_timeout
+        )
         same_holder = self._holders.get(reservation.holder_key) if reservation.holder_key else None
         if same_holder is not None:  # one per holder and key; asking again never extends it
             return self._reservation_answer(self.reservations[same_holder])
         if self.stopping:
-            raise ProtocolError("stopping", "the supervisor is stopping and takes no new reservations")
+            raise ProtocolError(
+                "stopping", "the supervisor is stopping and takes no new reservations"
+            )
         requester = self._requester_identity(args.holder)
         self._queue_reservation(reservation)
         if requester is not None:
@@ -329,14 +354,23 @@ class Manager:
         self._idle.clear()
         self.queue.add(reservation.key, reservation.id, reservation.requested_at)
         if announce:
-            self._apply(reservation, Event.QUEUED, position=self.queue.position(reservation.id),
-                        holder=reservation.holder.to_json())
+            self._apply(
+                reservation,
+                Event.QUEUED,
+                position=self.queue.position(reservation.id),
+                holder=reservation.holder.to_json(),
+            )
         self._wait_limit(reservation)
 
     def _reservation_answer(self, reservation: Reservation) -> dict:
         state = {State.GRANTED: "held"}.get(reservation.state, reservation.state.value)
-        return {"reservation": reservation.id, "key": reservation.key, "state": state,
-                "until": reservation.until, "position": self.queue.position(reservation.id)}
+        return {
+            "reservation": reservation.id,
+            "key": reservation.key,
+            "state": state,
+            "until": reservation.until,
+            "position": self.queue.position(reservation.id),
+        }
 
     def _reservation_expired(self, res_id: str) -> None:
         self._timers.pop(res_id, None)
@@ -376,11 +410,15 @@ class Manager:
         if turn is None:
             raise ProtocolError("not_found", f"no turn {args.id}")
         if turn.guard is None or turn.state is not State.RUNNING:
-            raise ProtocolError("failed", f"turn {args.id} is {turn.state.value}, not running: nothing to write to")
+            raise ProtocolError(
+                "failed", f"turn {args.id} is {turn.state.value}, not running: nothing to write to"
+            )
         try:
             written = turn.guard.write_stdin(args.data, args.eof)
         except OSError as e:
-            raise ProtocolError("failed", f"unable to write to the stdin of turn {args.id}: {e}") from None
+            raise ProtocolError(
+                "failed", f"unable to write to the stdin of turn {args.id}: {e}"
+            ) from None
         return {"id": args.id, "written": written}
 
     def _wait_timed_out(self, item_id: str) -> None:
@@ -465,7 +503,9 @@ class Manager:
                 holder = Holder(self.me.pid, self.me.start, **item.holder.labels())
                 if isinstance(item, Reservation):
                     until = self.clock() + self.settings.reservation_ttl
-                    slot = self.gate.try_acquire(key, holder, reservation={"id": item.id, "until": until})
+                    slot = self.gate.try_acquire(
+                        key, holder, reservation={"id": item.id, "until": until}
+                    )
                 else:
                     slot = self.gate.try_acquire(key, holder, turn=item.id)
                 if slot is None:
@@ -483,8 +523,13 @@ class Manager:
                     granted.append(item)
 
     def _hold(self, reservation: Reservation, until: float) -> None:
-        log.info("reservation %s holds %s#%d until %.3f", reservation.id, reservation.key,
-                 reservation.slot.index, until)
+        log.info(
+            "reservation %s holds %s#%d until %.3f",
+            reservation.id,
+            reservation.key,
+            reservation.slot.index,
+            until,
+        )
         reservation.until = until
         self._apply(reservation, Event.GRANTED, index=reservation.slot.index, until=until)
         self._call_later(reservation.id, until - self.clock(), self._reservation_expired)
@@ -502,7 +547,11 @@ class Manager:
                 bus=self.settings.bus_in,
             )
         except OSError as e:
-            turn.exit = {"code": None, "signal": None, "reason": f"unable to start the guard: {e.strerror or e}"}
+            turn.exit = {
+                "code": None,
+                "signal": None,
+                "reason": f"unable to start the guard: {e.strerror or e}",
+            }
             self._apply(turn, Event.EXITED, **turn.exit)
             self._release(turn)
             return
@@ -579,7 +628,9 @@ class Manager:
             if exit_from_record(record) is not None:
                 self._learn_exit(turn, record, None)
         elif kind == "gone" and record.get("state") == "gone":
-            asyncio.get_running_loop().create_task(self._confirm_gone(turn, record, guard_done=False))
+            asyncio.get_running_loop().create_task(
+                self._confirm_gone(turn, record, guard_done=False)
+            )
 
     def _publish_new_groups(self, turn: Turn, record: dict) -> None:
         groups = record_groups(record)
@@ -605,12 +656,16 @@ class Manager:
                     not ended_by_guard and bool(procs.processes_with_env("CCSUP_TURN", turn.id))
                 )
                 if alive:
-                    log.warning("turn %s: the guard ended but its work did not; ending it now", turn.id)
+                    log.warning(
+                        "turn %s: the guard ended but its work did not; ending it now", turn.id
+                    )
                     ended = await asyncio.to_thread(
                         reaper.end_work, groups, turn=turn.id, grace=self.settings.grace
                     )
                     if not ended:
-                        log.error("turn %s: work still alive; the slot stays held and is retried", turn.id)
+                        log.error(
+                            "turn %s: work still alive; the slot stays held and is retried", turn.id
+                        )
                         return
             elif any(procs.group_alive(g) for g in groups):
                 return  # a hint that does not hold: the groups still run
@@ -645,10 +700,16 @@ class Manager:
     def retry_unconfirmed(self) -> None:
         """Turns whose guard is done but whose work was not yet confirmed gone: look again."""
         for turn in list(self.turns.values()):
-            if turn.guard is not None and turn.guard.returncode is not None and turn.id not in self._confirming:
+            if (
+                turn.guard is not None
+                and turn.guard.returncode is not None
+                and turn.id not in self._confirming
+            ):
                 if turn.state in (State.EXITED, State.STOPPING):
                     record = self._read_guard_record(turn)
-                    asyncio.get_running_loop().create_task(self._confirm_gone(turn, record, guard_done=True))
+                    asyncio.get_running_loop().create_task(
+                        self._confirm_gone(turn, record, guard_done=True)
+                    )
 
     # -- restart ---------------------------------------------------------------------------------
 
@@ -673,11 +734,15 @@ class Manager:
                 finished.setdefault(item_id, (str(entry[0]), float(entry[1])))
             except (TypeError, ValueError, IndexError):
                 problems.append(f"finished entry {item_id!r} is malformed")
-        self.finished = {i: (state, at) for i, (state, at) in finished.items() if now - at < FINISHED_MEMORY}
+        self.finished = {
+            i: (state, at) for i, (state, at) in finished.items() if now - at < FINISHED_MEMORY
+        }
         self._compact_finished()
         for entry in data["running"]:
-            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not isinstance(
-                entry.get("key"), str
+            if (
+                not isinstance(entry, dict)
+                or not isinstance(entry.get("id"), str)
+                or not isinstance(entry.get("key"), str)
             ):
                 problems.append(f"running entry {str(entry)[:200]} is malformed")
             elif entry["id"] not in self.finished:
@@ -692,8 +757,10 @@ class Manager:
             try:
                 self._restore_turn(entry)
             except (TypeError, KeyError, ValueError, ProtocolError) as e:
-                problems.append(f"waiting entry {str(entry.get('id') if isinstance(entry, dict) else entry)[:200]} "
-                                f"is malformed: {e}")
+                problems.append(
+                    f"waiting entry {str(entry.get('id') if isinstance(entry, dict) else entry)[:200]} "
+                    f"is malformed: {e}"
+                )
         return problems
 
     def _compact_finished(self) -> None:
@@ -705,14 +772,18 @@ class Manager:
 
     def settle_lost(self, slot_views: list) -> None:
         """End the story of a dead supervisor's turns once no slot shows their work any more."""
-        still_held = {v.turn for v in slot_views if v.state in ("orphaned", "unreadable", "held") and v.turn}
+        still_held = {
+            v.turn for v in slot_views if v.state in ("orphaned", "unreadable", "held") and v.turn
+        }
         lost, self.lost_running = self.lost_running, []
         with self._batch():
             for entry in lost:
                 if entry["id"] in still_held:
                     self.lost_running.append(entry)
                     continue
-                turn = Turn(entry["id"], entry["key"], [], None, {}, HolderInfo(), state=State.RUNNING)
+                turn = Turn(
+                    entry["id"], entry["key"], [], None, {}, HolderInfo(), state=State.RUNNING
+                )
                 turn.exit = {"code": None, "signal": None, "reason": "supervisor_restarted"}
                 self._apply(turn, Event.EXITED, **turn.exit)
                 self._apply(turn, Event.GONE)
@@ -727,8 +798,13 @@ class Manager:
 
     def _restore_reservation(self, entry: dict, now: float) -> None:
         holder = parse_holder(entry["holder"])
-        reservation = Reservation(str(entry["id"]), str(entry["key"]), holder,
-                                  requested_at=float(entry["requested_at"]), state=State.QUEUED)
+        reservation = Reservation(
+            str(entry["id"]),
+            str(entry["key"]),
+            holder,
+            requested_at=float(entry["requested_at"]),
+            state=State.QUEUED,
+        )
         if entry.get("wait_deadline") is not None:
             self._deadlines[reservation.id] = float(entry["wait_deadline"])
         requester = self._restored_requester(holder)
@@ -741,10 +817,19 @@ class Manager:
             until = min(float(entry["until"]), now + self.settings.reservation_ttl)
             slot = None
             if requester is not False and until > now:
-                slot = self.gate.try_acquire(reservation.key, Holder(self.me.pid, self.me.start, **holder.labels()),
-                                             reservation={"id": reservation.id, "until": until})
+                slot = self.gate.try_acquire(
+                    reservation.key,
+                    Holder(self.me.pid, self.me.start, **holder.labels()),
+                    reservation={"id": reservation.id, "until": until},
+                )
             if slot is None:
-                reason = "requester_gone" if requester is False else "expired" if until <= now else "lost"
+                reason = (
+                    "requester_gone"
+                    if requester is False
+                    else "expired"
+                    if until <= now
+                    else "lost"
+                )
                 self._apply(reservation, Event.RELEASED, reason=reason, index=None)
                 return
             reservation.slot = slot
@@ -757,8 +842,17 @@ class Manager:
 
     def _restore_turn(self, entry: dict) -> None:
         args = protocol_turn_args(entry)
-        turn = Turn(args.id, args.key, args.argv, args.cwd, args.env, args.holder,
-                    requested_at=float(entry["requested_at"]), reservation=args.reservation, state=State.QUEUED)
+        turn = Turn(
+            args.id,
+            args.key,
+            args.argv,
+            args.cwd,
+            args.env,
+            args.holder,
+            requested_at=float(entry["requested_at"]),
+            reservation=args.reservation,
+            state=State.QUEUED,
+        )
         if entry.get("wait_deadline") is not None:
             self._deadlines[turn.id] = float(entry["wait_deadline"])
         self.turns[turn.id] = turn
@@ -849,4 +943,9 @@ def protocol_turn_args(entry: dict) -> TurnArgs:
     """A waiting turn from queue.json, checked as strictly as a new request."""
     from .protocol import parse_turn
 
-    return parse_turn({name: entry.get(name) for name in ("id", "key", "argv", "cwd", "env", "holder", "reservation")})
+    return parse_turn(
+        {
+            name: entry.get(name)
+            for name in ("id", "key", "argv", "cwd", "env", "holder", "reservation")
+        }
+    )

@@ -82,10 +82,14 @@ def encode_ok(req_id: Any, result: dict) -> bytes:
 
 
 def encode_error(req_id: Any, code: str, message: str) -> bytes:
-    return dumps({"v": VERSION, "id": req_id, "ok": False, "error": {"code": code, "message": message}})
+    return dumps(
+        {"v": VERSION, "id": req_id, "ok": False, "error": {"code": code, "message": message}}
+    )
 
 
-def encode_event(topic: str, fields: dict, *, seq: int | None = None, ts: float | None = None) -> list[bytes]:
+def encode_event(
+    topic: str, fields: dict, *, seq: int | None = None, ts: float | None = None
+) -> list[bytes]:
     body = {"v": VERSION, "ts": time.time() if ts is None else ts}
     if seq is not None:
         body["seq"] = seq
@@ -120,7 +124,9 @@ def decode_reply(raw: bytes) -> dict:
 
 def _load_object(raw: bytes, what: str) -> dict:
     if len(raw) > MAX_FRAME:
-        raise ProtocolError("too_large", f"{what} is {len(raw)} bytes, over the limit of {MAX_FRAME}")
+        raise ProtocolError(
+            "too_large", f"{what} is {len(raw)} bytes, over the limit of {MAX_FRAME}"
+        )
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError):
@@ -149,8 +155,14 @@ def _echoable(req_id: Any) -> Any:
 def _check_version(version: Any) -> None:
     # Exactly the integer 1: `true` and `1.0` compare equal to 1 in Python, not on the wire.
     if type(version) is not int or version != VERSION:
-        shown = repr(version)[:32] if isinstance(version, (int, float, str)) else f"a {type(version).__name__}"
-        raise ProtocolError("unsupported_version", f"this supervisor speaks protocol v{VERSION}, not {shown}")
+        shown = (
+            repr(version)[:32]
+            if isinstance(version, (int, float, str))
+            else f"a {type(version).__name__}"
+        )
+        raise ProtocolError(
+            "unsupported_version", f"this supervisor speaks protocol v{VERSION}, not {shown}"
+        )
 
 
 def decode_request(raw: bytes) -> Request:
@@ -165,7 +177,9 @@ def decode_request(raw: bytes) -> Request:
         if not isinstance(cmd, str):
             raise _bad("'cmd' must be a string")
         if cmd not in COMMANDS:
-            raise ProtocolError("unknown_command", f"unknown command {cmd[:64]!r}; known: {', '.join(COMMANDS)}")
+            raise ProtocolError(
+                "unknown_command", f"unknown command {cmd[:64]!r}; known: {', '.join(COMMANDS)}"
+            )
         args = obj.get("args", {})
         if args is None:
             args = {}
@@ -269,7 +283,18 @@ class TurnArgs:
     wait_timeout: float | None = None
 
 
-_TURN_FIELDS = {"id", "key", "argv", "cwd", "env", "holder", "reservation", "wait_timeout", "v", "ts"}
+_TURN_FIELDS = {
+    "id",
+    "key",
+    "argv",
+    "cwd",
+    "env",
+    "holder",
+    "reservation",
+    "wait_timeout",
+    "v",
+    "ts",
+}
 
 
 def _reject_unknown(args: dict, known: set[str], what: str) -> None:
@@ -307,7 +332,9 @@ def parse_turn(args: dict) -> TurnArgs:
             raise _bad(f"'env' has a bad variable name {name[:64]!r}")
         if value is not None and (not isinstance(value, str) or "\0" in value):
             raise _bad(f"'env' value of {name[:64]!r} must be a string or null")
-    reservation = None if args.get("reservation") is None else check_id(args["reservation"], "reservation")
+    reservation = (
+        None if args.get("reservation") is None else check_id(args["reservation"], "reservation")
+    )
     return TurnArgs(
         id=turn_id,
         key=key,
@@ -331,7 +358,9 @@ class ReserveArgs:
 def parse_reserve(args: dict) -> ReserveArgs:
     _reject_unknown(args, {"id", "key", "holder", "wait_timeout", "v", "ts"}, "a reserve request")
     res_id = None if args.get("id") is None else check_id(args["id"])
-    return ReserveArgs(res_id, check_key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args))
+    return ReserveArgs(
+        res_id, check_key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args)
+    )
 
 
 def parse_cancel(args: dict) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from guardd import procs
 from guardd.procs import Group, Identity
@@ -30,7 +30,11 @@ log = logging.getLogger("ccsup.reaper")
 
 
 def end_work(
-    groups: list[Group], *, guard: Identity | None = None, turn: str | None = None, grace: float = 5.0
+    groups: list[Group],
+    *,
+    guard: Identity | None = None,
+    turn: str | None = None,
+    grace: float = 5.0,
 ) -> bool:
     """End the work; True when it is confirmed gone, False when something still runs."""
     groups = list(dict.fromkeys(groups))
@@ -41,12 +45,19 @@ def end_work(
     marked = list(dict.fromkeys(marked + _marked(turn)))
     if not _all_gone(groups, guard, marked):
         left = _describe(groups, guard, marked)
-        log.warning("work of turn %s still running after %.1fs grace, sending SIGKILL to %s", turn, grace, left)
+        log.warning(
+            "work of turn %s still running after %.1fs grace, sending SIGKILL to %s",
+            turn,
+            grace,
+            left,
+        )
         denied |= _signal_all(groups, guard, marked, (signal.SIGKILL,))
     if _wait_gone(groups, guard, marked, max(CONFIRM_MIN, grace)):
         return True
     reason = "permission denied" if denied else "still alive after SIGKILL"
-    log.error("unable to end the work of turn %s (%s): %s", turn, reason, _describe(groups, guard, marked))
+    log.error(
+        "unable to end the work of turn %s (%s): %s", turn, reason, _describe(groups, guard, marked)
+    )
     return False
 
 
@@ -54,7 +65,9 @@ def _marked(turn: str | None) -> list[Identity]:
     return procs.processes_with_env(TURN_ENV, turn) if turn else []
 
 
-def _signal_all(groups: list[Group], guard: Identity | None, marked: list[Identity], sigs: Iterable[int]) -> bool:
+def _signal_all(
+    groups: list[Group], guard: Identity | None, marked: list[Identity], sigs: Iterable[int]
+) -> bool:
     """Send each signal to what is alive; True when some signal was refused (EPERM)."""
     denied = False
     for sig in sigs:

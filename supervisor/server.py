@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import zmq
 import zmq.asyncio
@@ -60,7 +60,9 @@ BadBusHandler = Callable[[str, dict | None, str], None]
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by RFC 27: libzmq asks whatever is bound here
 ZAP_DOMAIN = b"ccsup"
-MAX_LOGGED_REFUSALS = 1000  # distinct refused keys logged; a flood of new keys stops filling the log
+MAX_LOGGED_REFUSALS = (
+    1000  # distinct refused keys logged; a flood of new keys stops filling the log
+)
 
 
 def check_endpoint(name: str, endpoint: str, curve: dict | None) -> None:
@@ -129,8 +131,14 @@ def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
 
 
 class Server:
-    def __init__(self, control: str, bus_in: str, bus_out: str, curve: dict | None = None,
-                 guard_bus: str | None = None):
+    def __init__(
+        self,
+        control: str,
+        bus_in: str,
+        bus_out: str,
+        curve: dict | None = None,
+        guard_bus: str | None = None,
+    ):
         """`guard_bus`: an extra ipc:// XSUB for the guards' hints, when bus_in is a CURVE tcp://
         endpoint (a guard has no keys); its messages are read exactly like bus_in's."""
         for name, endpoint in (("control", control), ("bus_in", bus_in), ("bus_out", bus_out)):
@@ -138,7 +146,9 @@ class Server:
         self.endpoints = {"control": control, "bus_in": bus_in, "bus_out": bus_out}
         self.guard_bus = guard_bus
         self.curve = curve
-        self.secured = {name for name, endpoint in self.endpoints.items() if endpoint.startswith("tcp://")}
+        self.secured = {
+            name for name, endpoint in self.endpoints.items() if endpoint.startswith("tcp://")
+        }
         self.allowed_clients = frozenset(
             z85.decode(key.encode()) for key in (curve or {}).get("client_keys", ())
         )
@@ -160,7 +170,11 @@ class Server:
         self.control = ctx.socket(zmq.ROUTER)
         self.bus_in = ctx.socket(zmq.XSUB)
         self.bus_out = ctx.socket(zmq.XPUB)
-        for sock, name in ((self.control, "control"), (self.bus_in, "bus_in"), (self.bus_out, "bus_out")):
+        for sock, name in (
+            (self.control, "control"),
+            (self.bus_in, "bus_in"),
+            (self.bus_out, "bus_out"),
+        ):
             sock.setsockopt(zmq.LINGER, 500)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
             if name in self.secured:
@@ -176,7 +190,11 @@ class Server:
         self.bus_in.setsockopt(zmq.RCVHWM, HWM)
         self.bus_out.setsockopt(zmq.SNDHWM, HWM)
         self.bus_out.setsockopt(zmq.XPUB_VERBOSE, 1)
-        for sock, name in ((self.control, "control"), (self.bus_in, "bus_in"), (self.bus_out, "bus_out")):
+        for sock, name in (
+            (self.control, "control"),
+            (self.bus_in, "bus_in"),
+            (self.bus_out, "bus_out"),
+        ):
             _bind(sock, f"endpoints.{name}", self.endpoints[name])
         self.bus_in.send(b"\x01")  # subscribe to everything published on bus-in
         self.guard_in = None
@@ -187,7 +205,9 @@ class Server:
             _bind(self.guard_in, "the guard bus", self.guard_bus)
             self.guard_in.send(b"\x01")
 
-    def start(self, on_request: RequestHandler, on_bus: BusHandler, on_bad_bus: BadBusHandler) -> None:
+    def start(
+        self, on_request: RequestHandler, on_bus: BusHandler, on_bad_bus: BadBusHandler
+    ) -> None:
         self._on_request = on_request
         self._on_bus = on_bus
         self._on_bad_bus = on_bad_bus
@@ -197,7 +217,9 @@ class Server:
             asyncio.create_task(self._serve_subscriptions(), name="bus-out"),
         ]
         if self.guard_in is not None:
-            self._tasks.append(asyncio.create_task(self._serve_bus_in(self.guard_in), name="guard-bus"))
+            self._tasks.append(
+                asyncio.create_task(self._serve_bus_in(self.guard_in), name="guard-bus")
+            )
         if self.zap is not None:
             self._tasks.append(asyncio.create_task(self._serve_zap(), name="zap"))
 
@@ -207,16 +229,31 @@ class Server:
             frames = await self.zap.recv_multipart()
             try:
                 reply, refused = zap_answer(frames, self.allowed_clients)
-            except Exception:  # a bug must refuse one handshake, never stop answering (REP needs a reply)
+            except (
+                Exception
+            ):  # a bug must refuse one handshake, never stop answering (REP needs a reply)
                 log.exception("bug while answering a ZAP request")
-                reply, refused = [b"1.0", frames[1] if len(frames) > 1 else b"", b"500", b"internal error", b"", b""], None
+                reply, refused = (
+                    [
+                        b"1.0",
+                        frames[1] if len(frames) > 1 else b"",
+                        b"500",
+                        b"internal error",
+                        b"",
+                        b"",
+                    ],
+                    None,
+                )
             await self.zap.send_multipart(reply)
             if refused is not None and refused not in self.refused_clients:
                 if len(self.refused_clients) < MAX_LOGGED_REFUSALS:
                     self.refused_clients.add(refused)
                     address = frames[3].decode(errors="replace") if len(frames) > 3 else "?"
-                    log.warning("refused a CURVE client from %s: its key %s is not in endpoints.curve.client_keys",
-                                address, z85.encode(refused).decode())
+                    log.warning(
+                        "refused a CURVE client from %s: its key %s is not in endpoints.curve.client_keys",
+                        address,
+                        z85.encode(refused).decode(),
+                    )
 
     def publish(self, topic: str, fields: dict) -> None:
         """Publish one of the supervisor's own events, with the next seq."""
@@ -241,7 +278,9 @@ class Server:
         req_id = None
         try:
             if len(rest) != 1:
-                raise protocol.ProtocolError("bad_request", f"a request is one frame, not {len(rest)}")
+                raise protocol.ProtocolError(
+                    "bad_request", f"a request is one frame, not {len(rest)}"
+                )
             try:
                 request = protocol.decode_request(rest[0])
             except protocol.ProtocolError as e:
@@ -256,7 +295,7 @@ class Server:
             message = f"internal error: {type(e).__name__}; see the log"
             try:
                 reply = protocol.encode_error(req_id, "failed", message)
-            except Exception:  # the id itself may be what cannot be encoded
+            except Exception:  # noqa: BLE001 -- the id itself may be what cannot be encoded
                 reply = protocol.encode_error(None, "failed", message)
         try:
             await self.control.send_multipart(envelope + [reply])
@@ -282,7 +321,10 @@ class Server:
             return
         if topic.startswith(RESERVED_TOPICS):
             self.rejected_bus_messages += 1
-            log.warning("dropped a %s message published by someone else: only the supervisor speaks it", topic[:128])
+            log.warning(
+                "dropped a %s message published by someone else: only the supervisor speaks it",
+                topic[:128],
+            )
             return
         if not _send_nowait(self.bus_out, frames):
             log.warning("bus-out is full: dropped a forwarded %s", topic[:128])
@@ -292,12 +334,20 @@ class Server:
         while True:
             frame = await self.bus_out.recv()
             if frame[:1] == b"\x01" and frame[1:].startswith(HELLO.encode()):
-                _send_nowait(self.bus_out, protocol.encode_event(frame[1:].decode(errors="replace"), {}))
+                _send_nowait(
+                    self.bus_out, protocol.encode_event(frame[1:].decode(errors="replace"), {})
+                )
 
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for name in ("control", "bus_in", "bus_out", "guard_in", "zap"):  # zap last: it guards the others
+        for name in (
+            "control",
+            "bus_in",
+            "bus_out",
+            "guard_in",
+            "zap",
+        ):  # zap last: it guards the others
             sock = getattr(self, name, None)
             if isinstance(sock, zmq.Socket):
                 sock.close(linger=200)

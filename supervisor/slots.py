@@ -54,9 +54,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from guardd import procs
 from guardd.procs import Group, Identity
@@ -101,11 +101,11 @@ class Holder:
         return data
 
     @classmethod
-    def from_json(cls, d: dict) -> "Holder":
+    def from_json(cls, d: dict) -> Holder:
         return cls(int(d["pid"]), int(d["start"]), **{name: d.get(name) for name in _LABELS})
 
     @classmethod
-    def this_process(cls, **labels) -> "Holder":
+    def this_process(cls, **labels) -> Holder:
         pid = os.getpid()
         start = procs.start_ticks(pid)
         if start is None:
@@ -202,7 +202,9 @@ def work_groups(work: dict, path="slot record") -> tuple[Identity | None, list[G
             try:
                 groups.extend(record_groups(data))
             except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise RecordError(f"{record} is not a usable guard record: malformed groups ({e})") from None
+                raise RecordError(
+                    f"{record} is not a usable guard record: malformed groups ({e})"
+                ) from None
     unique = list(dict.fromkeys(groups))
     return guard, unique
 
@@ -348,7 +350,9 @@ def _reservation(reservation: dict | None) -> dict | None:
     try:
         return {"id": str(reservation["id"]), "until": float(reservation["until"])}
     except (KeyError, TypeError, ValueError):
-        raise UsageError(f"bad reservation {reservation!r}: give {{'id': ..., 'until': epoch seconds}}") from None
+        raise UsageError(
+            f"bad reservation {reservation!r}: give {{'id': ..., 'until': epoch seconds}}"
+        ) from None
 
 
 class SlotGate:
@@ -422,8 +426,12 @@ class SlotGate:
         machine_slot = None
         try:
             if machine is not None:
-                machine_slot = self._make_slot(MACHINE_KEY, caps.machine_cap, machine, holder, turn, reservation)
-            return self._make_slot(key, caps.cap_for(key), claim, holder, turn, reservation, machine_slot)
+                machine_slot = self._make_slot(
+                    MACHINE_KEY, caps.machine_cap, machine, holder, turn, reservation
+                )
+            return self._make_slot(
+                key, caps.cap_for(key), claim, holder, turn, reservation, machine_slot
+            )
         except BaseException:
             os.close(claim[1])
             if machine_slot is not None:
@@ -446,7 +454,17 @@ class SlotGate:
             "released": False,
             "updated_at": None,
         }
-        slot = Slot(key, index, cap, fd, f"{self._dir(key)}/slot-{index}.json", record, took_over, self.clock, machine)
+        slot = Slot(
+            key,
+            index,
+            cap,
+            fd,
+            f"{self._dir(key)}/slot-{index}.json",
+            record,
+            took_over,
+            self.clock,
+            machine,
+        )
         slot._write()
         return slot
 
@@ -563,7 +581,13 @@ class SlotGate:
         except FileNotFoundError:
             locked = False
         except OSError as e:
-            return SlotView(key, index, cap, UNREADABLE, error=f"unable to stat {directory}/slot-{index}.lock: {e.strerror}")
+            return SlotView(
+                key,
+                index,
+                cap,
+                UNREADABLE,
+                error=f"unable to stat {directory}/slot-{index}.lock: {e.strerror}",
+            )
         path = f"{directory}/slot-{index}.json"
         try:
             record = read_slot_record(path)

@@ -27,13 +27,13 @@ import logging
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from guardd import procs
-from guardd.record import record_path
 from guardd.guard import EXIT_GUARD_FAILURE
 from guardd.launch import guard_command
+from guardd.record import record_path
 from guardd.zygote import Zygote, ZygoteGone
 
 log = logging.getLogger("ccsup.spawn")
@@ -57,8 +57,15 @@ class _Pipes:
 class Guard:
     """One running guard process, as the supervisor sees it (started directly: our child)."""
 
-    def __init__(self, turn_id: str, process, record_dir: Path, *, pidfd: int | None = None,
-                 start: int | None = None):
+    def __init__(
+        self,
+        turn_id: str,
+        process,
+        record_dir: Path,
+        *,
+        pidfd: int | None = None,
+        start: int | None = None,
+    ):
         """process: a subprocess.Popen (or, for ForkedGuard, the pipes of a forked guard)."""
         self.turn_id = turn_id
         self.popen = process
@@ -82,7 +89,9 @@ class Guard:
     def pid(self) -> int:
         return self.popen.pid
 
-    def attach(self, loop, log_dir: Path, on_output: OutputCallback, on_exit: Callable[[], None]) -> None:
+    def attach(
+        self, loop, log_dir: Path, on_output: OutputCallback, on_exit: Callable[[], None]
+    ) -> None:
         """Start following the guard's pipes and its exit on the event loop."""
         self._loop = loop
         self._on_output = on_output
@@ -210,11 +219,20 @@ class Guard:
             self.pidfd = -1
 
 
-def guard_args(turn_id: str, argv: list[str], *, record_dir: Path, grace: float, scan: float,
-               bus: str | None) -> list[str]:
+def guard_args(
+    turn_id: str, argv: list[str], *, record_dir: Path, grace: float, scan: float, bus: str | None
+) -> list[str]:
     """`ccsup-guard` arguments for one turn."""
-    args = ["--record-dir", str(record_dir), "--grace", f"{grace}", "--scan", f"{scan}",
-            "--turn", turn_id]
+    args = [
+        "--record-dir",
+        str(record_dir),
+        "--grace",
+        f"{grace}",
+        "--scan",
+        f"{scan}",
+        "--turn",
+        turn_id,
+    ]
     if bus:
         args += ["--bus", bus]
     return [*args, "--", *argv]
@@ -324,12 +342,30 @@ class Launcher:
         self._loop.add_reader(self.zygote.fileno(), self._on_readable)
         log.info("guard zygote started (pid %d)", self.zygote.pid)
 
-    def start_guard(self, turn_id: str, argv: list[str], *, cwd: str | None, env: dict,
-                    record_dir: Path, grace: float, scan: float, bus: str | None) -> Guard:
+    def start_guard(
+        self,
+        turn_id: str,
+        argv: list[str],
+        *,
+        cwd: str | None,
+        env: dict,
+        record_dir: Path,
+        grace: float,
+        scan: float,
+        bus: str | None,
+    ) -> Guard:
         """As `start_guard`: a Guard for the turn, or OSError when it cannot be started."""
         if self.zygote is None:
-            return start_guard(turn_id, argv, cwd=cwd, env=env, record_dir=record_dir, grace=grace,
-                               scan=scan, bus=bus)
+            return start_guard(
+                turn_id,
+                argv,
+                cwd=cwd,
+                env=env,
+                record_dir=record_dir,
+                grace=grace,
+                scan=scan,
+                bus=bus,
+            )
         args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
@@ -337,8 +373,9 @@ class Launcher:
         ours = (stdin_w, stdout_r, stderr_r)
         spawned = None
         try:
-            spawned = self.zygote.spawn(args, cwd=cwd, env=guard_env(env),
-                                        stdio=(stdin_r, stdout_w, stderr_w))
+            spawned = self.zygote.spawn(
+                args, cwd=cwd, env=guard_env(env), stdio=(stdin_r, stdout_w, stderr_w)
+            )
         except ZygoteGone as e:
             self._lost(str(e))
         except ValueError as e:
@@ -351,10 +388,23 @@ class Launcher:
                     os.close(fd)
             self._deliver()  # reports read while waiting for the answer
         if spawned is None:
-            return start_guard(turn_id, argv, cwd=cwd, env=env, record_dir=record_dir, grace=grace,
-                               scan=scan, bus=bus)
-        guard = ForkedGuard(turn_id, _Pipes(spawned.pid, *ours), record_dir, pidfd=spawned.pidfd,
-                            start=spawned.start)
+            return start_guard(
+                turn_id,
+                argv,
+                cwd=cwd,
+                env=env,
+                record_dir=record_dir,
+                grace=grace,
+                scan=scan,
+                bus=bus,
+            )
+        guard = ForkedGuard(
+            turn_id,
+            _Pipes(spawned.pid, *ours),
+            record_dir,
+            pidfd=spawned.pidfd,
+            start=spawned.start,
+        )
         self._forked[spawned.pid] = guard
         return guard
 
@@ -384,8 +434,11 @@ class Launcher:
         zygote, self.zygote = self.zygote, None
         if zygote is None:
             return
-        log.warning("the guard zygote (pid %d) is gone (%s): guards are started directly from now on",
-                    zygote.pid, why)
+        log.warning(
+            "the guard zygote (pid %d) is gone (%s): guards are started directly from now on",
+            zygote.pid,
+            why,
+        )
         self._loop.remove_reader(zygote.fileno())
         for pid, returncode in zygote.poll_reports():  # what it said before it went
             guard = self._forked.pop(pid, None)

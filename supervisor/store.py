@@ -38,8 +38,13 @@ QUEUE_VERSION = 1
 def save(path: Path, *, waiting: list[dict], reservations: list[dict], running: list[dict]) -> None:
     write_json(
         path,
-        {"v": QUEUE_VERSION, "saved_at": time.time(), "waiting": waiting, "reservations": reservations,
-         "running": running},
+        {
+            "v": QUEUE_VERSION,
+            "saved_at": time.time(),
+            "waiting": waiting,
+            "reservations": reservations,
+            "running": running,
+        },
         mode=0o600,
     )
 
@@ -57,7 +62,9 @@ def rewrite_finished(path: Path, finished: dict[str, tuple[str, float]]) -> None
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, "".join(f"{i} {state} {at:.3f}\n" for i, (state, at) in finished.items()).encode())
+        os.write(
+            fd, "".join(f"{i} {state} {at:.3f}\n" for i, (state, at) in finished.items()).encode()
+        )
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -87,7 +94,12 @@ def load(path: Path) -> tuple[dict, str | None]:
     empty = {"waiting": [], "reservations": [], "running": [], "finished": {}}
     try:
         data = read_json(path, max_version=QUEUE_VERSION)
-        for name, kind in (("waiting", list), ("reservations", list), ("running", list), ("finished", dict)):
+        for name, kind in (
+            ("waiting", list),
+            ("reservations", list),
+            ("running", list),
+            ("finished", dict),
+        ):
             if not isinstance(data.get(name, kind()), kind):
                 raise RecordError(f"{path}: '{name}' is not a {kind.__name__}")
     except FileNotFoundError:

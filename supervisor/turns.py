@@ -85,7 +85,9 @@ def next_state(state: State, event: Event, table: dict = TRANSITIONS, what: str 
     try:
         return table[(state, event)]
     except KeyError:
-        raise IllegalTransition(f"a {what} in state {state.value} cannot take event {event.value}") from None
+        raise IllegalTransition(
+            f"a {what} in state {state.value} cannot take event {event.value}"
+        ) from None
 
 
 @dataclass
@@ -120,9 +122,15 @@ class Turn:
     def to_json(self, wait_deadline: float | None) -> dict:
         """A waiting turn as queue.json keeps it (env included: the file is 0600)."""
         return {
-            "id": self.id, "key": self.key, "argv": self.argv, "cwd": self.cwd, "env": self.env,
-            "holder": self.holder.to_json(), "requested_at": self.requested_at,
-            "wait_deadline": wait_deadline, "reservation": self.reservation,
+            "id": self.id,
+            "key": self.key,
+            "argv": self.argv,
+            "cwd": self.cwd,
+            "env": self.env,
+            "holder": self.holder.to_json(),
+            "requested_at": self.requested_at,
+            "wait_deadline": wait_deadline,
+            "reservation": self.reservation,
         }
 
 
@@ -156,6 +164,11 @@ class Reservation:
 
     def to_json(self, wait_deadline: float | None) -> dict:
         return {
-            "id": self.id, "key": self.key, "holder": self.holder.to_json(), "requested_at": self.requested_at,
-            "wait_deadline": wait_deadline, "state": self.state.value, "until": self.until,
+            "id": self.id,
+            "key": self.key,
+            "holder": self.holder.to_json(),
+            "requested_at": self.requested_at,
+            "wait_deadline": wait_deadline,
+            "state": self.state.value,
+            "until": self.until,
         }

@@ -96,11 +96,17 @@ def state_dir():
 # -- a real supervisor in a temporary state directory ---------------------------------------------
 
 
-def write_config(state_dir: Path, *, caps: str = "codex = 2", grace: str = "300ms", scan: str = "200ms",
-                 extra: str = "") -> Path:
+def write_config(
+    state_dir: Path,
+    *,
+    caps: str = "codex = 2",
+    grace: str = "300ms",
+    scan: str = "200ms",
+    extra: str = "",
+) -> Path:
     path = state_dir / "ccsup.toml"
     path.write_text(
-        f"[slots]\ncaps = {{ {caps} }}\n{extra}\n[guard]\ngrace = \"{grace}\"\nscan = \"{scan}\"\n"
+        f'[slots]\ncaps = {{ {caps} }}\n{extra}\n[guard]\ngrace = "{grace}"\nscan = "{scan}"\n'
     )
     return path
 
@@ -114,21 +120,34 @@ class RunningDaemon:
         self.proc = None
         self.stderr_path = state_dir / "daemon.stderr"
 
-    def start(self, *extra: str, timeout: float = 15.0) -> "RunningDaemon":
+    def start(self, *extra: str, timeout: float = 15.0) -> RunningDaemon:
         import subprocess
 
-        command = [PYTHON, "-m", "supervisor", "--state-dir", str(self.state_dir), "--config", str(self.config),
-                   "start", "--foreground", *extra]
+        command = [
+            PYTHON,
+            "-m",
+            "supervisor",
+            "--state-dir",
+            str(self.state_dir),
+            "--config",
+            str(self.config),
+            "start",
+            "--foreground",
+            *extra,
+        ]
         with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True
+            )
         from supervisor.client import Client
         from supervisor.errors import CcsupError
 
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                pytest.fail(f"the daemon exited {self.proc.returncode}: {self.stderr_path.read_text()[-2000:]}")
+                pytest.fail(
+                    f"the daemon exited {self.proc.returncode}: {self.stderr_path.read_text()[-2000:]}"
+                )
             try:
                 with Client(self.state_dir, timeout=1.0) as client:
                     client.status()
@@ -218,7 +237,9 @@ class EventLog:
                         return body
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    pytest.fail(f"no {topic} within {timeout}s; saw {[t for t, _, _ in self.events][-20:]}")
+                    pytest.fail(
+                        f"no {topic} within {timeout}s; saw {[t for t, _, _ in self.events][-20:]}"
+                    )
                 self._cond.wait(left)
 
     def time_of(self, topic: str) -> float:

@@ -47,12 +47,25 @@ def main() -> None:
             answer = call(lambda c: c.reserve, "soak", holder=holder, id=f"{item_id}r")
             acked.write(f"{item_id}r reserve\n")
             if rng.random() < 0.7:
-                call(lambda c: c.turn, "soak", turn_cmd, id=item_id, holder=holder, reservation=answer["reservation"])
+                call(
+                    lambda c: c.turn,
+                    "soak",
+                    turn_cmd,
+                    id=item_id,
+                    holder=holder,
+                    reservation=answer["reservation"],
+                )
                 acked.write(f"{item_id} turn\n")
                 mine.append(item_id)
             continue
-        call(lambda c: c.turn, "soak", turn_cmd, id=item_id, holder=holder,
-             wait_timeout=rng.choice([None, None, 5.0]))
+        call(
+            lambda c: c.turn,
+            "soak",
+            turn_cmd,
+            id=item_id,
+            holder=holder,
+            wait_timeout=rng.choice([None, None, 5.0]),
+        )
         acked.write(f"{item_id} turn\n")
         mine.append(item_id)
         time.sleep(rng.uniform(0.05, 0.25))

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.caps import MACHINE_KEY, Caps, check_caps_table, check_key, key_problem, parse_caps_option
+from supervisor.caps import (
+    MACHINE_KEY,
+    Caps,
+    check_caps_table,
+    check_key,
+    key_problem,
+    parse_caps_option,
+)
 from supervisor.errors import UsageError
 
 # ---- the command-line form ----------------------------------------------------------------------
@@ -137,7 +144,13 @@ def test_machine_cap_absent_is_an_error_and_not_configured():
     with pytest.raises(KeyError):
         caps.cap_for(MACHINE_KEY)
     assert caps.configured_keys() == ["codex"]
-    assert CAPS.configured_keys() == ["codex", "opencode:xai", "opencode", "claude:opus", MACHINE_KEY]
+    assert CAPS.configured_keys() == [
+        "codex",
+        "opencode:xai",
+        "opencode",
+        "claude:opus",
+        MACHINE_KEY,
+    ]
 
 
 def test_with_caps_lets_the_command_line_win_and_keeps_the_rest():
@@ -176,7 +189,10 @@ def test_machine_key_is_reserved_unless_allowed():
         (None, "a cap key must be a string, not NoneType"),
         (3, "a cap key must be a string, not int"),
         ("", "a cap key must not be empty"),
-        ("a:b:c", "a cap key is `harness` or `harness:variant` of letters, digits, '.', '_' and '-'"),
+        (
+            "a:b:c",
+            "a cap key is `harness` or `harness:variant` of letters, digits, '.', '_' and '-'",
+        ),
         ("a\n", "a cap key is `harness` or `harness:variant` of letters, digits, '.', '_' and '-'"),
         ("..", "no part of a cap key may start with '.'"),
         ("k" * 129, "a cap key is at most 128 characters (this one has 129)"),

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import wait_until
 
 from guardd import procs
 from supervisor import __version__
 from supervisor.cli import OutputFollower, format_age, format_ps, main, turn_exit_status
 from supervisor.client import lock_held
-
-from conftest import wait_until
 
 CCSUP = [sys.executable, "-m", "supervisor"]
 FAST_CONFIG = """\
@@ -36,7 +35,9 @@ caps = { t = 2, one = 1 }
 """
 
 
-def ccsup(*args: str, state_dir: Path | None = None, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
+def ccsup(
+    *args: str, state_dir: Path | None = None, timeout: float = 30, **kw
+) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("CCSUP_CONFIG", None)
     if state_dir is not None:
@@ -65,21 +66,48 @@ def test_version(runner):
 def test_help_lists_every_command(runner):
     result = runner.invoke(main, ["--help"])
     assert result.exit_code == 0
-    for command in ("start", "stop", "ps", "run", "cancel", "events", "logs", "reap", "status", "reload", "config"):
+    for command in (
+        "start",
+        "stop",
+        "ps",
+        "run",
+        "cancel",
+        "events",
+        "logs",
+        "reap",
+        "status",
+        "reload",
+        "config",
+    ):
         assert f"\n  {command} " in result.stdout
 
 
 @pytest.mark.parametrize(
     "args, problem",
     [
-        (["start", "--caps", "codex=0"], "Invalid value for '--caps': bad cap for 'codex': 0 must be at least 1"),
+        (
+            ["start", "--caps", "codex=0"],
+            "Invalid value for '--caps': bad cap for 'codex': 0 must be at least 1",
+        ),
         (["start", "--caps", "a/b=1"], "Invalid value for '--caps': bad cap key 'a/b'"),
-        (["start", "--caps", "codex"], "Invalid value for '--caps': bad caps item 'codex': write it as key=N"),
-        (["start", "--caps", "codex=two"], "bad caps item 'codex=two': 'two' is not a whole number"),
+        (
+            ["start", "--caps", "codex"],
+            "Invalid value for '--caps': bad caps item 'codex': write it as key=N",
+        ),
+        (
+            ["start", "--caps", "codex=two"],
+            "bad caps item 'codex=two': 'two' is not a whole number",
+        ),
         (["run", "--", "true"], "Missing option '--key'"),
-        (["run", "--key", "_machine", "--", "true"], "Invalid value for '--key': bad cap key '_machine'"),
+        (
+            ["run", "--key", "_machine", "--", "true"],
+            "Invalid value for '--key': bad cap key '_machine'",
+        ),
         (["run", "--key", "codex"], "Missing argument 'CMD...'"),
-        (["run", "--key", "codex", "--wait-timeout", "0", "--", "true"], "Invalid value for '--wait-timeout'"),
+        (
+            ["run", "--key", "codex", "--wait-timeout", "0", "--", "true"],
+            "Invalid value for '--wait-timeout'",
+        ),
         (["run", "--key", "codex", "--env", "=x", "--", "true"], "Invalid value for '--env'"),
         (["ps", "--bogus"], "No such option '--bogus'"),
         (["frobnicate"], "No such command 'frobnicate'"),
@@ -105,7 +133,9 @@ def test_bad_config_file_exits_2_naming_key_and_line(runner, state_dir):
 def test_run_passes_everything_after_cmd_to_it(runner, monkeypatch):
     """`ccsup run --key k ls -l --json`: options after CMD belong to CMD, not to ccsup."""
     seen = {}
-    monkeypatch.setattr("supervisor.cli.Where.client", lambda self, timeout=5.0: seen.setdefault("x", _Boom()))
+    monkeypatch.setattr(
+        "supervisor.cli.Where.client", lambda self, timeout=5.0: seen.setdefault("x", _Boom())
+    )
     result = runner.invoke(main, ["run", "--key", "k", "ls", "-l", "--json"])
     assert result.exit_code == 3 and "x" in seen
 
@@ -125,20 +155,36 @@ class _Boom:
 
 @pytest.mark.parametrize(
     "args",
-    [["status"], ["ps"], ["ps", "--json"], ["stop"], ["reload"], ["reap"], ["cancel", "abc"], ["events"],
-     ["logs", "abc", "-f"], ["run", "--key", "codex", "--", "true"]],
+    [
+        ["status"],
+        ["ps"],
+        ["ps", "--json"],
+        ["stop"],
+        ["reload"],
+        ["reap"],
+        ["cancel", "abc"],
+        ["events"],
+        ["logs", "abc", "-f"],
+        ["run", "--key", "codex", "--", "true"],
+    ],
 )
 def test_commands_without_a_supervisor_exit_3(runner, state_dir, args):
     result = runner.invoke(main, args)
     assert result.exit_code == 3, result.output
-    assert result.stderr == f"ccsup: no supervisor is running on {state_dir}; start one with `ccsup start`\n"
+    assert (
+        result.stderr
+        == f"ccsup: no supervisor is running on {state_dir}; start one with `ccsup start`\n"
+    )
     assert result.stdout == ""
 
 
 def test_not_running_through_the_real_entry_point(state_dir):
     done = ccsup("--state-dir", str(state_dir), "ps", timeout=10)
     assert done.returncode == 3
-    assert done.stderr.decode() == f"ccsup: no supervisor is running on {state_dir}; start one with `ccsup start`\n"
+    assert (
+        done.stderr.decode()
+        == f"ccsup: no supervisor is running on {state_dir}; start one with `ccsup start`\n"
+    )
 
 
 def test_logs_without_follow_reads_the_file_even_when_nothing_runs(runner, state_dir):
@@ -156,8 +202,20 @@ def test_logs_without_follow_reads_the_file_even_when_nothing_runs(runner, state
 
 @pytest.mark.parametrize(
     "seconds, text",
-    [(None, "-"), (-2, "0s"), (0, "0s"), (3.9, "3s"), (59, "59s"), (60, "1m00s"), (125, "2m05s"),
-     (3599, "59m59s"), (3600, "1h00m"), (3720, "1h02m"), (86399, "23h59m"), (86400 * 2 + 3 * 3600, "2d03h")],
+    [
+        (None, "-"),
+        (-2, "0s"),
+        (0, "0s"),
+        (3.9, "3s"),
+        (59, "59s"),
+        (60, "1m00s"),
+        (125, "2m05s"),
+        (3599, "59m59s"),
+        (3600, "1h00m"),
+        (3720, "1h02m"),
+        (86399, "23h59m"),
+        (86400 * 2 + 3 * 3600, "2d03h"),
+    ],
 )
 def test_format_age(seconds, text):
     assert format_age(seconds) == text
@@ -165,9 +223,15 @@ def test_format_age(seconds, text):
 
 @pytest.mark.parametrize(
     "exited, status",
-    [({"code": 0, "signal": None, "reason": None}, 0), ({"code": 3, "signal": None}, 3),
-     ({"code": None, "signal": 9}, 137), ({"code": None, "signal": 15}, 143), ({"code": 127, "signal": None}, 127),
-     ({"code": None, "signal": None, "reason": "guard_lost"}, 125), (None, 125)],
+    [
+        ({"code": 0, "signal": None, "reason": None}, 0),
+        ({"code": 3, "signal": None}, 3),
+        ({"code": None, "signal": 9}, 137),
+        ({"code": None, "signal": 15}, 143),
+        ({"code": 127, "signal": None}, 127),
+        ({"code": None, "signal": None, "reason": "guard_lost"}, 125),
+        (None, 125),
+    ],
 )
 def test_turn_exit_status(exited, status):
     assert turn_exit_status(exited) == status
@@ -177,13 +241,32 @@ def test_format_ps_is_an_aligned_table():
     now = 1000.0
     ps = {
         "slots": [
-            {"key": "codex", "index": 0, "cap": 2, "state": "held", "turn": "t1",
-             "holder": {"session": "s1", "agent": "a1", "pid": 5}, "pid": 4242,
-             "groups": [{"pgid": 4243, "leader_start": 1}, {"pgid": 4250, "leader_start": None}], "since": 875.0},
-            {"key": "codex", "index": 1, "cap": 2, "state": "free", "turn": None, "holder": None, "pid": None,
-             "groups": [], "since": None},
+            {
+                "key": "codex",
+                "index": 0,
+                "cap": 2,
+                "state": "held",
+                "turn": "t1",
+                "holder": {"session": "s1", "agent": "a1", "pid": 5},
+                "pid": 4242,
+                "groups": [{"pgid": 4243, "leader_start": 1}, {"pgid": 4250, "leader_start": None}],
+                "since": 875.0,
+            },
+            {
+                "key": "codex",
+                "index": 1,
+                "cap": 2,
+                "state": "free",
+                "turn": None,
+                "holder": None,
+                "pid": None,
+                "groups": [],
+                "since": None,
+            },
         ],
-        "waits": [{"id": "t2", "key": "codex", "position": 1, "since": 997.0, "holder": {"pid": 77}}],
+        "waits": [
+            {"id": "t2", "key": "codex", "position": 1, "since": 997.0, "holder": {"pid": 77}}
+        ],
     }
     assert format_ps(ps, now) == [
         "KEY    INDEX  CAP  STATE  TURN  HOLDER  PID   GROUPS     AGE",
@@ -199,7 +282,9 @@ def test_output_follower_copies_exact_bytes_from_the_log_once(tmp_path):
     log = tmp_path / "stdout.log"
     out = io.BytesIO()
     follower = OutputFollower(log, out)
-    follower.on_event({"offset": 0, "data": "ignored: the file is missing"})  # fallback to the event
+    follower.on_event(
+        {"offset": 0, "data": "ignored: the file is missing"}
+    )  # fallback to the event
     assert out.getvalue() == b"ignored: the file is missing"
     out2 = io.BytesIO()
     follower = OutputFollower(log, out2)
@@ -257,7 +342,11 @@ def test_start_returns_once_status_answers(daemon):
     status = ccsup("status", "--json", state_dir=state_dir, timeout=10)
     assert status.returncode == 0, status.stderr
     result = json.loads(status.stdout)
-    assert (result["pid"], result["state_dir"], result["version"]) == (pid, str(state_dir), __version__)
+    assert (result["pid"], result["state_dir"], result["version"]) == (
+        pid,
+        str(state_dir),
+        __version__,
+    )
     assert lock_held(state_dir / "supervisor.lock")
 
 
@@ -265,13 +354,19 @@ def test_second_start_exits_1(daemon):
     state_dir, pid = daemon
     again = ccsup("start", state_dir=state_dir, timeout=15)
     assert again.returncode == 1
-    assert again.stderr.decode() == f"ccsup: a supervisor is already running on {state_dir} (pid {pid})\n"
+    assert (
+        again.stderr.decode()
+        == f"ccsup: a supervisor is already running on {state_dir} (pid {pid})\n"
+    )
     foreground = ccsup("start", "--foreground", state_dir=state_dir, timeout=15)
     assert foreground.returncode == 1
     assert "already running" in foreground.stderr.decode()
 
 
-@pytest.mark.parametrize("script, status", [("exit 0", 0), ("exit 3", 3), ("kill -9 $$", 128 + 9), ("kill -TERM $$", 128 + 15)])
+@pytest.mark.parametrize(
+    "script, status",
+    [("exit 0", 0), ("exit 3", 3), ("kill -9 $$", 128 + 9), ("kill -TERM $$", 128 + 15)],
+)
 def test_run_passes_the_exit_status_through(daemon, script, status):
     state_dir, _ = daemon
     done = ccsup("run", "--key", "t", "--", "sh", "-c", script, state_dir=state_dir)
@@ -296,8 +391,20 @@ def test_run_streams_output_exactly(daemon, tmp_path):
         "[sys.stdout.buffer.write(o[i:i+1000]) or sys.stdout.flush() for i in range(0, len(o), 1000)];"
         "sys.stderr.buffer.write(e)"
     )
-    done = ccsup("run", "--key", "t", "--cwd", str(tmp_path), "--", sys.executable, "-c", script, "out", "err",
-                 state_dir=state_dir)
+    done = ccsup(
+        "run",
+        "--key",
+        "t",
+        "--cwd",
+        str(tmp_path),
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        "out",
+        "err",
+        state_dir=state_dir,
+    )
     assert done.returncode == 0, done.stderr[-500:]
     assert done.stdout == out_bytes
     assert done.stderr == err_bytes
@@ -305,14 +412,21 @@ def test_run_streams_output_exactly(daemon, tmp_path):
 
 def test_run_json_prints_the_turns_events_in_order(daemon):
     state_dir, _ = daemon
-    done = ccsup("run", "--key", "t", "--json", "--", "sh", "-c", "echo hi; exit 4", state_dir=state_dir)
+    done = ccsup(
+        "run", "--key", "t", "--json", "--", "sh", "-c", "echo hi; exit 4", state_dir=state_dir
+    )
     assert done.returncode == 4
     events = [json.loads(line) for line in done.stdout.decode().splitlines()]
     kinds = [e["topic"].rsplit(".", 1)[1] for e in events]
     assert kinds[0] == "queued" and kinds[-1] == "released"
     for kind in ("granted", "started", "exited", "gone"):
         assert kinds.count(kind) == 1, kinds
-    assert kinds.index("granted") < kinds.index("started") < kinds.index("exited") < kinds.index("gone")
+    assert (
+        kinds.index("granted")
+        < kinds.index("started")
+        < kinds.index("exited")
+        < kinds.index("gone")
+    )
     stdout = "".join(e["body"]["data"] for e in events if e["topic"].endswith(".stdout"))
     assert stdout == "hi\n"
     seqs = [e["body"]["seq"] for e in events]
@@ -326,23 +440,58 @@ def test_ps_json_shape(daemon):
     ps = json.loads(done.stdout)
     assert set(ps) == {"slots", "waits"}
     assert ps["waits"] == []
-    mine = sorted((s["key"], s["index"], s["cap"], s["state"]) for s in ps["slots"] if s["key"] in ("t", "one"))
+    mine = sorted(
+        (s["key"], s["index"], s["cap"], s["state"])
+        for s in ps["slots"]
+        if s["key"] in ("t", "one")
+    )
     assert mine == [("one", 0, 1, "free"), ("t", 0, 2, "free"), ("t", 1, 2, "free")]
     for slot in ps["slots"]:
-        assert set(slot) == {"key", "index", "cap", "state", "turn", "holder", "pid", "groups", "since"}
+        assert set(slot) == {
+            "key",
+            "index",
+            "cap",
+            "state",
+            "turn",
+            "holder",
+            "pid",
+            "groups",
+            "since",
+        }
         assert slot["state"] == "free"
 
 
 def test_ps_shows_a_running_turn_and_a_waiter(daemon):
     state_dir, _ = daemon
-    env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(state_dir / "ccsup.toml"))
-    first = subprocess.Popen([*CCSUP, "run", "--key", "one", "--session", "s1", "--", "sh", "-c", "echo ready; exec sleep 30"],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = dict(
+        os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(state_dir / "ccsup.toml")
+    )
+    first = subprocess.Popen(
+        [
+            *CCSUP,
+            "run",
+            "--key",
+            "one",
+            "--session",
+            "s1",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 30",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     second = None
     try:
         assert first.stdout.readline() == b"ready\n"
-        second = subprocess.Popen([*CCSUP, "run", "--key", "one", "--", "true"], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        second = subprocess.Popen(
+            [*CCSUP, "run", "--key", "one", "--", "true"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert second.stderr.readline() == b"ccsup: waiting for a slot of one (position 1)\n"
         ps = json.loads(ccsup("ps", "--json", state_dir=state_dir).stdout)
         held = [s for s in ps["slots"] if s["key"] == "one"]
@@ -350,7 +499,17 @@ def test_ps_shows_a_running_turn_and_a_waiter(daemon):
         assert held[0]["pid"] and held[0]["turn"]
         assert [(w["key"], w["position"]) for w in ps["waits"]] == [("one", 1)]
         table = ccsup("ps", state_dir=state_dir).stdout.decode()
-        assert table.splitlines()[0].split() == ["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"]
+        assert table.splitlines()[0].split() == [
+            "KEY",
+            "INDEX",
+            "CAP",
+            "STATE",
+            "TURN",
+            "HOLDER",
+            "PID",
+            "GROUPS",
+            "AGE",
+        ]
         assert "POS  ID" in table
         first.send_signal(signal.SIGINT)  # Ctrl-C: cancel, then wait until released
         assert first.wait(15) == 128 + 15
@@ -366,7 +525,9 @@ def test_stop_returns_only_when_everything_is_gone_and_the_lock_is_free(daemon):
     state_dir, pid = daemon
     run = subprocess.Popen(
         [*CCSUP, "run", "--key", "t", "--", "sh", "-c", "trap '' TERM; sleep 30 & echo $!; wait"],
-        env=_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=_env(state_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         sleeper = procs.identity_of(int(run.stdout.readline()))
@@ -383,13 +544,19 @@ def test_stop_returns_only_when_everything_is_gone_and_the_lock_is_free(daemon):
         if run.poll() is None:
             run.kill()
             run.wait()
-    wait_until(lambda: procs.read_stat(pid) is None or procs.read_stat(pid).zombie, 5, what="the daemon to exit")
+    wait_until(
+        lambda: procs.read_stat(pid) is None or procs.read_stat(pid).zombie,
+        5,
+        what="the daemon to exit",
+    )
     again = ccsup("stop", state_dir=state_dir, timeout=10)
     assert again.returncode == 3
 
 
 def _env(state_dir: Path) -> dict:
-    return dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(state_dir / "ccsup.toml"))
+    return dict(
+        os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(state_dir / "ccsup.toml")
+    )
 
 
 def _all_free(state_dir: Path) -> bool:
@@ -401,7 +568,9 @@ def test_second_ctrl_c_leaves_at_once_and_the_turn_is_still_stopped(start_daemon
     state_dir, _ = start_daemon(FAST_CONFIG.replace('grace = "300ms"', 'grace = "2s"'))
     run = subprocess.Popen(
         [*CCSUP, "run", "--key", "one", "--", "sh", "-c", "trap '' TERM; echo ready; sleep 30"],
-        env=_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=_env(state_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         assert run.stdout.readline() == b"ready\n"
@@ -415,14 +584,20 @@ def test_second_ctrl_c_leaves_at_once_and_the_turn_is_still_stopped(start_daemon
         if run.poll() is None:
             run.kill()
             run.wait()
-    wait_until(lambda: _all_free(state_dir), 10, interval=0.1, what="the cancelled turn to be released")
+    wait_until(
+        lambda: _all_free(state_dir), 10, interval=0.1, what="the cancelled turn to be released"
+    )
 
 
 def test_killed_run_gets_its_turn_ended(daemon):
     """`ccsup run` names itself (pid + start ticks) as the holder: SIGKILL it and the turn ends."""
     state_dir, _ = daemon
-    run = subprocess.Popen([*CCSUP, "run", "--key", "one", "--", "sh", "-c", "echo ready; exec sleep 30"],
-                           env=_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run = subprocess.Popen(
+        [*CCSUP, "run", "--key", "one", "--", "sh", "-c", "echo ready; exec sleep 30"],
+        env=_env(state_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert run.stdout.readline() == b"ready\n"
         ps = json.loads(ccsup("ps", "--json", state_dir=state_dir).stdout)
@@ -434,14 +609,31 @@ def test_killed_run_gets_its_turn_ended(daemon):
         if run.poll() is None:
             run.kill()
             run.wait()
-    wait_until(lambda: _all_free(state_dir), 10, interval=0.1, what="the dead requester's turn to be released")
+    wait_until(
+        lambda: _all_free(state_dir),
+        10,
+        interval=0.1,
+        what="the dead requester's turn to be released",
+    )
 
 
 def test_stop_that_runs_out_of_time_says_what_still_runs(start_daemon):
     state_dir, _ = start_daemon(FAST_CONFIG.replace('grace = "300ms"', 'grace = "3s"'))
     run = subprocess.Popen(
-        [*CCSUP, "run", "--key", "one", "--json", "--", "sh", "-c", "trap '' TERM; echo ready; sleep 30"],
-        env=_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            *CCSUP,
+            "run",
+            "--key",
+            "one",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; echo ready; sleep 30",
+        ],
+        env=_env(state_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         turn_id = None
@@ -453,7 +645,9 @@ def test_stop_that_runs_out_of_time_says_what_still_runs(start_daemon):
         done = ccsup("stop", "--timeout", "0.2", state_dir=state_dir)
         assert done.returncode == 1
         message = done.stderr.decode()
-        assert message.startswith(f"ccsup: the supervisor on {state_dir} is still stopping after 0.2 s; still running: ")
+        assert message.startswith(
+            f"ccsup: the supervisor on {state_dir} is still stopping after 0.2 s; still running: "
+        )
         assert f"one[0] held turn {turn_id} (guard pid " in message, message
         assert lock_held(state_dir / "supervisor.lock")
         assert ccsup("stop", "--timeout", "10", state_dir=state_dir).returncode in (0, 3)
@@ -466,11 +660,22 @@ def test_stop_that_runs_out_of_time_says_what_still_runs(start_daemon):
 
 def test_logs_prints_a_finished_turns_exact_output(daemon):
     state_dir, _ = daemon
-    done = ccsup("run", "--key", "t", "--json", "--", "sh", "-c", r"printf 'a\377b\n'; printf 'e\n' >&2",
-                 state_dir=state_dir)
+    done = ccsup(
+        "run",
+        "--key",
+        "t",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        r"printf 'a\377b\n'; printf 'e\n' >&2",
+        state_dir=state_dir,
+    )
     assert done.returncode == 0
     turn_id = json.loads(done.stdout.splitlines()[0])["body"]["id"]
     assert ccsup("logs", turn_id, state_dir=state_dir).stdout == b"a\xffb\n"
     assert ccsup("logs", turn_id, "--stderr", state_dir=state_dir).stdout == b"e\n"
-    followed = ccsup("logs", turn_id, "-f", state_dir=state_dir, timeout=10)  # finished: returns at once
+    followed = ccsup(
+        "logs", turn_id, "-f", state_dir=state_dir, timeout=10
+    )  # finished: returns at once
     assert (followed.returncode, followed.stdout) == (0, b"a\xffb\n")

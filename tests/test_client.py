@@ -29,7 +29,9 @@ class FakeSupervisor:
     """Holds the lock, answers control requests with `handler(cmd, args) -> result | Exception`,
     publishes `events` on demand and answers hellos on the XPUB, like the real server."""
 
-    def __init__(self, state_dir: Path, handler=None, *, answer_hello: bool = True, lock: bool = True):
+    def __init__(
+        self, state_dir: Path, handler=None, *, answer_hello: bool = True, lock: bool = True
+    ):
         self.state_dir = state_dir
         self.handler = handler or (lambda cmd, args: {"cmd": cmd, "args": args})
         self.answer_hello = answer_hello
@@ -96,7 +98,9 @@ class FakeSupervisor:
                 self.seq += skip
                 if with_seq:
                     self.seq += 1
-                self.bus_out.send_multipart(protocol.encode_event(topic, fields, seq=self.seq if with_seq else None))
+                self.bus_out.send_multipart(
+                    protocol.encode_event(topic, fields, seq=self.seq if with_seq else None)
+                )
 
     def close(self) -> None:
         if self._stop:
@@ -133,7 +137,10 @@ def test_not_running_without_lock_file_is_quick_and_clear(state_dir):
             client.status()
         assert time.monotonic() - t0 < 0.5
     assert info.value.exit_code == 3
-    assert info.value.message == f"no supervisor is running on {state_dir}; start one with `ccsup start`"
+    assert (
+        info.value.message
+        == f"no supervisor is running on {state_dir}; start one with `ccsup start`"
+    )
 
 
 def test_not_running_when_lock_file_is_free(state_dir):
@@ -144,7 +151,7 @@ def test_not_running_when_lock_file_is_free(state_dir):
 
 
 def test_not_running_when_lock_held_but_control_socket_missing(state_dir, fake):
-    f = fake()
+    fake()
     os.unlink(state_dir / "control")
     with Client(state_dir) as client, pytest.raises(NotRunning):
         client.status()
@@ -153,10 +160,16 @@ def test_not_running_when_lock_held_but_control_socket_missing(state_dir, fake):
 def test_lock_held_sees_another_process_holding_it(state_dir):
     lock = state_dir / "supervisor.lock"
     child = subprocess.Popen(
-        [sys.executable, "-c",
-         "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR|os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX);"
-         "print('ready', flush=True); sys.stdin.read()", str(lock)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR|os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX);"
+            "print('ready', flush=True); sys.stdin.read()",
+            str(lock),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout.readline() == "ready\n"
@@ -211,13 +224,18 @@ def test_call_returns_result_and_passes_args(state_dir, fake):
             "cmd": "turn",
             "args": {"key": "codex", "argv": ["true"], "id": "t1", "wait_timeout": 2.5},
         }
-        assert client.send("t1", "hi\n", eof=True)["args"] == {"id": "t1", "data": "hi\n", "eof": True}
+        assert client.send("t1", "hi\n", eof=True)["args"] == {
+            "id": "t1",
+            "data": "hi\n",
+            "eof": True,
+        }
         assert client.reap()["args"] == {}
         assert client.reap("codex")["args"] == {"key": "codex"}
 
 
 @pytest.mark.parametrize(
-    "code, exit_code", [("bad_request", 2), ("unknown_command", 2), ("not_found", 1), ("stopping", 1), ("failed", 1)]
+    "code, exit_code",
+    [("bad_request", 2), ("unknown_command", 2), ("not_found", 1), ("stopping", 1), ("failed", 1)],
 )
 def test_error_reply_raises_remote_error_with_code(state_dir, fake, code, exit_code):
     def handler(cmd, args):
@@ -226,7 +244,11 @@ def test_error_reply_raises_remote_error_with_code(state_dir, fake, code, exit_c
     fake(handler)
     with Client(state_dir) as client, pytest.raises(RemoteError) as info:
         client.cancel("abc")
-    assert (info.value.code, info.value.exit_code, info.value.message) == (code, exit_code, "no good: cancel")
+    assert (info.value.code, info.value.exit_code, info.value.message) == (
+        code,
+        exit_code,
+        "no good: cancel",
+    )
 
 
 def test_reply_with_another_id_is_ignored(state_dir, fake):
@@ -300,9 +322,15 @@ def test_run_turn_yields_events_until_terminal(state_dir, fake):
     def handler(cmd, args):
         if cmd == "turn":
             t = args["id"]
-            for kind, fields in [("queued", {"position": 0}), ("granted", {"index": 0}), ("stdout", {"offset": 0, "data": "hi\n"}),
-                                 ("exited", {"code": 0, "signal": None, "reason": None}), ("gone", {}), ("released", {}),
-                                 ("released", {})]:
+            for kind, fields in [
+                ("queued", {"position": 0}),
+                ("granted", {"index": 0}),
+                ("stdout", {"offset": 0, "data": "hi\n"}),
+                ("exited", {"code": 0, "signal": None, "reason": None}),
+                ("gone", {}),
+                ("released", {}),
+                ("released", {}),
+            ]:
                 f.publish(f"turn.{t}.{kind}", {"id": t, **fields})
             return {"id": t, "state": "queued", "position": 0}
         return {}
@@ -310,7 +338,9 @@ def test_run_turn_yields_events_until_terminal(state_dir, fake):
     f = fake(handler)
     with Client(state_dir) as client:
         events = list(client.run_turn("codex", ["echo", "hi"], id="turn1"))
-    assert [t for t, _ in events] == [f"turn.turn1.{k}" for k in ("queued", "granted", "stdout", "exited", "gone", "released")]
+    assert [t for t, _ in events] == [
+        f"turn.turn1.{k}" for k in ("queued", "granted", "stdout", "exited", "gone", "released")
+    ]
     assert {b["id"] for _, b in events} == {"turn1"}
 
 
@@ -359,8 +389,11 @@ def test_a_recorded_pid_with_the_file_open_but_unlocked_is_not_holding_it(state_
         "    fcntl.flock(fd, fcntl.LOCK_EX if step.strip() == 'lock' else fcntl.LOCK_UN)\n"
         "    print('done', flush=True)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
+
         def step(word: str) -> None:
             child.stdin.write(word + "\n")
             child.stdin.flush()

@@ -15,7 +15,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import PYTHON, ROOT, write_config
 
 SIDECAR = ROOT / "contrib" / "node-sidecar"
@@ -32,8 +31,14 @@ def test_node_sidecar_tests_pass_against_a_real_supervisor():
     if not (SIDECAR / "node_modules" / "zeromq").is_dir():
         pytest.skip(f"the zeromq npm package is not installed: run `npm ci` in {SIDECAR}")
     env = {**os.environ, "CCSUP_PYTHON": PYTHON}
-    proc = subprocess.run([NODE, "--test", "--test-force-exit", "test/sidecar.test.js"], cwd=SIDECAR, env=env,
-                          capture_output=True, text=True, timeout=170)
+    proc = subprocess.run(
+        [NODE, "--test", "--test-force-exit", "test/sidecar.test.js"],
+        cwd=SIDECAR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "# fail 0" in proc.stdout
     passed = re.search(r"^# pass (\d+)$", proc.stdout, re.M)
@@ -66,8 +71,23 @@ def test_under_systemd_ready_comes_once_status_answers_and_stopping_after_quit(s
     config = write_config(state_dir)
     env = {**os.environ, "NOTIFY_SOCKET": notify}
     with open(state_dir / "daemon.stderr", "wb") as err:
-        proc = subprocess.Popen([PYTHON, "-m", "supervisor", "--state-dir", str(state_dir), "--config", str(config),
-                                 "start", "--foreground"], env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+        proc = subprocess.Popen(
+            [
+                PYTHON,
+                "-m",
+                "supervisor",
+                "--state-dir",
+                str(state_dir),
+                "--config",
+                str(config),
+                "start",
+                "--foreground",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+        )
     try:
         messages = _recv_all(sock, 20.0)
         assert messages == ["READY=1"]
@@ -91,7 +111,9 @@ def test_under_systemd_ready_comes_once_status_answers_and_stopping_after_quit(s
 
 def test_the_unit_runs_the_daemon_in_the_foreground_as_type_notify_with_mixed_kill_mode():
     unit = (ROOT / "contrib" / "systemd" / "ccsup.service").read_text()
-    settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    settings = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#")
+    )
     assert settings["Type"] == "notify"
     assert settings["ExecStart"].endswith("ccsup start --foreground")
     assert settings["KillMode"] == "mixed"
@@ -100,23 +122,40 @@ def test_the_unit_runs_the_daemon_in_the_foreground_as_type_notify_with_mixed_ki
 
 # -- shell completion ------------------------------------------------------------------------------
 
-CCSUP = str(ROOT / ".venv" / "bin" / "ccsup") if (ROOT / ".venv" / "bin" / "ccsup").exists() else shutil.which("ccsup")
+CCSUP = (
+    str(ROOT / ".venv" / "bin" / "ccsup")
+    if (ROOT / ".venv" / "bin" / "ccsup").exists()
+    else shutil.which("ccsup")
+)
 
 
-@pytest.mark.parametrize("shell, opening", [
-    ("bash", "_ccsup_completion() {"),
-    ("zsh", "#compdef ccsup"),
-    ("fish", "function _ccsup_completion;"),
-])
+@pytest.mark.parametrize(
+    "shell, opening",
+    [
+        ("bash", "_ccsup_completion() {"),
+        ("zsh", "#compdef ccsup"),
+        ("fish", "function _ccsup_completion;"),
+    ],
+)
 def test_completion_script_for_each_shell(shell, opening):
-    proc = subprocess.run([CCSUP], env={**os.environ, "_CCSUP_COMPLETE": f"{shell}_source"},
-                          capture_output=True, text=True, timeout=20)
+    proc = subprocess.run(
+        [CCSUP],
+        env={**os.environ, "_CCSUP_COMPLETE": f"{shell}_source"},
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == opening
     assert "_CCSUP_COMPLETE" in proc.stdout
 
 
 def test_completion_offers_the_commands_that_match():
-    env = {**os.environ, "_CCSUP_COMPLETE": "bash_complete", "COMP_WORDS": "ccsup st", "COMP_CWORD": "1"}
+    env = {
+        **os.environ,
+        "_CCSUP_COMPLETE": "bash_complete",
+        "COMP_WORDS": "ccsup st",
+        "COMP_CWORD": "1",
+    }
     proc = subprocess.run([CCSUP], env=env, capture_output=True, text=True, timeout=20)
     assert proc.stdout.split() == ["plain,start", "plain,status", "plain,stop"]

@@ -13,13 +13,13 @@ import uuid
 
 import pytest
 import zmq
-
 from conftest import PYTHON, wait_until
+
 from guardd import procs
 from supervisor import protocol
 
 # A CMD whose setsid child ignores SIGTERM and writes its pid to a file: only SIGKILL ends it.
-STUBBORN_CHILD = 'setsid sh -c \'trap "" TERM; echo $$ > {pidfile}; exec sleep 300\' &'
+STUBBORN_CHILD = "setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 300' &"
 
 
 def stubborn(pidfile, then: str = "exec sleep 300") -> list[str]:
@@ -52,7 +52,9 @@ def guard_record(state_dir, started: dict) -> dict:
 
 
 def slot_of(client, turn_id: str) -> dict | None:
-    return next((s for s in client.ps()["slots"] if s["turn"] == turn_id and s["state"] != "free"), None)
+    return next(
+        (s for s in client.ps()["slots"] if s["turn"] == turn_id and s["state"] != "free"), None
+    )
 
 
 def test_cap_holds_across_client_processes_and_grants_are_fifo(daemon, event_log, state_dir):
@@ -78,7 +80,9 @@ def test_cap_holds_across_client_processes_and_grants_are_fifo(daemon, event_log
         """
     )
     clients = [
-        subprocess.Popen([PYTHON, "-c", client_script, str(n), str(state_dir)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [PYTHON, "-c", client_script, str(n), str(state_dir)], stdout=subprocess.PIPE, text=True
+        )
         for n in range(4)
     ]
     outputs = [c.communicate(timeout=60)[0] for c in clients]
@@ -122,7 +126,9 @@ def test_a_sidecar_on_the_bus_alone_gets_its_turn_once(daemon, state_dir):
     ctx = zmq.Context()
     witness = state_dir / "ran"
     turn_id = "sidecar-1"
-    body = protocol.dumps({"v": 1, "id": turn_id, "key": "codex", "argv": ["sh", "-c", f"echo x >> {witness}"]})
+    body = protocol.dumps(
+        {"v": 1, "id": turn_id, "key": "codex", "argv": ["sh", "-c", f"echo x >> {witness}"]}
+    )
     try:
         sub = _hello_sub(ctx, state_dir, f"turn.{turn_id}.")
         pub = ctx.socket(zmq.PUB)
@@ -136,7 +142,9 @@ def test_a_sidecar_on_the_bus_alone_gets_its_turn_once(daemon, state_dir):
         while not topics or not topics[-1].endswith(".released"):
             assert sub.poll(int((deadline - time.monotonic()) * 1000)), topics
             topics.append(sub.recv_multipart()[0].decode())
-        pub.send_multipart([b"request.turn", body])  # a retry after the end is answered by nothing new
+        pub.send_multipart(
+            [b"request.turn", body]
+        )  # a retry after the end is answered by nothing new
         assert not sub.poll(300)
     finally:
         ctx.destroy(linger=0)
@@ -152,11 +160,18 @@ def test_forged_gone_hints_release_nothing_while_a_group_lives(daemon, event_log
     client = d.client()
     # CMD exits only once the child has written its pid, so after its TERM trap is set: a guard
     # that reacts at once to CMD's exit must not catch the child before it is stubborn.
-    client.turn("codex", stubborn(pidfile, then=f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0"), id="t1")
+    client.turn(
+        "codex",
+        stubborn(pidfile, then=f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0"),
+        id="t1",
+    )
     child = read_pid(pidfile)
     started = log.wait_for("turn.t1.started")
     # CMD is gone (the guard's record says so); its setsid child ignores SIGTERM for the grace
-    wait_until(lambda: guard_record(state_dir, started)["exit"] is not None, what="CMD's exit in the record")
+    wait_until(
+        lambda: guard_record(state_dir, started)["exit"] is not None,
+        what="CMD's exit in the record",
+    )
     ctx = zmq.Context()
     try:
         pub = ctx.socket(zmq.PUB)
@@ -177,7 +192,9 @@ def test_forged_gone_hints_release_nothing_while_a_group_lives(daemon, event_log
     client.close()
 
 
-def test_a_guard_killed_outright_has_its_work_ended_before_the_slot_is_released(daemon, event_log, state_dir):
+def test_a_guard_killed_outright_has_its_work_ended_before_the_slot_is_released(
+    daemon, event_log, state_dir
+):
     d = daemon(grace="500ms")
     log = event_log(d)
     pidfile = state_dir / "child.pid"
@@ -186,8 +203,10 @@ def test_a_guard_killed_outright_has_its_work_ended_before_the_slot_is_released(
     child = read_pid(pidfile)
     started = log.wait_for("turn.t1.started")
     # the guard's scan has recorded the child's group before we kill the guard
-    wait_until(lambda: any(g["pgid"] == child for g in guard_record(state_dir, started)["groups"]),
-               what="the child's group in the guard record")
+    wait_until(
+        lambda: any(g["pgid"] == child for g in guard_record(state_dir, started)["groups"]),
+        what="the child's group in the guard record",
+    )
     cmd_pid = guard_record(state_dir, started)["own_group"]["pgid"]
     os.kill(started["guard"]["pid"], signal.SIGKILL)
     exited = log.wait_for("turn.t1.exited")
@@ -198,7 +217,9 @@ def test_a_guard_killed_outright_has_its_work_ended_before_the_slot_is_released(
     client.close()
 
 
-def test_supervisor_killed_work_ends_and_next_start_finds_every_slot_free(daemon, event_log, state_dir):
+def test_supervisor_killed_work_ends_and_next_start_finds_every_slot_free(
+    daemon, event_log, state_dir
+):
     d = daemon(grace="500ms")
     log = event_log(d)
     client = d.client()
@@ -209,13 +230,23 @@ def test_supervisor_killed_work_ends_and_next_start_finds_every_slot_free(daemon
     log.close()
     d.kill()
     killed_at = time.monotonic()
-    wait_until(lambda: all(dead(p) for p in children + cmds), timeout=0.5 + 2, what="every turn's work gone")
+    wait_until(
+        lambda: all(dead(p) for p in children + cmds),
+        timeout=0.5 + 2,
+        what="every turn's work gone",
+    )
     assert time.monotonic() - killed_at < 2.5
 
     d.start()
     with d.client() as client:
-        slots = wait_until(lambda: [s for s in client.ps()["slots"] if s["key"] == "codex"] if all(
-            s["state"] == "free" for s in client.ps()["slots"]) else None, what="every slot free")
+        slots = wait_until(
+            lambda: (
+                [s for s in client.ps()["slots"] if s["key"] == "codex"]
+                if all(s["state"] == "free" for s in client.ps()["slots"])
+                else None
+            ),
+            what="every slot free",
+        )
         assert len(slots) == 2
 
 
@@ -226,13 +257,20 @@ def test_stop_returns_only_when_everything_is_gone(daemon, event_log, state_dir)
     children = start_stubborn_turns(client, state_dir, 2)
     client.turn("codex", ["true"], id="waiter")
     client.close()
-    result = subprocess.run([sys.executable, "-m", "supervisor", "--state-dir", str(state_dir), "stop"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir), "stop"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     assert all(dead(p) for p in children)
     assert d.proc.wait(5) == 0
     assert log.find("turn.waiter.cancelled")[0]["reason"] == "shutdown"
-    assert [t for t in log.topics("supervisor.")][-2:] == ["supervisor.stopping", "supervisor.stopped"]
+    assert [t for t in log.topics("supervisor.")][-2:] == [
+        "supervisor.stopping",
+        "supervisor.stopped",
+    ]
 
 
 def test_cancel_a_queued_and_a_running_turn(daemon, event_log, state_dir):
@@ -240,15 +278,29 @@ def test_cancel_a_queued_and_a_running_turn(daemon, event_log, state_dir):
     log = event_log(d)
     with d.client() as client:
         client.turn("codex", ["sleep", "300"], id="run")
-        assert client.turn("codex", ["true"], id="wait") == {"id": "wait", "state": "queued", "position": 1}
+        assert client.turn("codex", ["true"], id="wait") == {
+            "id": "wait",
+            "state": "queued",
+            "position": 1,
+        }
         assert client.cancel("wait")["state"] == "cancelled"
         log.wait_for("turn.run.started")
         assert client.cancel("run")["state"] == "stopping"
         log.wait_for("turn.run.released")
         assert log.find("turn.run.exited")[0] | {"ts": 0, "seq": 0} == {
-            "v": 1, "ts": 0, "seq": 0, "id": "run", "key": "codex", "code": 128 + 15, "signal": 15, "reason": None}
+            "v": 1,
+            "ts": 0,
+            "seq": 0,
+            "id": "run",
+            "key": "codex",
+            "code": 128 + 15,
+            "signal": 15,
+            "reason": None,
+        }
         assert log.topics("turn.wait.") == ["turn.wait.queued", "turn.wait.cancelled"]
-        assert client.cancel("wait")["state"] == "cancelled"  # asking again is answered, not an error
+        assert (
+            client.cancel("wait")["state"] == "cancelled"
+        )  # asking again is answered, not an error
 
 
 def test_waits_are_per_key_and_time_out_when_asked(daemon, event_log):
@@ -279,7 +331,9 @@ def test_a_dead_requester_has_its_turns_cancelled(daemon, event_log):
         log.wait_for("turn.running.released")
 
 
-def test_output_is_streamed_with_offsets_and_logged_exactly_and_stdin_can_be_written(daemon, event_log, state_dir):
+def test_output_is_streamed_with_offsets_and_logged_exactly_and_stdin_can_be_written(
+    daemon, event_log, state_dir
+):
     d = daemon()
     log = event_log(d)
     with d.client() as client:

@@ -27,8 +27,8 @@ import uuid
 
 import pytest
 import zmq
-
 from conftest import wait_until
+
 from supervisor import protocol
 
 SEED = int(os.environ.get("CCSUP_FUZZ_SEED", "20240605"))
@@ -39,10 +39,46 @@ ANY = object()  # a reply whose id we do not predict (unparseable request, or an
 # -- bad values -----------------------------------------------------------------------------------
 
 NAN, INF = float("nan"), float("inf")
-BAD_IDS = ["", "a/b", "..", "../x", "../../etc/passwd", "a b", " ", "x" * 200, "x" * 129, "a.b", "ü", "a\nb",
-           "\ud800", "a\0b", "/", "turn.x", "*"]
-BAD_KEYS = ["", "codex/x", "../codex", "codex/../x", "..", ".codex", "codex:.x", "a:b:c", "_machine", "_x",
-            "x" * 129, "co dex", "codex:", ":x", "codex\0", "codex/", "/etc", "\ud800", "ü"]
+BAD_IDS = [
+    "",
+    "a/b",
+    "..",
+    "../x",
+    "../../etc/passwd",
+    "a b",
+    " ",
+    "x" * 200,
+    "x" * 129,
+    "a.b",
+    "ü",
+    "a\nb",
+    "\ud800",
+    "a\0b",
+    "/",
+    "turn.x",
+    "*",
+]
+BAD_KEYS = [
+    "",
+    "codex/x",
+    "../codex",
+    "codex/../x",
+    "..",
+    ".codex",
+    "codex:.x",
+    "a:b:c",
+    "_machine",
+    "_x",
+    "x" * 129,
+    "co dex",
+    "codex:",
+    ":x",
+    "codex\0",
+    "codex/",
+    "/etc",
+    "\ud800",
+    "ü",
+]
 WRONG_TYPES = [0, -1, 1.5, True, False, [], {}, [1], {"a": 1}, NAN, INF]
 NUMBERS = [-1, 0, -0.0, -1e-300, 1 << 63, 1 << 70, 10**30, -(10**30), 1e308, -1e308, NAN, INF, -INF]
 
@@ -59,30 +95,113 @@ def deep(depth: int, leaf=0):
 TURN_BAD = {
     "id": BAD_IDS + [5, 1.5, True, [], {}, NAN],
     "key": BAD_KEYS + [None, *WRONG_TYPES, deep(50, "codex")],
-    "argv": [None, [], "sleep 60", ["sleep", 60], [None], ["a\0b"], ["x"] * (protocol.MAX_ARGV + 1), 5, {},
-             [[]], [{"a": "b"}], True, deep(40, "x")],
-    "cwd": ["relative", "", "..", "../etc", 5, [], True, "/nonexistent-ccsup-fuzz", "/tmp\0x", "x" * 5000,
-            "/\ud800", {"a": 1}],
-    "env": [[], 5, "A=b", True, False, 0, "", {"": "x"}, {"A=B": "x"}, {"A": 5}, {"A": ["x"]}, {"A": "x\0"},
-            {"A\0": "x"}, {"x" * 1025: "v"}, {"A": True}, {"A": {"b": "c"}}, {"A": NAN}],
-    "holder": ["s", 5, [], True, {"pid": -1}, {"pid": 0}, {"pid": 1.5}, {"pid": "1"}, {"pid": True},
-               {"pid": 1 << 70}, {"pid": NAN}, {"pid": 1 << 22}, {"start": -1}, {"start": 1.5}, {"start": "0"},
-               {"session": 5}, {"agent": []}, {"model": "x" * 300}, {"bogus": 1}, {"../x": 1},
-               {"harness": {"a": 1}}, deep(30)],
+    "argv": [
+        None,
+        [],
+        "sleep 60",
+        ["sleep", 60],
+        [None],
+        ["a\0b"],
+        ["x"] * (protocol.MAX_ARGV + 1),
+        5,
+        {},
+        [[]],
+        [{"a": "b"}],
+        True,
+        deep(40, "x"),
+    ],
+    "cwd": [
+        "relative",
+        "",
+        "..",
+        "../etc",
+        5,
+        [],
+        True,
+        "/nonexistent-ccsup-fuzz",
+        "/tmp\0x",
+        "x" * 5000,
+        "/\ud800",
+        {"a": 1},
+    ],
+    "env": [
+        [],
+        5,
+        "A=b",
+        True,
+        False,
+        0,
+        "",
+        {"": "x"},
+        {"A=B": "x"},
+        {"A": 5},
+        {"A": ["x"]},
+        {"A": "x\0"},
+        {"A\0": "x"},
+        {"x" * 1025: "v"},
+        {"A": True},
+        {"A": {"b": "c"}},
+        {"A": NAN},
+    ],
+    "holder": [
+        "s",
+        5,
+        [],
+        True,
+        {"pid": -1},
+        {"pid": 0},
+        {"pid": 1.5},
+        {"pid": "1"},
+        {"pid": True},
+        {"pid": 1 << 70},
+        {"pid": NAN},
+        {"pid": 1 << 22},
+        {"start": -1},
+        {"start": 1.5},
+        {"start": "0"},
+        {"session": 5},
+        {"agent": []},
+        {"model": "x" * 300},
+        {"bogus": 1},
+        {"../x": 1},
+        {"harness": {"a": 1}},
+        deep(30),
+    ],
     "reservation": BAD_IDS + [5, [], True, {}],
-    "wait_timeout": NUMBERS[:3] + [NAN, INF, -INF, 1e308, protocol.MAX_WAIT_TIMEOUT + 1, 10**30, "5", True,
-                                   [], {}, -5],
+    "wait_timeout": NUMBERS[:3]
+    + [NAN, INF, -INF, 1e308, protocol.MAX_WAIT_TIMEOUT + 1, 10**30, "5", True, [], {}, -5],
 }
 RESERVE_BAD = {name: TURN_BAD[name] for name in ("id", "key", "holder", "wait_timeout")}
 CANCEL_BAD = {"id": BAD_IDS + [None, *WRONG_TYPES]}
-SEND_BAD = {"id": BAD_IDS + [None, *WRONG_TYPES], "data": [5, None, [], True, {}, 1.5, NAN],
-            "eof": ["yes", 1, 0, None, [], "true", 1.0]}
+SEND_BAD = {
+    "id": BAD_IDS + [None, *WRONG_TYPES],
+    "data": [5, None, [], True, {}, 1.5, NAN],
+    "eof": ["yes", 1, 0, None, [], "true", 1.0],
+}
 REAP_BAD = {"key": BAD_KEYS + WRONG_TYPES}
 EXTRA_FIELDS = [{"bogus": 1}, {"../x": 1}, {"": None}, {"a/b": "c"}, {"x" * 200: 1}, {"\ud800": 1}]
 BAD_VERSIONS = [0, 2, -1, "1", None, True, 1.0, 1.5, NAN, [], {}, 1 << 64]
 BAD_ENVELOPE_IDS = ["", "x" * 129, "x" * 200, None, [], {}, True, NAN, 1.5, {"id": "x"}]
-UNKNOWN_COMMANDS = ["", "STATUS", "Status", "bogus", "status ", " status", "../quit", "quit/", "turn.", "x" * 10000,
-                    "\ud800", "run", "stop", "kill", "exec", "status\0", "request.turn", "q"]
+UNKNOWN_COMMANDS = [
+    "",
+    "STATUS",
+    "Status",
+    "bogus",
+    "status ",
+    " status",
+    "../quit",
+    "quit/",
+    "turn.",
+    "x" * 10000,
+    "\ud800",
+    "run",
+    "stop",
+    "kill",
+    "exec",
+    "status\0",
+    "request.turn",
+    "q",
+]
 COMMANDS_FUZZED = ("turn", "reserve", "cancel", "send", "ps", "reap", "status", "reload", "quit")
 
 
@@ -109,11 +228,22 @@ class Fuzzer:
 
     def base_args(self, cmd: str) -> dict:
         if cmd == "turn":
-            return {"id": self.fresh("t"), "key": "codex", "argv": ["sleep", "60"], "cwd": "/",
-                    "env": {"CCSUP_FUZZ": "1"}, "holder": {"session": "s", "agent": "a"}, "wait_timeout": 30}
+            return {
+                "id": self.fresh("t"),
+                "key": "codex",
+                "argv": ["sleep", "60"],
+                "cwd": "/",
+                "env": {"CCSUP_FUZZ": "1"},
+                "holder": {"session": "s", "agent": "a"},
+                "wait_timeout": 30,
+            }
         if cmd == "reserve":
-            return {"id": self.fresh("v"), "key": "codex", "holder": {"session": "s", "agent": "a"},
-                    "wait_timeout": 30}
+            return {
+                "id": self.fresh("v"),
+                "key": "codex",
+                "holder": {"session": "s", "agent": "a"},
+                "wait_timeout": 30,
+            }
         if cmd == "cancel":
             return {"id": self.fresh("c")}
         if cmd == "send":
@@ -126,8 +256,13 @@ class Fuzzer:
         """The base args of cmd with exactly one field wrong (or one unknown field added);
         keep_id: not the id (the bus needs a good one to answer to)."""
         args = self.base_args(cmd)
-        table = {"turn": TURN_BAD, "reserve": RESERVE_BAD, "cancel": CANCEL_BAD, "send": SEND_BAD,
-                 "reap": REAP_BAD}.get(cmd)
+        table = {
+            "turn": TURN_BAD,
+            "reserve": RESERVE_BAD,
+            "cancel": CANCEL_BAD,
+            "send": SEND_BAD,
+            "reap": REAP_BAD,
+        }.get(cmd)
         fields = sorted(name for name in table or () if not (keep_id and name == "id"))
         if not fields or self.rng.random() < 0.15:
             args.update(self.pick(EXTRA_FIELDS))
@@ -143,7 +278,9 @@ class Fuzzer:
         r = self.rng.random()
         if r < 0.45:  # a known command, one argument wrong
             cmd = self.pick(COMMANDS_FUZZED)
-            return json.dumps({"v": 1, "id": self.envelope_id(), "cmd": cmd, "args": self.bad_args(cmd)}).encode(), None
+            return json.dumps(
+                {"v": 1, "id": self.envelope_id(), "cmd": cmd, "args": self.bad_args(cmd)}
+            ).encode(), None
         if r < 0.60:  # the envelope wrong
             cmd = self.pick(COMMANDS_FUZZED)
             request = {"v": 1, "id": self.envelope_id(), "cmd": cmd, "args": self.base_args(cmd)}
@@ -161,7 +298,12 @@ class Fuzzer:
                 del request[self.pick(["v", "id", "cmd"])]
             return json.dumps(request).encode(), None
         if r < 0.68:
-            request = {"v": 1, "id": self.envelope_id(), "cmd": self.pick(UNKNOWN_COMMANDS), "args": {}}
+            request = {
+                "v": 1,
+                "id": self.envelope_id(),
+                "cmd": self.pick(UNKNOWN_COMMANDS),
+                "args": {},
+            }
             return json.dumps(request).encode(), "unknown_command"
         if r < 0.80:
             return self.garbage(), None
@@ -171,36 +313,90 @@ class Fuzzer:
             return self.nested(), None
         # duplicate keys: the last one wins, and it is wrong
         rid = self.envelope_id()
-        return (f'{{"v":1,"id":"{rid}","cmd":"status","cmd":"{self.pick(["bogus", "STATUS", "quit "])}"}}'.encode(),
-                "unknown_command")
+        return (
+            f'{{"v":1,"id":"{rid}","cmd":"status","cmd":"{self.pick(["bogus", "STATUS", "quit "])}"}}'.encode(),
+            "unknown_command",
+        )
 
     def garbage(self) -> bytes:
         kind = self.rng.randrange(9)
         if kind == 0:
             return self.rng.randbytes(self.rng.randrange(1, 300))
         if kind == 1:  # invalid UTF-8, also inside an otherwise good request
-            return self.pick([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b'{"v":1,"id":"\xff\xfe","cmd":"status"}',
-                              b'{"v":1,"id":"a","cmd":"st\xc0\xafatus"}', b"\xef\xbb\xbf{}"])
+            return self.pick(
+                [
+                    b"\xff",
+                    b"\xc3\x28",
+                    b"\xed\xa0\x80",
+                    b'{"v":1,"id":"\xff\xfe","cmd":"status"}',
+                    b'{"v":1,"id":"a","cmd":"st\xc0\xafatus"}',
+                    b"\xef\xbb\xbf{}",
+                ]
+            )
         if kind == 2:  # truncated
-            whole = json.dumps({"v": 1, "id": self.fresh("r"), "cmd": "turn", "args": self.bad_args("turn")}).encode()
+            whole = json.dumps(
+                {"v": 1, "id": self.fresh("r"), "cmd": "turn", "args": self.bad_args("turn")}
+            ).encode()
             return whole[: self.rng.randrange(1, len(whole) - 1)]
         if kind == 3:  # JSON, not an object
-            return self.pick([b"[]", b"1", b'"x"', b"null", b"NaN", b"true", b"-Infinity", b'[{"v":1}]', b"1e999"])
+            return self.pick(
+                [
+                    b"[]",
+                    b"1",
+                    b'"x"',
+                    b"null",
+                    b"NaN",
+                    b"true",
+                    b"-Infinity",
+                    b'[{"v":1}]',
+                    b"1e999",
+                ]
+            )
         if kind == 4:
-            return self.pick([b" ", b"\n\t", b"{", b"}", b'{"v":1,}', b"{'v':1}", b'{"v":1 "id":"a"}'])
+            return self.pick(
+                [b" ", b"\n\t", b"{", b"}", b'{"v":1,}', b"{'v':1}", b'{"v":1 "id":"a"}']
+            )
         if kind == 5:
-            return b'{"v":1,"id":"' + self.fresh("r").encode() + b'","cmd":"status","args":{"a":' + b"[" * 3 + b"}"
+            return (
+                b'{"v":1,"id":"'
+                + self.fresh("r").encode()
+                + b'","cmd":"status","args":{"a":'
+                + b"[" * 3
+                + b"}"
+            )
         if kind == 6:  # a NUL and control characters
             return b'{"v":1,"id":"a\x00b","cmd":"status"}'
         if kind == 7:  # lone surrogates, legal JSON escapes that UTF-8 cannot carry
-            return json.dumps({"v": 1, "id": self.pick(["\ud800", "ok\udfff", self.fresh("r")]),
-                               "cmd": self.pick(["\ud800", "bogus"]), "args": {"\udc00": "\ud800"}}).encode()
+            return json.dumps(
+                {
+                    "v": 1,
+                    "id": self.pick(["\ud800", "ok\udfff", self.fresh("r")]),
+                    "cmd": self.pick(["\ud800", "bogus"]),
+                    "args": {"\udc00": "\ud800"},
+                }
+            ).encode()
         return bytes(self.rng.randrange(32, 127) for _ in range(self.rng.randrange(1, 200)))
 
     def raw_numbers(self) -> bytes:
         rid = self.fresh("n")
-        number = self.pick(["NaN", "Infinity", "-Infinity", "-0", "1e999", "-1e999", "9" * 5000, "1e-400",
-                            "0.0000001", "18446744073709551617", "-9223372036854775809", "1.0", "1E2", "0x10"])
+        number = self.pick(
+            [
+                "NaN",
+                "Infinity",
+                "-Infinity",
+                "-0",
+                "1e999",
+                "-1e999",
+                "9" * 5000,
+                "1e-400",
+                "0.0000001",
+                "18446744073709551617",
+                "-9223372036854775809",
+                "1.0",
+                "1E2",
+                "0x10",
+            ]
+        )
         field = self.pick(["wait_timeout", "v", "id", "holder.pid", "holder.start"])
         args = '"key":"codex","argv":["sleep","60"]'
         if field == "v":
@@ -211,8 +407,12 @@ class Fuzzer:
             args += f',"wait_timeout":{number}'
         else:
             args += f',"holder":{{"{field.split(".")[1]}":{number}}}'
-        if (field, number) in (("wait_timeout", "1.0"), ("wait_timeout", "1E2"), ("wait_timeout", "0.0000001"),
-                               ("holder.start", "-0")):  # sane values: make the turn bad elsewhere
+        if (field, number) in (
+            ("wait_timeout", "1.0"),
+            ("wait_timeout", "1E2"),
+            ("wait_timeout", "0.0000001"),
+            ("holder.start", "-0"),
+        ):  # sane values: make the turn bad elsewhere
             args += ',"cwd":"relative"'
         return f'{{"v":1,"id":"{rid}","cmd":"turn","args":{{{args}}}}}'.encode()
 
@@ -221,16 +421,27 @@ class Fuzzer:
         if self.rng.random() < 0.5:
             return b"[" * depth + b"]" * depth
         # a deep value inside a field of an otherwise good turn
-        return (b'{"v":1,"id":"' + self.fresh("d").encode() + b'","cmd":"turn","args":{"key":"codex",'
-                b'"argv":["sleep","60"],"env":' + b'{"A":' * depth + b'"x"' + b"}" * depth + b"}}")
+        return (
+            b'{"v":1,"id":"' + self.fresh("d").encode() + b'","cmd":"turn","args":{"key":"codex",'
+            b'"argv":["sleep","60"],"env":' + b'{"A":' * depth + b'"x"' + b"}" * depth + b"}}"
+        )
 
     def control_message(self) -> tuple[list[bytes], str | None]:
         """Frames a DEALER sends (an empty first frame makes it look like a REQ peer)."""
         r = self.rng.random()
         if r < 0.05:  # wrong frame counts: 0 (only a delimiter), 2, 5 frames
             good = protocol.encode_request(self.fresh("g"), "status")
-            frames = self.pick([[b""], [good, good], [good] * 5, [b"", good, good], [b"", b"", b""],
-                                [good, b""], [b"", b""] + [good] * 3])
+            frames = self.pick(
+                [
+                    [b""],
+                    [good, good],
+                    [good] * 5,
+                    [b"", good, good],
+                    [b"", b"", b""],
+                    [good, b""],
+                    [b"", b""] + [good] * 3,
+                ]
+            )
             return frames, "bad_request"
         payload, code = self.control_payload()
         return ([b"", payload] if r < 0.25 else [payload]), code
@@ -245,10 +456,23 @@ class Fuzzer:
             body = self.bad_args(kind, keep_id=True)
             body["id"] = self.fresh("b")
             if self.rng.random() < 0.2:
-                body.update(self.pick([{"v": 2}, {"v": "1"}, {"v": None}, {"v": 1.0}, {"ts": "now"}, {"ts": NAN},
-                                       {"ts": [1]}]))
+                body.update(
+                    self.pick(
+                        [
+                            {"v": 2},
+                            {"v": "1"},
+                            {"v": None},
+                            {"v": 1.0},
+                            {"ts": "now"},
+                            {"ts": NAN},
+                            {"ts": [1]},
+                        ]
+                    )
+                )
             elif kind == "cancel":
-                body.update(self.pick(EXTRA_FIELDS + [{}]))  # {}: a good cancel of nothing, not_found
+                body.update(
+                    self.pick(EXTRA_FIELDS + [{}])
+                )  # {}: a good cancel of nothing, not_found
             body.setdefault("v", 1)
             return [f"request.{kind}".encode(), json.dumps(body).encode()], body["id"]
         if r < 0.55:  # a request with a bad id: nobody to answer
@@ -260,24 +484,65 @@ class Fuzzer:
             return [f"request.{kind}".encode(), json.dumps(body).encode()], None
         if r < 0.65:  # a good request, badly framed
             good = json.dumps({"v": 1, **self.base_args("turn")}).encode()
-            return self.pick([[b"request.turn"], [b"request.turn", good, b"x"], [b"request.turn"] + [good] * 4,
-                              [b"request.turn\xff", good], [b"request.turn" + b"x" * 600, good],
-                              [b"", good, good]]), None
+            return self.pick(
+                [
+                    [b"request.turn"],
+                    [b"request.turn", good, b"x"],
+                    [b"request.turn"] + [good] * 4,
+                    [b"request.turn\xff", good],
+                    [b"request.turn" + b"x" * 600, good],
+                    [b"", good, good],
+                ]
+            ), None
         if r < 0.75:  # bodies that are not JSON objects
             body = self.pick([self.garbage(), self.nested(), b"", b"[]", b"null", b"NaN"])
             return [self.pick([b"request.turn", b"request.reserve", b"request.cancel"]), body], None
         if r < 0.85:  # topics nobody serves, and forged hints for turns that do not exist
-            topic = self.pick(["fuzz.x", "", "request.", "request", "request.quit", "request.status", "REQUEST.TURN",
-                               "request.turn.x", "request..turn", "guard.x.gone", "guard.x.exited", "guard..gone",
-                               "guard.a/b.gone", "ccsup.hello.x", "..", "a/b", "\ud800x", "x" * 500])
+            topic = self.pick(
+                [
+                    "fuzz.x",
+                    "",
+                    "request.",
+                    "request",
+                    "request.quit",
+                    "request.status",
+                    "REQUEST.TURN",
+                    "request.turn.x",
+                    "request..turn",
+                    "guard.x.gone",
+                    "guard.x.exited",
+                    "guard..gone",
+                    "guard.a/b.gone",
+                    "ccsup.hello.x",
+                    "..",
+                    "a/b",
+                    "\ud800x",
+                    "x" * 500,
+                ]
+            )
             body = {"v": 1, **self.base_args("turn")}
             return [topic.encode(errors="surrogatepass"), json.dumps(body).encode()], None
         # forged events of topics only the supervisor speaks
         forged_id = self.fresh("forged")
-        topic = self.pick([f"turn.{forged_id}.released", f"turn.{forged_id}.queued", f"turn.{forged_id}.rejected",
-                           f"turn.{forged_id}.exited", "supervisor.stopping", "supervisor.reloaded",
-                           "slot.codex.reaped", "slot.codex.orphaned", "turn.", "slot.", "supervisor."])
-        return [topic.encode(), json.dumps({"v": 1, "ts": time.time(), "seq": 1, "id": forged_id}).encode()], None
+        topic = self.pick(
+            [
+                f"turn.{forged_id}.released",
+                f"turn.{forged_id}.queued",
+                f"turn.{forged_id}.rejected",
+                f"turn.{forged_id}.exited",
+                "supervisor.stopping",
+                "supervisor.reloaded",
+                "slot.codex.reaped",
+                "slot.codex.orphaned",
+                "turn.",
+                "slot.",
+                "supervisor.",
+            ]
+        )
+        return [
+            topic.encode(),
+            json.dumps({"v": 1, "ts": time.time(), "seq": 1, "id": forged_id}).encode(),
+        ], None
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -315,7 +580,11 @@ def bus_expect(frames: list[bytes]) -> str | None:
         body = json.loads(frames[1])
     except (ValueError, RecursionError):
         return None
-    if isinstance(body, dict) and isinstance(body.get("id"), str) and protocol.TURN_ID.match(body["id"]):
+    if (
+        isinstance(body, dict)
+        and isinstance(body.get("id"), str)
+        and protocol.TURN_ID.match(body["id"])
+    ):
         return body["id"]
     return None
 
@@ -360,9 +629,11 @@ def run_dealer(sock: zmq.Socket, messages: list[list[bytes]], replies: Replies, 
     def where() -> str:
         code = d.proc.poll()
         last = messages[sent - 1] if sent else []
-        return (f"{sent - replies.count} of {sent} requests unanswered; the supervisor "
-                + ("still runs" if code is None else f"EXITED with {code}")
-                + f"; last sent: {[f[:100] for f in last]}")
+        return (
+            f"{sent - replies.count} of {sent} requests unanswered; the supervisor "
+            + ("still runs" if code is None else f"EXITED with {code}")
+            + f"; last sent: {[f[:100] for f in last]}"
+        )
 
     sent = 0
     for frames in messages:
@@ -394,7 +665,9 @@ def tree(root) -> dict:
                 found[rel] = open(path, "rb").read() if os.path.isfile(path) else "<socket>"
             except OSError as e:
                 found[rel] = f"<{e.strerror}>"
-        found.update({os.path.relpath(os.path.join(dirpath, d), root) + "/": "<dir>" for d in dirnames})
+        found.update(
+            {os.path.relpath(os.path.join(dirpath, d), root) + "/": "<dir>" for d in dirnames}
+        )
     return found
 
 
@@ -422,8 +695,12 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
         pub.sndhwm = 0  # queue rather than drop: every message must reach the supervisor
         pub.connect(bus_in)
         ping = f"fuzz.ping.{uuid.uuid4().hex}"
-        wait_until(lambda: pub.send_multipart([ping.encode(), b"{}"]) or log.find(ping), timeout=10,
-                   interval=0.05, what="the fuzzing PUB to be connected")
+        wait_until(
+            lambda: pub.send_multipart([ping.encode(), b"{}"]) or log.find(ping),
+            timeout=10,
+            interval=0.05,
+            what="the fuzzing PUB to be connected",
+        )
         rss_before = rss_kib(pid)
         started = time.monotonic()
 
@@ -438,9 +715,11 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
             messages.append(frames)
             if code:
                 expected_codes[code] += 1
-        oversized = [[padded(protocol.encode_request("big-1", "status"), protocol.MAX_FRAME + 1)],
-                     [b"", padded(protocol.encode_request("big-2", "status"), protocol.MAX_FRAME + 1)],
-                     [padded(protocol.encode_request("big-3", "status"), 3 * MiB)]]
+        oversized = [
+            [padded(protocol.encode_request("big-1", "status"), protocol.MAX_FRAME + 1)],
+            [b"", padded(protocol.encode_request("big-2", "status"), protocol.MAX_FRAME + 1)],
+            [padded(protocol.encode_request("big-3", "status"), 3 * MiB)],
+        ]
         for i, frames in enumerate(oversized):
             messages.insert(1000 + 2000 * i, frames)
         expected_ids = collections.Counter(e for e in map(expected_echo, messages) if e is not ANY)
@@ -450,7 +729,9 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
         assert replies.count == len(messages)
         assert replies.ids == expected_ids, (replies.ids - expected_ids, expected_ids - replies.ids)
         # every single frame over MAX_FRAME (the padded statuses and the deepest nestings) and no other
-        too_large = sum(1 for m in messages if len(m[-1]) > protocol.MAX_FRAME and len(m) - (m[0] == b"") == 1)
+        too_large = sum(
+            1 for m in messages if len(m[-1]) > protocol.MAX_FRAME and len(m) - (m[0] == b"") == 1
+        )
         assert too_large > len(oversized) and replies.codes["too_large"] == too_large
         for code, n in expected_codes.items():
             assert replies.codes[code] >= n, (code, n, replies.codes)
@@ -467,7 +748,9 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
                 frames = frames[1:] or [b""]
             req.send_multipart(frames)
             req_sent += 1
-            assert req.poll(10_000), f"no reply to {[f[:80] for f in frames]} (supervisor exit: {d.proc.poll()})"
+            assert req.poll(10_000), (
+                f"no reply to {[f[:80] for f in frames]} (supervisor exit: {d.proc.poll()})"
+            )
             req_replies.take(req.recv_multipart())
         assert req_replies.problems == [] and req_replies.count == req_sent
         figures["req"] = req_sent
@@ -483,13 +766,20 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
             if reject_id:
                 must_reject[reject_id] += 1
         # ids reused by different bad requests: each request is answered, none is run
-        for body in ({"key": "../x", "argv": ["sleep", "60"]}, {"key": "codex", "argv": []},
-                     {"key": "codex", "argv": ["sleep", "60"], "env": False}):
-            pub.send_multipart([b"request.turn", json.dumps({"v": 1, "id": "bus-reused", **body}).encode()])
+        for body in (
+            {"key": "../x", "argv": ["sleep", "60"]},
+            {"key": "codex", "argv": []},
+            {"key": "codex", "argv": ["sleep", "60"], "env": False},
+        ):
+            pub.send_multipart(
+                [b"request.turn", json.dumps({"v": 1, "id": "bus-reused", **body}).encode()]
+            )
             bus_sent += 1
         # over MAX_FRAME: a good turn request padded past the limit must not be parsed, so not run
         for size in (protocol.MAX_FRAME + 1, 3 * MiB):
-            body = json.dumps({"v": 1, "id": fuzz.fresh("big"), "key": "codex", "argv": ["sleep", "60"]}).encode()
+            body = json.dumps(
+                {"v": 1, "id": fuzz.fresh("big"), "key": "codex", "argv": ["sleep", "60"]}
+            ).encode()
             pub.send_multipart([b"request.turn", padded(body, size)])
             bus_sent += 1
         done = f"fuzz.done.{uuid.uuid4().hex}"
@@ -508,8 +798,17 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
         huge_pub = ctx.socket(zmq.PUB)
         huge_pub.connect(bus_in)
         for _ in range(3):  # the first may leave before the connection is up
-            huge_pub.send_multipart([b"request.turn", padded(json.dumps(
-                {"v": 1, "id": "huge-bus", "key": "codex", "argv": ["sleep", "60"]}).encode(), 9 * MiB)])
+            huge_pub.send_multipart(
+                [
+                    b"request.turn",
+                    padded(
+                        json.dumps(
+                            {"v": 1, "id": "huge-bus", "key": "codex", "argv": ["sleep", "60"]}
+                        ).encode(),
+                        9 * MiB,
+                    ),
+                ]
+            )
             time.sleep(0.2)
         huge_pub.close(linger=0)
         done2 = f"fuzz.done.{uuid.uuid4().hex}"
@@ -525,8 +824,11 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
         rejected = [t for t in log.topics("turn.") if t.endswith(".rejected")]
         rejected_ids = collections.Counter(t.split(".")[1] for t in rejected)
         figures.update(
-            control_replies=replies.count + req_replies.count, rejected_events=len(rejected),
-            bus_rejected_count=status.get("bus_rejected"), rss_before_kib=rss_before, rss_after_kib=rss_after,
+            control_replies=replies.count + req_replies.count,
+            rejected_events=len(rejected),
+            bus_rejected_count=status.get("bus_rejected"),
+            rss_before_kib=rss_before,
+            rss_after_kib=rss_after,
         )
         figures["total"] = figures["dealer"] + figures["req"] + figures["bus"] + 4
         print("\nFUZZ " + json.dumps(figures))
@@ -541,7 +843,9 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
         assert rejected_ids == must_reject, (rejected_ids - must_reject, must_reject - rejected_ids)
         assert os.listdir(state_dir / "turns") == [] and os.listdir(state_dir / "guards") == []
         assert tree(state_dir) == before_tree
-        assert rss_after - rss_before < 50 * 1024, f"RSS grew from {rss_before} KiB to {rss_after} KiB"
+        assert rss_after - rss_before < 50 * 1024, (
+            f"RSS grew from {rss_before} KiB to {rss_after} KiB"
+        )
         assert figures["total"] >= 10_000
     finally:
         ctx.destroy(linger=0)
@@ -554,7 +858,9 @@ def test_a_bug_in_a_handler_costs_one_answer_not_the_sockets(state_dir):
     from supervisor.server import Server
 
     async def scenario():
-        server = Server(f"ipc://{state_dir}/control", f"ipc://{state_dir}/bus-in", f"ipc://{state_dir}/bus-out")
+        server = Server(
+            f"ipc://{state_dir}/control", f"ipc://{state_dir}/bus-in", f"ipc://{state_dir}/bus-out"
+        )
         server.bind()
         seen: list[str] = []
 
@@ -579,7 +885,10 @@ def test_a_bug_in_a_handler_costs_one_answer_not_the_sockets(state_dir):
                 await dealer.send(protocol.encode_request(req_id, cmd))
                 replies.append(json.loads(await asyncio.wait_for(dealer.recv(), 5)))
             assert [(r["id"], r["ok"], r.get("error", {}).get("code")) for r in replies] == [
-                ("a\ud800", False, "failed"), ("b", False, "failed"), ("c", True, None)]
+                ("a\ud800", False, "failed"),
+                ("b", False, "failed"),
+                ("c", True, None),
+            ]
             deadline = time.monotonic() + 5
             while "x.ping" not in seen:  # a new PUB drops what it sends before it is connected
                 assert time.monotonic() < deadline

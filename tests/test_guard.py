@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, wait_until
+
 from guardd import procs, record
 
 CMDS = str(Path(__file__).with_name("test_guard_cmds.py"))
@@ -26,14 +26,36 @@ GRACE = 0.4
 class Guard:
     """A guard under test: its Popen, a line reader over its stdout, its record directory."""
 
-    def __init__(self, tmp_path: Path, cmd: list[str], *opts: str, grace=GRACE, scan="0.1",
-                 env=None, launcher: list[str] | None = None, stdin=None):
+    def __init__(
+        self,
+        tmp_path: Path,
+        cmd: list[str],
+        *opts: str,
+        grace=GRACE,
+        scan="0.1",
+        env=None,
+        launcher: list[str] | None = None,
+        stdin=None,
+    ):
         self.record_dir = tmp_path / "guards"
-        argv = [PYTHON, "-m", "guardd", "--record-dir", str(self.record_dir),
-                "--grace", str(grace), "--scan", str(scan), *opts, "--", *cmd]
+        argv = [
+            PYTHON,
+            "-m",
+            "guardd",
+            "--record-dir",
+            str(self.record_dir),
+            "--grace",
+            str(grace),
+            "--scan",
+            str(scan),
+            *opts,
+            "--",
+            *cmd,
+        ]
         self.started = time.monotonic()
-        self.proc = subprocess.Popen((launcher or []) + argv, stdout=subprocess.PIPE, env=env,
-                                     stdin=stdin)
+        self.proc = subprocess.Popen(
+            (launcher or []) + argv, stdout=subprocess.PIPE, env=env, stdin=stdin
+        )
         self.ident = None
         self._buf = b""
 
@@ -80,11 +102,20 @@ def py(action: str, *args: str) -> list[str]:
 
 # 1. Exit status ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "script, code, sig",
-    [("exit 0", 0, None), ("exit 1", 1, None), ("exit 7", 7, None), ("exit 42", 42, None),
-     ("exit 255", 255, None), ("kill -TERM $$", None, 15), ("kill -KILL $$", None, 9),
-     ("kill -SEGV $$", None, 11), ("kill -INT $$", None, 2)],
+    [
+        ("exit 0", 0, None),
+        ("exit 1", 1, None),
+        ("exit 7", 7, None),
+        ("exit 42", 42, None),
+        ("exit 255", 255, None),
+        ("kill -TERM $$", None, 15),
+        ("kill -KILL $$", None, 9),
+        ("kill -SEGV $$", None, 11),
+        ("kill -INT $$", None, 2),
+    ],
 )
 def test_exit_status_is_cmds(tmp_path, script, code, sig):
     g = Guard(tmp_path, ["sh", "-c", script])
@@ -131,6 +162,7 @@ def test_orphans_reaped_by_the_guard_do_not_steal_cmds_status(tmp_path, action):
 
 # 2. A setsid child that ignores SIGTERM ---------------------------------------------------------
 
+
 def test_setsid_child_ignoring_sigterm_is_killed_after_grace_and_guard_waits(tmp_path):
     g = Guard(tmp_path, py("setsid-child", "3"))
     child, child_pgid = g.announced("child")
@@ -149,6 +181,7 @@ def test_setsid_child_ignoring_sigterm_is_killed_after_grace_and_guard_waits(tmp
 
 
 # 3. A daemon detaching between two scans: only the subreaper sees it ---------------------------
+
 
 @pytest.mark.parametrize("how", ["cmd-exits", "guard-sigterm"])
 def test_double_forked_daemon_between_scans_is_ended(tmp_path, how):
@@ -178,8 +211,13 @@ LAUNCHER = (
 
 
 def test_parent_sigkilled_ends_all_work_within_grace(tmp_path):
-    g = Guard(tmp_path, py("setsid-child", "stay"), grace=0.5, scan="30s",
-              launcher=[PYTHON, "-c", LAUNCHER])
+    g = Guard(
+        tmp_path,
+        py("setsid-child", "stay"),
+        grace=0.5,
+        scan="30s",
+        launcher=[PYTHON, "-c", LAUNCHER],
+    )
     guard_pid = int(g.line()[1])
     guard = procs.identity_of(guard_pid)
     child, _ = g.announced("child")
@@ -187,8 +225,11 @@ def test_parent_sigkilled_ends_all_work_within_grace(tmp_path):
     g.proc.kill()  # the launcher: the guard's parent
     killed_at = time.monotonic()
     g.wait()
-    wait_until(lambda: gone(child) and gone(cmd) and gone(guard), timeout=0.5 + 1.0,
-               what="CMD, its setsid child and the guard gone after the parent's SIGKILL")
+    wait_until(
+        lambda: gone(child) and gone(cmd) and gone(guard),
+        timeout=0.5 + 1.0,
+        what="CMD, its setsid child and the guard gone after the parent's SIGKILL",
+    )
     assert time.monotonic() - killed_at >= 0.5  # the child ignored SIGTERM: the grace ran out
     rec = record.read_json(record.record_path(g.record_dir, guard))
     assert rec["state"] == "gone" and rec["reason"] == "parent_gone"
@@ -196,6 +237,7 @@ def test_parent_sigkilled_ends_all_work_within_grace(tmp_path):
 
 
 # 5. Signals to the guard; a stopped CMD ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_to_guard_stops_the_turn(tmp_path, sig):
@@ -224,6 +266,7 @@ def test_stopped_cmd_is_still_ended_without_waiting_for_the_grace(tmp_path):
 
 
 # 6. The guard SIGKILLed: the record remains for a reaper --------------------------------------
+
 
 def test_guard_sigkilled_leaves_record_with_live_groups(tmp_path):
     g = Guard(tmp_path, py("setsid-child", "stay"))
@@ -255,6 +298,7 @@ def test_guard_sigkilled_leaves_record_with_live_groups(tmp_path):
 
 
 # 8. Job control and a large tree ---------------------------------------------------------------
+
 
 def test_job_control_shell_is_ended_completely(tmp_path):
     # after its jobs die the shell execs a sleep in the own group: CMD dies of SIGTERM either way
@@ -322,14 +366,29 @@ def test_guard_started_with_signals_blocked_still_stops_on_sigterm(tmp_path):
 
 def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
     env = dict(os.environ, CCSUP_SECRET_FOR_TEST="s3cr3t")
-    g = Guard(tmp_path, ["sh", "-c", 'echo "turn $CCSUP_TURN $CCSUP_SECRET_FOR_TEST"'],
-              "--turn", "t-42", env=env)
+    g = Guard(
+        tmp_path,
+        ["sh", "-c", 'echo "turn $CCSUP_TURN $CCSUP_SECRET_FOR_TEST"'],
+        "--turn",
+        "t-42",
+        env=env,
+    )
     assert g.line() == ["turn", "t-42", "s3cr3t"]
     assert g.wait() == 0
     path = g.record_path()
     rec = g.record()
-    assert set(rec) == {"v", "guard", "turn", "argv", "own_group", "groups", "state", "exit",
-                        "reason", "started_at"}
+    assert set(rec) == {
+        "v",
+        "guard",
+        "turn",
+        "argv",
+        "own_group",
+        "groups",
+        "state",
+        "exit",
+        "reason",
+        "started_at",
+    }
     assert rec["v"] == 1 and rec["turn"] == "t-42"
     assert rec["guard"]["pid"] == g.proc.pid
     assert path.name == f"{rec['guard']['pid']}-{rec['guard']['start']}.json"
@@ -349,10 +408,15 @@ def test_without_turn_an_id_is_made_and_given_to_cmd(tmp_path):
 
 
 def test_environment_gives_record_dir_and_grace(tmp_path):
-    env = dict(os.environ, CCSUP_GUARD_DIR=str(tmp_path / "envdir"), CCSUP_GUARD_GRACE_MS="300",
-               CCSUP_GUARD_SCAN_MS="100")
-    proc = subprocess.Popen([PYTHON, "-m", "guardd", "--", *py("setsid-child", "0")],
-                            stdout=subprocess.PIPE, env=env)
+    env = dict(
+        os.environ,
+        CCSUP_GUARD_DIR=str(tmp_path / "envdir"),
+        CCSUP_GUARD_GRACE_MS="300",
+        CCSUP_GUARD_SCAN_MS="100",
+    )
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "guardd", "--", *py("setsid-child", "0")], stdout=subprocess.PIPE, env=env
+    )
     out = proc.stdout.readline().split()
     started = time.monotonic()
     assert proc.wait(10) == 0
@@ -365,14 +429,21 @@ def test_environment_gives_record_dir_and_grace(tmp_path):
 
 def test_no_record_without_a_record_dir(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CCSUP_GUARD_DIR"}
-    proc = subprocess.run([PYTHON, "-m", "guardd", "--", "true"], env=env, cwd=tmp_path,
-                          timeout=10)
+    proc = subprocess.run([PYTHON, "-m", "guardd", "--", "true"], env=env, cwd=tmp_path, timeout=10)
     assert proc.returncode == 0
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", [[], ["--grace", "soon", "--", "true"], ["--bogus", "true"],
-                                  ["--grace"], ["--scan", "0", "--", "true"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--grace", "soon", "--", "true"],
+        ["--bogus", "true"],
+        ["--grace"],
+        ["--scan", "0", "--", "true"],
+    ],
+)
 def test_usage_errors_exit_125(args):
     proc = subprocess.run([PYTHON, "-m", "guardd", *args], capture_output=True, timeout=10)
     assert proc.returncode == 125
@@ -380,9 +451,11 @@ def test_usage_errors_exit_125(args):
 
 
 def test_guard_imports_only_the_standard_library():
-    code = ("import guardd.__main__, guardd.guard, guardd.scan, guardd.linux, guardd.record, sys;"
-            "bad = [m for m in ('zmq', 'psutil', 'click') if m in sys.modules];"
-            "assert not bad, bad")
+    code = (
+        "import guardd.__main__, guardd.guard, guardd.scan, guardd.linux, guardd.record, sys;"
+        "bad = [m for m in ('zmq', 'psutil', 'click') if m in sys.modules];"
+        "assert not bad, bad"
+    )
     subprocess.run([PYTHON, "-c", code], check=True, timeout=10)
 
 
@@ -390,8 +463,9 @@ def test_launch_command_skips_site_and_ignores_a_guardd_in_cwd(tmp_path):
     from guardd.launch import guard_command
 
     (tmp_path / "guardd.py").write_text("raise SystemExit('shadowed')\n")
-    command = guard_command(["--record-dir", str(tmp_path / "rec"), "--", PYTHON, "-c",
-                             "import sys; sys.exit(6)"])
+    command = guard_command(
+        ["--record-dir", str(tmp_path / "rec"), "--", PYTHON, "-c", "import sys; sys.exit(6)"]
+    )
     assert command[1:4] == ["-I", "-S", "-c"]
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=10)
     assert (proc.returncode, proc.stderr) == (6, b"")

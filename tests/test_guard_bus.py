@@ -7,8 +7,8 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import PYTHON
+
 from guardd.launch import guard_command
 
 zmq = pytest.importorskip("zmq")
@@ -24,8 +24,22 @@ def test_hints_group_exited_gone_are_published(tmp_path, state_dir, launch):
     sub.send(b"\x01guard.")
     try:
         script = "setsid sleep 300 & sleep 0.3; exit 5"  # a group of its own, seen by a scan
-        args = ["--record-dir", str(tmp_path), "--grace", "0.2", "--scan", "0.05", "--turn", "t1",
-                "--bus", endpoint, "--", "sh", "-c", script]
+        args = [
+            "--record-dir",
+            str(tmp_path),
+            "--grace",
+            "0.2",
+            "--scan",
+            "0.05",
+            "--turn",
+            "t1",
+            "--bus",
+            endpoint,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]
         # as a person runs it, and as the supervisor does (python -I -S: no pyzmq importable)
         command = [PYTHON, "-m", "guardd", *args] if launch == "module" else guard_command(args)
         proc = subprocess.Popen(command)
@@ -52,14 +66,18 @@ def test_hints_group_exited_gone_are_published(tmp_path, state_dir, launch):
     assert got["gone"][1]["record"] == str(rec_path)
     (group,) = rec["groups"]
     assert {k: got["group"][1][k] for k in ("pgid", "leader_start")} == {
-        "pgid": group["pgid"], "leader_start": group["leader_start"]}
+        "pgid": group["pgid"],
+        "leader_start": group["leader_start"],
+    }
 
 
 def test_guard_without_bus_never_imports_zmq():
-    code = ("import sys, guardd.__main__ as m\n"
-            "rc = m.main(['--grace', '0.1', '--', 'true'])\n"
-            "assert 'zmq' not in sys.modules and 'psutil' not in sys.modules, 'imported'\n"
-            "sys.exit(rc)\n")
+    code = (
+        "import sys, guardd.__main__ as m\n"
+        "rc = m.main(['--grace', '0.1', '--', 'true'])\n"
+        "assert 'zmq' not in sys.modules and 'psutil' not in sys.modules, 'imported'\n"
+        "sys.exit(rc)\n"
+    )
     assert subprocess.run([PYTHON, "-c", code], timeout=10).returncode == 0
 
 
@@ -84,7 +102,9 @@ def test_frames_are_zmtp_3_encoded():
     assert hints.frame(b"x" * 256) == b"\x02" + (256).to_bytes(8, "big") + b"x" * 256
     assert hints.ready_command() == (b"\x04\x19\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB")
     assert hints.message(b"t", b"b") == b"\x01\x01t\x00\x01b"
-    assert len(hints._GREETING) == 64 and hints._GREETING[:12] == b"\xff" + bytes(8) + b"\x7f\x03\x00"
+    assert (
+        len(hints._GREETING) == 64 and hints._GREETING[:12] == b"\xff" + bytes(8) + b"\x7f\x03\x00"
+    )
 
 
 @pytest.mark.parametrize("kind", ["XSUB", "SUB"])
@@ -162,8 +182,21 @@ def test_a_curve_peer_is_refused_with_one_line(tmp_path, state_dir):
     sock.bind(endpoint)
     try:
         proc = subprocess.Popen(
-            [PYTHON, "-m", "guardd", "--grace", "0.2", "--bus", endpoint, "--", "sh", "-c",
-             "sleep 0.3; exit 3"], stderr=subprocess.PIPE)
+            [
+                PYTHON,
+                "-m",
+                "guardd",
+                "--grace",
+                "0.2",
+                "--bus",
+                endpoint,
+                "--",
+                "sh",
+                "-c",
+                "sleep 0.3; exit 3",
+            ],
+            stderr=subprocess.PIPE,
+        )
         _collect(sock, lambda got: proc.poll() is not None)
         assert proc.wait(10) == 3
         err = proc.stderr.read().decode()
@@ -172,5 +205,7 @@ def test_a_curve_peer_is_refused_with_one_line(tmp_path, state_dir):
         sock.close(0)
         ctx.term()
     # libzmq closes without a word (its greeting unsent) when it does not accept the mechanism
-    assert err == (f"ccsup-guard: unable to publish hints on {endpoint}: the peer closed the"
-                   " connection in the handshake (a CURVE endpoint? the guard speaks only NULL)\n")
+    assert err == (
+        f"ccsup-guard: unable to publish hints on {endpoint}: the peer closed the"
+        " connection in the handshake (a CURVE endpoint? the guard speaks only NULL)\n"
+    )

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, wait_until
+
 from guardd import procs, record, scan
 
 
@@ -39,8 +39,11 @@ def test_work_alive_of_a_record_follows_identity(sleeper):
     start = procs.start_ticks(sleeper.pid)
     rec = {"v": 1, "own_group": {"pgid": sleeper.pid, "leader_start": start}, "groups": []}
     assert record.work_alive(rec)
-    rec_reused = {"v": 1, "own_group": {"pgid": sleeper.pid, "leader_start": start + 7},
-                  "groups": [{"pgid": sleeper.pid, "leader_start": None, "seen_at": 1.0}]}
+    rec_reused = {
+        "v": 1,
+        "own_group": {"pgid": sleeper.pid, "leader_start": start + 7},
+        "groups": [{"pgid": sleeper.pid, "leader_start": None, "seen_at": 1.0}],
+    }
     assert not record.work_alive(rec_reused)
     assert not record.work_alive({"v": 1, "own_group": None, "groups": []})
 
@@ -65,8 +68,9 @@ LEADER_EXITS = (
 
 
 def test_group_whose_leader_is_gone_is_alive_while_a_member_runs():
-    leader = subprocess.Popen([PYTHON, "-c", LEADER_EXITS], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE)
+    leader = subprocess.Popen(
+        [PYTHON, "-c", LEADER_EXITS], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     leader_start = procs.start_ticks(leader.pid)
     member = procs.identity_of(int(leader.stdout.readline().split()[1]))
     leader.stdin.close()
@@ -170,8 +174,9 @@ def test_scanner_sees_what_a_fresh_scan_sees_as_the_tree_changes():
         "        time.sleep(300)\n"
         "        os._exit(0)\n"
     )
-    p = subprocess.Popen([PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         process_group=0)
+    p = subprocess.Popen(
+        [PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, process_group=0
+    )
     sc = scan.Scanner(p.pid)
     try:
         for line in (b"plain\n", b"setsid\n", b"plain\n", b"move\n"):
@@ -180,17 +185,24 @@ def test_scanner_sees_what_a_fresh_scan_sees_as_the_tree_changes():
             assert p.stdout.readline() == b"ok\n"
             got, fresh = sc.descendants(), scan.descendants(p.pid)
             assert {k: _proc_tuple(v) for k, v in got.items()} == {
-                k: _proc_tuple(v) for k, v in fresh.items()}
+                k: _proc_tuple(v) for k, v in fresh.items()
+            }
         assert len(got) == 3 and sc.held() == 3
         assert sorted(v.pgid == v.pid for v in got.values()) == [False, True, True]
         victim = min(got)
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: got[victim].pid not in scan.descendants(p.pid) or
-                   scan.descendants(p.pid)[victim].zombie, what="the victim dead")
+        wait_until(
+            lambda: (
+                got[victim].pid not in scan.descendants(p.pid)
+                or scan.descendants(p.pid)[victim].zombie
+            ),
+            what="the victim dead",
+        )
         got = sc.descendants()
         assert victim not in got or got[victim].zombie
         assert {k: _proc_tuple(v) for k, v in got.items()} == {
-            k: _proc_tuple(v) for k, v in scan.descendants(p.pid).items()}
+            k: _proc_tuple(v) for k, v in scan.descendants(p.pid).items()
+        }
     finally:
         sc.close()
         for pid in scan.descendants(p.pid):  # the setsid one is outside the group

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from conftest import wait_until
+
 from supervisor.client import RemoteError
 
 HOLDER = {"session": "s1", "agent": "a1"}
@@ -22,11 +22,20 @@ def test_a_held_reservation_is_bound_by_its_turn_without_waiting(daemon, event_l
     with d.client() as client:
         before = time.time()
         answer = client.reserve("codex", holder=HOLDER, id="r1")
-        assert answer["reservation"] == "r1" and answer["state"] == "held" and answer["position"] is None
+        assert (
+            answer["reservation"] == "r1"
+            and answer["state"] == "held"
+            and answer["position"] is None
+        )
         assert before + 29 < answer["until"] <= time.time() + 30
         assert slot_states(client) == ["reserved"]
         client.turn("codex", ["true"], id="other")  # waits: the only slot is reserved
-        assert client.turn("codex", ["sleep", "0.2"], id="t1", holder=HOLDER, reservation="r1")["state"] == "running"
+        assert (
+            client.turn("codex", ["sleep", "0.2"], id="t1", holder=HOLDER, reservation="r1")[
+                "state"
+            ]
+            == "running"
+        )
         released = log.wait_for("turn.r1.released")
         assert released["reason"] == "bound" and released["turn"] == "t1"
         log.wait_for("turn.t1.released")
@@ -35,7 +44,9 @@ def test_a_held_reservation_is_bound_by_its_turn_without_waiting(daemon, event_l
     assert topics.index("turn.t1.started") < topics.index("turn.other.granted")
 
 
-def test_an_unbound_reservation_is_released_in_time_and_the_next_waiter_gets_the_slot(daemon, event_log):
+def test_an_unbound_reservation_is_released_in_time_and_the_next_waiter_gets_the_slot(
+    daemon, event_log
+):
     d = daemon(caps="codex = 1", extra='reservation_ttl = "400ms"')
     log = event_log(d)
     with d.client() as client:
@@ -87,7 +98,9 @@ def test_a_turn_naming_a_waiting_reservation_takes_its_place(daemon, event_log):
     assert granted == ["turn.busy.granted", "turn.t1.granted", "turn.later.granted"]
 
 
-def test_a_bound_reservation_is_never_taken_back_when_its_time_runs_out(daemon, event_log, state_dir):
+def test_a_bound_reservation_is_never_taken_back_when_its_time_runs_out(
+    daemon, event_log, state_dir
+):
     d = daemon(caps="codex = 1", extra='reservation_ttl = "300ms"')
     log = event_log(d)
     with d.client() as client:
@@ -107,7 +120,13 @@ def test_binding_someone_elses_reservation_is_refused(daemon):
     with d.client() as client:
         client.reserve("codex", holder=HOLDER, id="r1")
         with pytest.raises(RemoteError) as err:
-            client.turn("codex", ["true"], id="t1", holder={"session": "s2", "agent": "a1"}, reservation="r1")
+            client.turn(
+                "codex",
+                ["true"],
+                id="t1",
+                holder={"session": "s2", "agent": "a1"},
+                reservation="r1",
+            )
         assert err.value.code == "conflict"
         with pytest.raises(RemoteError) as err:
             client.turn("claude", ["true"], id="t2", holder=HOLDER, reservation="r1")

@@ -15,14 +15,18 @@ def queue_file(state_dir) -> dict:
     return json.loads((state_dir / "queue.json").read_text())
 
 
-def test_waiting_turns_and_reservations_come_back_in_order_after_a_sigkill(daemon, event_log, state_dir):
+def test_waiting_turns_and_reservations_come_back_in_order_after_a_sigkill(
+    daemon, event_log, state_dir
+):
     d = daemon(caps="codex = 1, claude = 1", extra='reservation_ttl = "60s"')
     witness = state_dir / "order"
     with d.client() as client:
         client.turn("codex", ["sleep", "300"], id="busy")
         client.reserve("claude", holder=HOLDER, id="held")
         for n in range(3):
-            client.turn("codex", ["sh", "-c", f"echo w{n} >> {witness}"], id=f"w{n}", env={"TOKEN": "x"})
+            client.turn(
+                "codex", ["sh", "-c", f"echo w{n} >> {witness}"], id=f"w{n}", env={"TOKEN": "x"}
+            )
         client.reserve("codex", holder=HOLDER, id="rq")
     saved = queue_file(state_dir)
     assert [w["id"] for w in saved["waiting"]] == ["w0", "w1", "w2"]
@@ -32,22 +36,31 @@ def test_waiting_turns_and_reservations_come_back_in_order_after_a_sigkill(daemo
     log = event_log(d)
     with d.client() as client:
         ps = client.ps()
-        waits = [w["id"] for w in ps["waits"]]  # the head may already run: busy's work died with its guard
+        waits = [
+            w["id"] for w in ps["waits"]
+        ]  # the head may already run: busy's work died with its guard
         order = ["w0", "w1", "w2", "rq"]  # (all of them may have been granted already: waits == [])
-        assert waits == order[len(order) - len(waits):]
+        assert waits == order[len(order) - len(waits) :]
         assert {s["key"]: s["state"] for s in ps["slots"]}["claude"] == "reserved"
-        wait_until(lambda: witness.exists() and witness.read_text() == "w0\nw1\nw2\n", timeout=20,
-                   what="the restored turns to run in order")
+        wait_until(
+            lambda: witness.exists() and witness.read_text() == "w0\nw1\nw2\n",
+            timeout=20,
+            what="the restored turns to run in order",
+        )
         log.wait_for("turn.rq.granted")
         assert client.reserve("claude", holder=HOLDER)["reservation"] == "held"
 
 
-def test_the_turns_a_dead_supervisor_was_running_end_with_one_terminal_event(daemon, event_log, state_dir):
+def test_the_turns_a_dead_supervisor_was_running_end_with_one_terminal_event(
+    daemon, event_log, state_dir
+):
     d = daemon(grace="300ms")
     with d.client() as client:
         client.turn("codex", ["sleep", "300"], id="running")
-        wait_until(lambda: queue_file(state_dir)["running"] == [{"id": "running", "key": "codex"}],
-                   what="the granted turn in queue.json")
+        wait_until(
+            lambda: queue_file(state_dir)["running"] == [{"id": "running", "key": "codex"}],
+            what="the granted turn in queue.json",
+        )
     d.kill()
     d.start()
     with d.client() as client:
@@ -71,7 +84,10 @@ def test_a_restored_request_whose_requester_died_is_cancelled(daemon, state_dir)
     with d.client() as client:
         assert client.cancel("orphan")["state"] == "cancelled"
         assert [w["id"] for w in client.ps()["waits"]] == []  # busy's slot was freed: kept ran
-        wait_until(lambda: client.turn("codex", ["true"], id="kept")["state"] == "released", what="kept to run")
+        wait_until(
+            lambda: client.turn("codex", ["true"], id="kept")["state"] == "released",
+            what="kept to run",
+        )
 
 
 def test_a_stored_reservation_end_is_capped_at_now_plus_ttl(daemon, state_dir):
@@ -101,13 +117,18 @@ def test_finished_ids_are_remembered_across_a_restart(daemon, state_dir):
         log.write("torn-by-a-crash rel")  # a last line cut short is skipped, never fatal
     d.start()
     with d.client() as client:
-        assert client.turn("codex", ["sh", "-c", f"echo x >> {marker}"], id="once")["state"] == "released"
+        assert (
+            client.turn("codex", ["sh", "-c", f"echo x >> {marker}"], id="once")["state"]
+            == "released"
+        )
     assert marker.read_text() == "x\n"
     assert "unreadable lines skipped" in d.stderr_path.read_text()
     assert (state_dir / "finished.log").read_text().split()[:2] == ["once", "released"]  # compacted
 
 
-def test_a_corrupt_or_newer_queue_file_is_moved_aside_and_the_supervisor_starts(daemon, event_log, state_dir):
+def test_a_corrupt_or_newer_queue_file_is_moved_aside_and_the_supervisor_starts(
+    daemon, event_log, state_dir
+):
     d = daemon(start=False)
     for text in ('{"v": 1, "waiting": [', json.dumps({"v": 99, "waiting": []})):
         (state_dir / "queue.json").write_text(text)

@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, ROOT, wait_until
+
 from guardd import procs
 from guardd.procs import Group, Identity
 from guardd.record import write_json
@@ -152,7 +152,9 @@ def states(gate: SlotGate, key: str) -> list[tuple[int, str]]:
     [(2, 0, "race"), (8, 2, "other")],
     ids=["last-slot-of-the-key", "last-slot-of-the-machine"],
 )
-def test_racers_for_the_last_slot_never_both_hold_it_even_when_one_is_stopped(state_dir, cap, machine_cap, first_key):
+def test_racers_for_the_last_slot_never_both_hold_it_even_when_one_is_stopped(
+    state_dir, cap, machine_cap, first_key
+):
     key, seconds, n = "race", 3.0, 8
     caps = Caps(caps={key: cap, "other": 1}, machine_cap=machine_cap or None)
     gate = SlotGate(state_dir, caps)
@@ -162,7 +164,17 @@ def test_racers_for_the_last_slot_never_both_hold_it_even_when_one_is_stopped(st
     witness = state_dir / "witness"
     racers = [
         subprocess.Popen(
-            [PYTHON, "-c", RACER, str(state_dir), key, str(cap), str(machine_cap), str(witness), str(seconds)],
+            [
+                PYTHON,
+                "-c",
+                RACER,
+                str(state_dir),
+                key,
+                str(cap),
+                str(machine_cap),
+                str(witness),
+                str(seconds),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=child_env(),
@@ -213,13 +225,20 @@ def test_holder_killed_without_work_frees_its_slot_at_once(state_dir):
     assert gate.try_acquire("codex", ME) is None
     assert gate.last_refusal == "key_full"
     [view] = gate.inspect("codex")
-    assert (view.state, view.holder["pid"], view.holder["session"], view.turn) == ("reserved", proc.pid, "s1", "turn-1")
+    assert (view.state, view.holder["pid"], view.holder["session"], view.turn) == (
+        "reserved",
+        proc.pid,
+        "s1",
+        "turn-1",
+    )
     proc.kill()
     assert proc.wait() == -signal.SIGKILL
     assert states(gate, "codex") == [(0, "free")]
     slot = gate.try_acquire("codex", ME)
     assert slot is not None and slot.index == 0
-    assert slot.took_over["holder"]["pid"] == proc.pid  # the unreleased record, taken over and said so
+    assert (
+        slot.took_over["holder"]["pid"] == proc.pid
+    )  # the unreleased record, taken over and said so
     assert slot.took_over["released"] is False
     slot.release()
 
@@ -248,7 +267,12 @@ def test_orphaned_work_counts_until_reaped(state_dir, mode, machine_cap):
             assert gate.try_acquire("codex", ME) is None
             assert gate.last_refusal == "key_full"
         [view] = gate.inspect("codex")
-        assert (view.state, view.pid, view.turn, view.holder["pid"]) == ("orphaned", proc.pid, turn, proc.pid)
+        assert (view.state, view.pid, view.turn, view.holder["pid"]) == (
+            "orphaned",
+            proc.pid,
+            turn,
+            proc.pid,
+        )
         if machine_cap:
             assert states(gate, MACHINE_KEY) == [(0, "orphaned"), (1, "free")]
         assert procs.process_running(work) and procs.process_running(escapee)
@@ -263,7 +287,9 @@ def test_orphaned_work_counts_until_reaped(state_dir, mode, machine_cap):
         assert not procs.process_running(escapee)  # found by its CCSUP_TURN marker
         assert states(gate, "codex") == [(0, "free")]
         slot = gate.try_acquire("codex", ME)
-        assert slot is not None and slot.index == 0 and slot.took_over is None  # the reaper released it
+        assert (
+            slot is not None and slot.index == 0 and slot.took_over is None
+        )  # the reaper released it
         slot.release()
     finally:
         for ident in (work, escapee):
@@ -309,7 +335,15 @@ def test_stopped_holder_keeps_its_slot(state_dir):
 # ---- 5. pid reuse, simulated by records -------------------------------------------------------------
 
 
-def slot_record(key: str, *, holder: dict, work: dict | None, released: bool = False, index: int = 0, cap: int = 1):
+def slot_record(
+    key: str,
+    *,
+    holder: dict,
+    work: dict | None,
+    released: bool = False,
+    index: int = 0,
+    cap: int = 1,
+):
     return {
         "v": 1,
         "key": key,
@@ -347,12 +381,18 @@ def test_record_of_a_pid_now_belonging_to_another_process_is_not_held(state_dir)
 
 def test_recorded_group_whose_id_now_belongs_to_another_group_is_gone(state_dir):
     # A live group (a real process in its own session), recorded with the wrong leader start: gone.
-    other = subprocess.Popen([PYTHON, "-c", IGNORER], start_new_session=True, stdout=subprocess.PIPE)
+    other = subprocess.Popen(
+        [PYTHON, "-c", IGNORER], start_new_session=True, stdout=subprocess.PIPE
+    )
     try:
         assert other.stdout.readline() == b"ready\n"
         start = procs.start_ticks(other.pid)
         guard = {"pid": other.pid, "start": start + 1}
-        work = {"guard": guard, "record": None, "groups": [{"pgid": other.pid, "leader_start": start + 1}]}
+        work = {
+            "guard": guard,
+            "record": None,
+            "groups": [{"pgid": other.pid, "leader_start": start + 1}],
+        }
         plant(state_dir, "codex", slot_record("codex", holder=guard, work=work))
         gate = SlotGate(state_dir, Caps(caps={"codex": 1}))
         assert states(gate, "codex") == [(0, "free")]
@@ -390,7 +430,10 @@ def test_lowered_cap_keeps_running_holders_and_grants_nothing_until_under_it(sta
     assert states(gate, "codex") == [(0, "free"), (1, "reserved"), (2, "reserved")]
     held[2].release()  # one still runs above the cap: the count is 1, not under cap 1
     assert gate.try_acquire("codex", ME) is None
-    assert states(gate, "codex") == [(0, "free"), (1, "reserved")]  # a free slot above the cap is not listed
+    assert states(gate, "codex") == [
+        (0, "free"),
+        (1, "reserved"),
+    ]  # a free slot above the cap is not listed
     held[1].release()
     slot = gate.try_acquire("codex", ME)
     assert slot is not None and slot.index == 0
@@ -415,11 +458,23 @@ def test_raised_cap_grants_at_once(state_dir):
 UNREADABLE = [
     ("corrupt", b'{"v": 1, "key": "codex", "rel', "is not valid JSON"),
     ("empty", b"", "is not valid JSON"),
-    ("newer", json.dumps({"v": 2, "released": True}).encode(), "is version 2, newer than this ccsup knows (1)"),
+    (
+        "newer",
+        json.dumps({"v": 2, "released": True}).encode(),
+        "is version 2, newer than this ccsup knows (1)",
+    ),
     ("no-version", json.dumps({"released": True}).encode(), "has no version field 'v'"),
     ("not-object", b"[1]", "does not hold a JSON object"),
-    ("released-not-bool", json.dumps({"v": 1, "released": "yes"}).encode(), "'released' is not true or false"),
-    ("bad-work", json.dumps({"v": 1, "released": False, "work": {"guard": {"pid": "x"}}}).encode(), "malformed 'work'"),
+    (
+        "released-not-bool",
+        json.dumps({"v": 1, "released": "yes"}).encode(),
+        "'released' is not true or false",
+    ),
+    (
+        "bad-work",
+        json.dumps({"v": 1, "released": False, "work": {"guard": {"pid": "x"}}}).encode(),
+        "malformed 'work'",
+    ),
 ]
 
 
@@ -494,7 +549,12 @@ def test_machine_cap_gates_every_key_together(state_dir):
     a.release()  # idempotent
     assert [v.state for v in gate.inspect_all()] == ["free"] * 6
     assert [(v.key, v.index) for v in gate.inspect_all()] == [
-        (MACHINE_KEY, 0), (MACHINE_KEY, 1), ("a", 0), ("a", 1), ("b", 0), ("b", 1)
+        (MACHINE_KEY, 0),
+        (MACHINE_KEY, 1),
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+        ("b", 1),
     ]
 
 
@@ -509,7 +569,9 @@ def test_a_full_key_gives_its_machine_slot_back(state_dir):
 
 def test_memory_floor_refuses_every_key_and_touches_nothing(state_dir):
     memory = [100]
-    gate = SlotGate(state_dir, Caps(caps={"a": 1}, min_free_memory=1000), available_memory=lambda: memory[0])
+    gate = SlotGate(
+        state_dir, Caps(caps={"a": 1}, min_free_memory=1000), available_memory=lambda: memory[0]
+    )
     assert gate.try_acquire("a", ME) is None
     assert gate.last_refusal == "low_memory"
     assert not (state_dir / "slots").exists()
@@ -548,20 +610,38 @@ def test_bad_key_is_a_usage_error(state_dir, key):
 def test_record_fields_bind_and_work(state_dir):
     clock = iter(range(100, 200)).__next__
     gate = SlotGate(state_dir, Caps(caps={"codex": 1}), clock=lambda: float(clock()))
-    holder = Holder.this_process(session="S", agent="A", harness="codex", model="m", effort="high", mode="auto")
+    holder = Holder.this_process(
+        session="S", agent="A", harness="codex", model="m", effort="high", mode="auto"
+    )
     slot = gate.try_acquire("codex", holder, turn="t1", reservation={"id": "r1", "until": 5})
     path = state_dir / "slots" / "codex" / "slot-0.json"
     assert json.loads(path.read_text()) == {
-        "v": 1, "key": "codex", "index": 0, "cap": 1, "holder": holder.to_json(), "turn": "t1",
-        "reservation": {"id": "r1", "until": 5.0}, "work": None, "released": False, "updated_at": 100.0,
+        "v": 1,
+        "key": "codex",
+        "index": 0,
+        "cap": 1,
+        "holder": holder.to_json(),
+        "turn": "t1",
+        "reservation": {"id": "r1", "until": 5.0},
+        "work": None,
+        "released": False,
+        "updated_at": 100.0,
     }
     assert holder.to_json() == {
-        "pid": os.getpid(), "start": procs.start_ticks(os.getpid()), "session": "S", "agent": "A",
-        "harness": "codex", "model": "m", "effort": "high", "mode": "auto",
+        "pid": os.getpid(),
+        "start": procs.start_ticks(os.getpid()),
+        "session": "S",
+        "agent": "A",
+        "harness": "codex",
+        "model": "m",
+        "effort": "high",
+        "mode": "auto",
     }
     assert Holder.from_json(holder.to_json()) == holder
     slot.bind(turn="t2", reservation=None)
-    slot.record_work(Identity(1234, 5678), "/state/guards/1234-5678.json", [Group(1234, 5678), Group(99, None)])
+    slot.record_work(
+        Identity(1234, 5678), "/state/guards/1234-5678.json", [Group(1234, 5678), Group(99, None)]
+    )
     on_disk = json.loads(path.read_text())
     assert on_disk == slot.record
     assert (on_disk["turn"], on_disk["reservation"], on_disk["updated_at"]) == ("t2", None, 102.0)
@@ -572,8 +652,15 @@ def test_record_fields_bind_and_work(state_dir):
     }
     [view] = gate.inspect("codex")
     assert view.to_json() == {
-        "key": "codex", "index": 0, "cap": 1, "state": "held", "turn": "t2", "holder": holder.to_json(),
-        "pid": 1234, "groups": on_disk["work"]["groups"], "since": 102.0,
+        "key": "codex",
+        "index": 0,
+        "cap": 1,
+        "state": "held",
+        "turn": "t2",
+        "holder": holder.to_json(),
+        "pid": 1234,
+        "groups": on_disk["work"]["groups"],
+        "since": 102.0,
     }
     slot.release()
     assert json.loads(path.read_text())["released"] is True
@@ -587,5 +674,7 @@ def test_inspect_all_lists_configured_keys_and_keys_found_on_disk(state_dir):
     SlotGate(state_dir, Caps(caps={"other:x": 1})).try_acquire("other:x", ME).release()
     (state_dir / "slots" / ".stray.tmp").write_text("")
     assert [(v.key, v.index, v.state) for v in gate.inspect_all()] == [
-        ("codex", 0, "free"), ("codex", 1, "free"), ("other:x", 0, "free")
+        ("codex", 0, "free"),
+        ("codex", 1, "free"),
+        ("other:x", 0, "free"),
     ]

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, leftovers
+
 from guardd import procs
 
 CLIENTS = 3
@@ -38,12 +38,17 @@ def test_soak_with_guards_and_the_supervisor_killed(daemon, event_log, state_dir
     # included; the kernel drops it when the work dies, however it dies. A fourth turn at once
     # would find no free token and say so.
     tokens = " ".join(str(state_dir / f"token{i}") for i in range(3))
-    turn_cmd = ["sh", "-c",
-                f'for t in {tokens}; do exec 9>>"$t"; if flock -n -x 9; then echo "ok $CCSUP_TURN" >> {counts}; '
-                f'exec sleep 0.3; fi; exec 9>&-; done; echo "over $CCSUP_TURN" >> {counts}; sleep 0.3']
+    turn_cmd = [
+        "sh",
+        "-c",
+        f'for t in {tokens}; do exec 9>>"$t"; if flock -n -x 9; then echo "ok $CCSUP_TURN" >> {counts}; '
+        f'exec sleep 0.3; fi; exec 9>&-; done; echo "over $CCSUP_TURN" >> {counts}; sleep 0.3',
+    ]
     client_script = str(Path(__file__).with_name("soak_client.py"))
-    clients = [subprocess.Popen([PYTHON, client_script, str(state_dir), str(n), str(SECONDS), *turn_cmd])
-               for n in range(CLIENTS)]
+    clients = [
+        subprocess.Popen([PYTHON, client_script, str(state_dir), str(n), str(SECONDS), *turn_cmd])
+        for n in range(CLIENTS)
+    ]
     rng = random.Random(7)
     guards_killed, supervisor_killed = 0, False
     started_at = time.monotonic()
@@ -56,13 +61,18 @@ def test_soak_with_guards_and_the_supervisor_killed(daemon, event_log, state_dir
                 time.sleep(0.3)
                 d.start()
                 continue
-            running = [b for t, b in [(t, b) for t, b, _ in list(log.events)]
-                       if t.startswith("turn.") and t.endswith(".started")]  # not supervisor.started
+            running = [
+                b
+                for t, b in [(t, b) for t, b, _ in list(log.events)]
+                if t.startswith("turn.") and t.endswith(".started")
+            ]  # not supervisor.started
             done = {t.split(".")[1] for t in log.topics("turn.") if t.endswith(TERMINAL)}
             live = [b for b in running if b["id"] not in done]
             if live:
                 victim = rng.choice(live)["guard"]
-                if procs.signal_process(procs.Identity(victim["pid"], victim["start"]), signal.SIGKILL):
+                if procs.signal_process(
+                    procs.Identity(victim["pid"], victim["start"]), signal.SIGKILL
+                ):
                     guards_killed += 1
     finally:
         for c in clients:
@@ -97,10 +107,16 @@ def test_soak_with_guards_and_the_supervisor_killed(daemon, event_log, state_dir
     d.stop()
     log.close()
     assert leftovers() == []
-    print(json.dumps({
-        "soak_requests": len(acked), "turns_started": len(starts),
-        "guards_killed": guards_killed, "supervisor_killed": int(supervisor_killed),
-        "terminal_events_seen": sum(terminal_events.values()),
-        "states": {s: list(states.values()).count(s) for s in set(states.values())},
-    }))
+    print(
+        json.dumps(
+            {
+                "soak_requests": len(acked),
+                "turns_started": len(starts),
+                "guards_killed": guards_killed,
+                "supervisor_killed": int(supervisor_killed),
+                "terminal_events_seen": sum(terminal_events.values()),
+                "states": {s: list(states.values()).count(s) for s in set(states.values())},
+            }
+        )
+    )
     assert len(starts) >= 100 and guards_killed >= 5

@@ -51,8 +51,10 @@ def pidfd_target(pid: int, fd: int) -> int:
 
 
 def wait_ready(log, turn_id: str) -> None:
-    wait_until(lambda: any(b["data"] == "ready\n" for b in log.find(f"turn.{turn_id}.stdout")),
-               what=f"{turn_id} to say ready")
+    wait_until(
+        lambda: any(b["data"] == "ready\n" for b in log.find(f"turn.{turn_id}.stdout")),
+        what=f"{turn_id} to say ready",
+    )
 
 
 # -- through a real daemon -------------------------------------------------------------------------
@@ -69,9 +71,16 @@ def test_a_forked_guard_has_its_own_session_and_inherits_no_fd(daemon, event_log
             wait_ready(log, f"t{n}")
         guards = [log.wait_for(f"turn.t{n}.started")["guard"]["pid"] for n in range(2)]
         for guard in guards:  # the record is written (its temporary file closed) before we look
-            wait_until(lambda guard=guard: (state_dir / "guards").exists() and any(
-                p.name.startswith(f"{guard}-") and p.suffix == ".json" for p in (state_dir / "guards").iterdir()),
-                what="the guard's record")
+            wait_until(
+                lambda guard=guard: (
+                    (state_dir / "guards").exists()
+                    and any(
+                        p.name.startswith(f"{guard}-") and p.suffix == ".json"
+                        for p in (state_dir / "guards").iterdir()
+                    )
+                ),
+                what="the guard's record",
+            )
         held_elsewhere = set(fd_targets(d.proc.pid).values()) | set(fd_targets(zygote).values())
         assert any(t.endswith(".lock") for t in held_elsewhere)  # the daemon holds slot locks
         for guard in guards:
@@ -80,10 +89,19 @@ def test_a_forked_guard_has_its_own_session_and_inherits_no_fd(daemon, event_log
             targets = fd_targets(guard)
             assert all(targets[fd] in held_elsewhere for fd in (0, 1, 2))  # the turn's pipes
             pidfds = [fd for fd, t in targets.items() if t == "anon_inode:[pidfd]"]
-            assert [pidfd_target(guard, fd) for fd in pidfds] == [d.proc.pid]  # it watches the daemon
-            strays = {fd: t for fd, t in targets.items() if fd > 2 and fd not in pidfds and not (
-                t.startswith("/proc/")  # the scanner's files
-                or (t.startswith(("pipe:", "socket:")) and t not in held_elsewhere))}  # its own
+            assert [pidfd_target(guard, fd) for fd in pidfds] == [
+                d.proc.pid
+            ]  # it watches the daemon
+            strays = {
+                fd: t
+                for fd, t in targets.items()
+                if fd > 2
+                and fd not in pidfds
+                and not (
+                    t.startswith("/proc/")  # the scanner's files
+                    or (t.startswith(("pipe:", "socket:")) and t not in held_elsewhere)
+                )
+            }  # its own
             assert strays == {}
         for n in range(2):
             client.cancel(f"t{n}")
@@ -99,14 +117,27 @@ def test_when_the_zygote_dies_running_turns_go_on_and_new_guards_start_directly(
         client.turn("codex", READY_THEN_READ, id="before")
         wait_ready(log, "before")
         os.kill(zygote, signal.SIGKILL)
-        wait_until(lambda: "guard zygote" in d.stderr_path.read_text() and "is gone" in d.stderr_path.read_text(),
-                   what="the daemon to log the zygote's end")
+        wait_until(
+            lambda: (
+                "guard zygote" in d.stderr_path.read_text()
+                and "is gone" in d.stderr_path.read_text()
+            ),
+            what="the daemon to log the zygote's end",
+        )
         wait_until(lambda: procs.read_stat(zygote) is None, what="the zygote reaped by the daemon")
         # The turn it forked runs on (its guard watches the daemon) and its outcome comes from
         # its record: the zygote that would have reported the status is gone.
         client.send("before", "x\n", eof=True)
         assert log.wait_for("turn.before.exited") | {"ts": 0, "seq": 0} == {
-            "v": 1, "ts": 0, "seq": 0, "id": "before", "key": "codex", "code": 7, "signal": None, "reason": None}
+            "v": 1,
+            "ts": 0,
+            "seq": 0,
+            "id": "before",
+            "key": "codex",
+            "code": 7,
+            "signal": None,
+            "reason": None,
+        }
         log.wait_for("turn.before.released")
 
         client.turn("codex", READY_THEN_READ, id="after")
@@ -128,22 +159,35 @@ def test_a_guard_killed_outright_under_the_zygote_is_lost(daemon, event_log):
         guard = log.wait_for("turn.k.started")["guard"]
         procs.signal_process(procs.Identity(guard["pid"], guard["start"]), signal.SIGKILL)
         assert log.wait_for("turn.k.exited") | {"ts": 0, "seq": 0} == {
-            "v": 1, "ts": 0, "seq": 0, "id": "k", "key": "codex", "code": None, "signal": None,
-            "reason": "guard_lost"}
+            "v": 1,
+            "ts": 0,
+            "seq": 0,
+            "id": "k",
+            "key": "codex",
+            "code": None,
+            "signal": None,
+            "reason": "guard_lost",
+        }
         log.wait_for("turn.k.released", timeout=10)
 
 
 # -- the zygote on its own -------------------------------------------------------------------------
 
 
-def spawn_and_wait(zygote: Zygote, argv: list[str], cwd: str | None = None) -> tuple[int, int, bytes]:
+def spawn_and_wait(
+    zygote: Zygote, argv: list[str], cwd: str | None = None
+) -> tuple[int, int, bytes]:
     """Spawn a guard for argv with stdin closed; returns (pid, returncode, its stderr)."""
     stdin_r, stdin_w = os.pipe()
     err_r, err_w = os.pipe()
     null = os.open(os.devnull, os.O_WRONLY)
     try:
-        spawned = zygote.spawn(["--grace", "0.2", "--", *argv], cwd=cwd, env=dict(os.environ),
-                               stdio=(stdin_r, null, err_w))
+        spawned = zygote.spawn(
+            ["--grace", "0.2", "--", *argv],
+            cwd=cwd,
+            env=dict(os.environ),
+            stdio=(stdin_r, null, err_w),
+        )
     finally:
         for fd in (stdin_r, null, err_w):
             os.close(fd)
@@ -172,15 +216,28 @@ def test_statuses_come_back_exactly(zygote):
     assert spawn_and_wait(zygote, ["sh", "-c", "exit 3"])[1] == 3
     assert spawn_and_wait(zygote, ["sh", "-c", "kill -9 $$"])[1] == 128 + 9
     _, code, err = spawn_and_wait(zygote, ["no-such-command-here"])
-    assert (code, err) == (127, b"ccsup-guard: unable to run no-such-command-here: No such file or directory\n")
-    assert spawn_and_wait(zygote, [PYTHON, "-c", "import os; os.kill(os.getppid(), 9)"])[1] == -9  # the guard
+    assert (code, err) == (
+        127,
+        b"ccsup-guard: unable to run no-such-command-here: No such file or directory\n",
+    )
+    assert (
+        spawn_and_wait(zygote, [PYTHON, "-c", "import os; os.kill(os.getppid(), 9)"])[1] == -9
+    )  # the guard
 
 
 def test_a_bad_cwd_is_an_oserror_and_the_zygote_serves_on(zygote, tmp_path):
     with pytest.raises(FileNotFoundError) as caught:
         spawn_and_wait(zygote, ["true"], cwd=str(tmp_path / "missing"))
-    assert (caught.value.strerror, caught.value.filename) == ("No such file or directory", str(tmp_path / "missing"))
-    assert spawn_and_wait(zygote, ["sh", "-c", 'test "$PWD" = "$0"', str(tmp_path)], cwd=str(tmp_path))[1] == 0
+    assert (caught.value.strerror, caught.value.filename) == (
+        "No such file or directory",
+        str(tmp_path / "missing"),
+    )
+    assert (
+        spawn_and_wait(
+            zygote, ["sh", "-c", 'test "$PWD" = "$0"', str(tmp_path)], cwd=str(tmp_path)
+        )[1]
+        == 0
+    )
 
 
 def signal_state(pid: int) -> dict[str, str]:
@@ -231,8 +288,11 @@ def test_a_child_whose_answer_never_reached_the_supervisor_runs_nothing(monkeypa
     zygote.sock.close()  # the supervisor is gone before the answer: the zygote forks, cannot answer
     os.kill(zygote.pid, signal.SIGCONT)
     assert zygote.proc.wait(10) == 0
-    wait_until(lambda: not procs.processes_with_env("ZYGOTE_TEST_TAG", tag), timeout=5,
-               what="the forked child to exit")
+    wait_until(
+        lambda: not procs.processes_with_env("ZYGOTE_TEST_TAG", tag),
+        timeout=5,
+        what="the forked child to exit",
+    )
     assert not witness.exists()
     zygote.close()
 
@@ -242,8 +302,13 @@ def test_a_stuck_zygote_is_killed_and_starts_nothing(zygote, tmp_path):
     os.kill(zygote.pid, signal.SIGSTOP)
     stdin_r, stdin_w = os.pipe()
     with pytest.raises(ZygoteGone, match="did not answer within 0.3 s"):
-        zygote.spawn(["--", "touch", str(witness)], cwd=None, env=dict(os.environ),
-                     stdio=(stdin_r, stdin_r, stdin_r), timeout=0.3)
+        zygote.spawn(
+            ["--", "touch", str(witness)],
+            cwd=None,
+            env=dict(os.environ),
+            stdio=(stdin_r, stdin_r, stdin_r),
+            timeout=0.3,
+        )
     for fd in (stdin_r, stdin_w):
         os.close(fd)
     assert not zygote.alive and zygote.proc.returncode == -signal.SIGKILL
@@ -278,11 +343,21 @@ def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
     async def scenario():
         launcher = spawn.Launcher(start_zygote=no_zygote)
         launcher.start()
-        guard = launcher.start_guard("t1", ["sh", "-c", "exit 4"], cwd=None, env={}, record_dir=tmp_path,
-                                     grace=0.2, scan=1.0, bus=None)
+        guard = launcher.start_guard(
+            "t1",
+            ["sh", "-c", "exit 4"],
+            cwd=None,
+            env={},
+            record_dir=tmp_path,
+            grace=0.2,
+            scan=1.0,
+            bus=None,
+        )
         assert type(guard) is spawn.Guard and procs.read_stat(guard.pid).ppid == os.getpid()
         done = asyncio.Event()
-        guard.attach(asyncio.get_running_loop(), tmp_path / "t1", on_output=lambda *a: None, on_exit=done.set)
+        guard.attach(
+            asyncio.get_running_loop(), tmp_path / "t1", on_output=lambda *a: None, on_exit=done.set
+        )
         await asyncio.wait_for(done.wait(), 10)
         assert guard.reap() == 4
         guard.close()
@@ -298,12 +373,24 @@ def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
         assert launcher.zygote is not None
         guards, done = [], []
         for n, code in enumerate((0, 5, 9)):
-            guard = launcher.start_guard(f"t{n}", ["sh", "-c", f"exit {code}"], cwd=None, env={"X": None},
-                                         record_dir=tmp_path, grace=0.2, scan=1.0, bus=None)
+            guard = launcher.start_guard(
+                f"t{n}",
+                ["sh", "-c", f"exit {code}"],
+                cwd=None,
+                env={"X": None},
+                record_dir=tmp_path,
+                grace=0.2,
+                scan=1.0,
+                bus=None,
+            )
             assert type(guard) is spawn.ForkedGuard
             event = asyncio.Event()
-            guard.attach(asyncio.get_running_loop(), tmp_path / f"t{n}", on_output=lambda *a: None,
-                         on_exit=event.set)
+            guard.attach(
+                asyncio.get_running_loop(),
+                tmp_path / f"t{n}",
+                on_output=lambda *a: None,
+                on_exit=event.set,
+            )
             guards.append(guard)
             done.append(event)
         for event in done:
@@ -322,8 +409,16 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
         launcher = spawn.Launcher()
         launcher.start()
         zygote = launcher.zygote
-        guard = launcher.start_guard("t1", ["sh", "-c", "read line; exit 3"], cwd=None, env={},
-                                     record_dir=tmp_path, grace=0.2, scan=1.0, bus=None)  # no hints
+        guard = launcher.start_guard(
+            "t1",
+            ["sh", "-c", "read line; exit 3"],
+            cwd=None,
+            env={},
+            record_dir=tmp_path,
+            grace=0.2,
+            scan=1.0,
+            bus=None,
+        )  # no hints
         ended = asyncio.Event()
         guard.attach(loop, tmp_path / "t1", on_output=lambda *a: None, on_exit=ended.set)
         os.kill(zygote.pid, signal.SIGKILL)
@@ -337,8 +432,9 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
         assert guard.reap() == spawn.STATUS_UNKNOWN  # nobody could report it; the record says 3
         assert procs.read_stat(guard.pid) is None or procs.read_stat(guard.pid).zombie
         guard.close()
-        direct = launcher.start_guard("t2", ["true"], cwd=None, env={}, record_dir=tmp_path, grace=0.2,
-                                      scan=1.0, bus=None)
+        direct = launcher.start_guard(
+            "t2", ["true"], cwd=None, env={}, record_dir=tmp_path, grace=0.2, scan=1.0, bus=None
+        )
         assert type(direct) is spawn.Guard and procs.read_stat(direct.pid).ppid == os.getpid()
         done = asyncio.Event()
         direct.attach(loop, tmp_path / "t2", on_output=lambda *a: None, on_exit=done.set)

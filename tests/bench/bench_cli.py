@@ -46,7 +46,9 @@ def timed(argv: list[str], env: dict) -> tuple[float, bytes]:
     done = subprocess.run(argv, capture_output=True, env=env, cwd=ROOT)
     elapsed = (time.perf_counter() - t0) * 1000
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode(errors='replace')}")
+        raise SystemExit(
+            f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode(errors='replace')}"
+        )
     return elapsed, done.stdout
 
 
@@ -97,7 +99,9 @@ def main() -> None:
         for mode in modes:
             medians = {name: round(statistics.median(times[mode, name]), 1) for name in commands}
             medians["ps_over_zmq_ms"] = round(medians["ps_ms"] - medians["zmq_ms"], 1)
-            medians["version_over_python_ms"] = round(medians["version_ms"] - medians["python_ms"], 1)
+            medians["version_over_python_ms"] = round(
+                medians["version_ms"] - medians["python_ms"], 1
+            )
             result[mode] = medians
         print(json.dumps(result))
     finally:

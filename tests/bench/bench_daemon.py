@@ -33,8 +33,20 @@ def start_daemon(state: Path, caps: str) -> subprocess.Popen:
     config = state / "ccsup.toml"
     config.write_text(f'[slots]\ncaps = {{ {caps} }}\n[guard]\ngrace = "1s"\nscan = "2s"\n')
     proc = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "--state-dir", str(state), "--config", str(config), "start", "--foreground"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(state / "daemon.err", "wb"),
+        [
+            sys.executable,
+            "-m",
+            "supervisor",
+            "--state-dir",
+            str(state),
+            "--config",
+            str(config),
+            "start",
+            "--foreground",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(state / "daemon.err", "wb"),
         start_new_session=True,
     )
     deadline = time.monotonic() + 15
@@ -150,17 +162,21 @@ def main() -> None:
         ccsup = through_ccsup(dirs["throughput"], args.turns, args.cap)
         gaps = handoff(dirs["handoff"])
         ps = ps_roundtrip(dirs["ps"])
-        print(json.dumps({
-            "bench": "daemon",
-            "turns": args.turns,
-            "cap": args.cap,
-            "plain_s": round(plain, 3),
-            "ccsup_s": round(ccsup, 3),
-            "ratio": round(ccsup / plain, 3),
-            "handoff_ms_median": round(statistics.median(gaps), 1),
-            "handoff_ms_p90": round(sorted(gaps)[int(len(gaps) * 0.9)], 1),
-            "ps_ms_median": round(statistics.median(ps), 1),
-        }))
+        print(
+            json.dumps(
+                {
+                    "bench": "daemon",
+                    "turns": args.turns,
+                    "cap": args.cap,
+                    "plain_s": round(plain, 3),
+                    "ccsup_s": round(ccsup, 3),
+                    "ratio": round(ccsup / plain, 3),
+                    "handoff_ms_median": round(statistics.median(gaps), 1),
+                    "handoff_ms_p90": round(sorted(gaps)[int(len(gaps) * 0.9)], 1),
+                    "ps_ms_median": round(statistics.median(ps), 1),
+                }
+            )
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -83,12 +83,20 @@ def start_to_exit(runs: int) -> dict:
             bare_s = [timed([PY, "-I", "-S", "-c", "pass"]) for _ in range(runs)]
     finally:
         zygote.close()
-    p, g, m, b, bs, z = (statistics.median(x) * 1000 for x in (plain, guarded, by_module, bare, bare_s, forked))
-    return {"plain_true_ms": round(p, 2), "guard_true_ms": round(g, 2),
-            "guard_module_true_ms": round(m, 2), "python_pass_ms": round(b, 2),
-            "python_IS_pass_ms": round(bs, 2), "ratio": round(g / p, 1),
-            "overhead_ms": round(g - p, 2), "zygote_true_ms": round(z, 2),
-            "zygote_overhead_ms": round(z - p, 2)}
+    p, g, m, b, bs, z = (
+        statistics.median(x) * 1000 for x in (plain, guarded, by_module, bare, bare_s, forked)
+    )
+    return {
+        "plain_true_ms": round(p, 2),
+        "guard_true_ms": round(g, 2),
+        "guard_module_true_ms": round(m, 2),
+        "python_pass_ms": round(b, 2),
+        "python_IS_pass_ms": round(bs, 2),
+        "ratio": round(g / p, 1),
+        "overhead_ms": round(g - p, 2),
+        "zygote_true_ms": round(z, 2),
+        "zygote_overhead_ms": round(z - p, 2),
+    }
 
 
 def vm_hwm_kb(pid: int) -> int:
@@ -152,8 +160,11 @@ def scan_cost(n: int, repeats: int = 50) -> dict:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
         p.stdout.close()
-    return {f"scan_{n}_found": found, f"scan_{n}_ms": round(statistics.median(warm) * 1000, 3),
-            f"scan_{n}_first_ms": round(statistics.median(cold) * 1000, 3)}
+    return {
+        f"scan_{n}_found": found,
+        f"scan_{n}_ms": round(statistics.median(warm) * 1000, 3),
+        f"scan_{n}_first_ms": round(statistics.median(cold) * 1000, 3),
+    }
 
 
 def main() -> None:
@@ -163,8 +174,11 @@ def main() -> None:
     result.update(peak_rss())
     result.update(scan_cost(50))
     result.update(scan_cost(500))
-    result["goals_met"] = (result["overhead_ms"] < 60 and result["guard_peak_rss_mb"] < 15
-                           and result["scan_500_ms"] < 5)
+    result["goals_met"] = (
+        result["overhead_ms"] < 60
+        and result["guard_peak_rss_mb"] < 15
+        and result["scan_500_ms"] < 5
+    )
     print(json.dumps(result))
 
 

@@ -69,8 +69,16 @@ def bench_acquire_release(gate: SlotGate, holder: Holder, seconds: float) -> flo
 
 def bench_record_write(directory: Path, seconds: float) -> float:
     record = {
-        "v": 1, "key": "bench", "index": 0, "cap": 1, "holder": Holder.this_process().to_json(),
-        "turn": None, "reservation": None, "work": None, "released": False, "updated_at": time.time(),
+        "v": 1,
+        "key": "bench",
+        "index": 0,
+        "cap": 1,
+        "holder": Holder.this_process().to_json(),
+        "turn": None,
+        "reservation": None,
+        "work": None,
+        "released": False,
+        "updated_at": time.time(),
     }
     path = directory / "record.json"
     rate = per_second(lambda: write_json(path, record, 0o600), seconds)
@@ -94,7 +102,9 @@ def bench_inspect_all(state: Path, holder: Holder, runs: int) -> tuple[float, in
         start = time.perf_counter()
         views = gate.inspect_all()
         times.append(time.perf_counter() - start)
-    assert len(views) == 80 and sum(v.state == "held" for v in views) == 40, [v.state for v in views]
+    assert len(views) == 80 and sum(v.state == "held" for v in views) == 40, [
+        v.state for v in views
+    ]
     for slot in held:
         slot.release()
     return statistics.median(times) * 1e3, len(views)
@@ -112,12 +122,18 @@ def main() -> None:
         real_fsync = os.fsync
         os.fsync = lambda fd: None  # only for this measurement: the gate's logic without the disk
         try:
-            nofsync = bench_acquire_release(SlotGate(tmp / "b", Caps(caps={"bench": 1})), holder, seconds)
+            nofsync = bench_acquire_release(
+                SlotGate(tmp / "b", Caps(caps={"bench": 1})), holder, seconds
+            )
         finally:
             os.fsync = real_fsync
-        slots_module.write_json = lambda *args, **kwargs: None  # only for this one: no record at all
+        slots_module.write_json = lambda *args, **kwargs: (
+            None
+        )  # only for this one: no record at all
         try:
-            nowrite = bench_acquire_release(SlotGate(tmp / "d", Caps(caps={"bench": 1})), holder, seconds)
+            nowrite = bench_acquire_release(
+                SlotGate(tmp / "d", Caps(caps={"bench": 1})), holder, seconds
+            )
         finally:
             slots_module.write_json = write_json
         inspect_ms, slots = bench_inspect_all(tmp / "c", holder, 200)

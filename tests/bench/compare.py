@@ -106,8 +106,11 @@ class Workdir:
 
     def wait_started(self, n: int, stubborn: bool, timeout: float = 60) -> float:
         t0 = time.monotonic()
-        wait_for(lambda: len(self.up()) >= n and (not stubborn or len(self.grandchildren()) >= n), timeout,
-                 f"{n} workers in {self.path}")
+        wait_for(
+            lambda: len(self.up()) >= n and (not stubborn or len(self.grandchildren()) >= n),
+            timeout,
+            f"{n} workers in {self.path}",
+        )
         self.remember()
         return time.monotonic() - t0
 
@@ -138,20 +141,32 @@ class Circus:
     def __init__(self, bin_dir: Path, root: Path, worker: Path, n: int):
         self.bin, self.root = bin_dir, root
         self.endpoint = f"ipc://{root}/circus-ctl"
-        sections = [f"[circus]\nendpoint = {self.endpoint}\npubsub_endpoint = ipc://{root}/circus-pub\n"
-                    f"stats_endpoint = ipc://{root}/circus-stats\nstatsd = False\ncheck_delay = 0\n"]
+        sections = [
+            f"[circus]\nendpoint = {self.endpoint}\npubsub_endpoint = ipc://{root}/circus-pub\n"
+            f"stats_endpoint = ipc://{root}/circus-stats\nstatsd = False\ncheck_delay = 0\n"
+        ]
         for mode in ("obedient", "stubborn"):
-            sections.append(f"[watcher:{mode}]\ncmd = /bin/sh {worker} {mode} {root}/circus-{mode}\n"
-                            f"numprocesses = {n}\ngraceful_timeout = 1\nstop_children = True\n"
-                            f"autostart = False\ncopy_env = True\nwarmup_delay = 0\n")
+            sections.append(
+                f"[watcher:{mode}]\ncmd = /bin/sh {worker} {mode} {root}/circus-{mode}\n"
+                f"numprocesses = {n}\ngraceful_timeout = 1\nstop_children = True\n"
+                f"autostart = False\ncopy_env = True\nwarmup_delay = 0\n"
+            )
         self.conf = root / "circus.ini"
         self.conf.write_text("\n".join(sections))
         self.dirs = {m: Workdir(root, f"circus-{m}") for m in ("obedient", "stubborn")}
 
     def start_daemon(self) -> None:
-        self.proc = subprocess.Popen([str(self.bin / "circusd"), str(self.conf)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.root / "circusd.err", "wb"), start_new_session=True)
-        wait_for(lambda: subprocess.run(self.ctl("status"), capture_output=True).returncode == 0, 30, "circusd")
+        self.proc = subprocess.Popen(
+            [str(self.bin / "circusd"), str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "circusd.err", "wb"),
+            start_new_session=True,
+        )
+        wait_for(
+            lambda: subprocess.run(self.ctl("status"), capture_output=True).returncode == 0,
+            30,
+            "circusd",
+        )
 
     def ctl(self, *args: str) -> list[str]:
         return [str(self.bin / "circusctl"), "--endpoint", self.endpoint, *args]
@@ -192,18 +207,28 @@ class Supervisord:
             f"[supervisorctl]\nserverurl=unix://{root}/sv.sock\n",
         ]
         for mode in ("obedient", "stubborn"):
-            sections.append(f"[program:{mode}]\ncommand=/bin/sh {worker} {mode} {root}/sv-{mode}\nnumprocs={n}\n"
-                            "process_name=%(program_name)s_%(process_num)02d\nautostart=false\nstartsecs=0\n"
-                            "stopasgroup=true\nkillasgroup=true\nstopwaitsecs=1\nstdout_logfile=NONE\n"
-                            "stderr_logfile=NONE\n")
+            sections.append(
+                f"[program:{mode}]\ncommand=/bin/sh {worker} {mode} {root}/sv-{mode}\nnumprocs={n}\n"
+                "process_name=%(program_name)s_%(process_num)02d\nautostart=false\nstartsecs=0\n"
+                "stopasgroup=true\nkillasgroup=true\nstopwaitsecs=1\nstdout_logfile=NONE\n"
+                "stderr_logfile=NONE\n"
+            )
         self.conf = root / "supervisord.conf"
         self.conf.write_text("\n".join(sections))
         self.dirs = {m: Workdir(root, f"sv-{m}") for m in ("obedient", "stubborn")}
 
     def start_daemon(self) -> None:
-        self.proc = subprocess.Popen([str(self.bin / "supervisord"), "-c", str(self.conf)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.root / "sv.err", "wb"), start_new_session=True)
-        wait_for(lambda: subprocess.run(self.ctl("pid"), capture_output=True).returncode == 0, 30, "supervisord")
+        self.proc = subprocess.Popen(
+            [str(self.bin / "supervisord"), "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "sv.err", "wb"),
+            start_new_session=True,
+        )
+        wait_for(
+            lambda: subprocess.run(self.ctl("pid"), capture_output=True).returncode == 0,
+            30,
+            "supervisord",
+        )
 
     def ctl(self, *args: str) -> list[str]:
         return [str(self.bin / "supervisorctl"), "-c", str(self.conf), *args]
@@ -240,15 +265,31 @@ class Ccsup:
         self.state = root / f"ccsup-{key}"
         self.state.mkdir(mode=0o700)
         self.conf = root / f"ccsup-{key}.toml"
-        self.conf.write_text(f'[slots]\ncaps = {{ {key} = {n} }}\n[guard]\ngrace = "1s"\nscan = "2s"\n')
+        self.conf.write_text(
+            f'[slots]\ncaps = {{ {key} = {n} }}\n[guard]\ngrace = "1s"\nscan = "2s"\n'
+        )
         self.dirs = {m: Workdir(root, f"ccsup-{key}-{m}") for m in ("obedient", "stubborn")}
         self.ids: list[str] = []
 
     def start_daemon(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "--state-dir", str(self.state), "--config", str(self.conf),
-             "start", "--foreground"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=open(self.root / f"ccsup-{self.key}.err", "wb"), start_new_session=True, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "supervisor",
+                "--state-dir",
+                str(self.state),
+                "--config",
+                str(self.conf),
+                "start",
+                "--foreground",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / f"ccsup-{self.key}.err", "wb"),
+            start_new_session=True,
+            cwd=ROOT,
+        )
         wait_for(self._answers, 30, "ccsup daemon")
         self.client = Client(self.state, timeout=30)
         self.sub = self.client.subscribe("turn.")
@@ -265,7 +306,9 @@ class Ccsup:
         self.ids = []
         for _ in range(self.n):
             turn_id = uuid.uuid4().hex
-            self.client.turn(self.key, ["/bin/sh", str(self.worker), mode, str(self.dirs[mode].path)], id=turn_id)
+            self.client.turn(
+                self.key, ["/bin/sh", str(self.worker), mode, str(self.dirs[mode].path)], id=turn_id
+            )
             self.ids.append(turn_id)
 
     def stop(self, mode: str) -> None:
@@ -278,13 +321,20 @@ class Ccsup:
         while ids:
             event = self.sub.recv(max(0.0, deadline - time.monotonic()))
             if event is None:
-                raise SystemExit(f"compare: ccsup turns not released in {timeout}s: {len(ids)} left")
+                raise SystemExit(
+                    f"compare: ccsup turns not released in {timeout}s: {len(ids)} left"
+                )
             topic, body = event
             if topic.endswith(".released") or topic.endswith(".cancelled"):
                 ids.discard(body["id"])
 
     def status_argv(self) -> list[str]:
-        return [str(Path(sys.executable).parent / "ccsup"), "--state-dir", str(self.state), "status"]
+        return [
+            str(Path(sys.executable).parent / "ccsup"),
+            "--state-dir",
+            str(self.state),
+            "status",
+        ]
 
     def daemon_pid(self) -> int:
         return self.proc.pid
@@ -304,7 +354,9 @@ class Ccsup:
     def shutdown(self) -> None:
         self.sub.close()
         self.client.close()
-        subprocess.run(self.status_argv()[:-1] + ["stop", "--timeout", "60"], capture_output=True, timeout=90)
+        subprocess.run(
+            self.status_argv()[:-1] + ["stop", "--timeout", "60"], capture_output=True, timeout=90
+        )
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -330,7 +382,9 @@ def measure(system, n: int, figures: dict) -> None:
             rss, uss = system.guards_mib()
             figures["rss"]["ccsup_guards_rss_sum"] = round(rss, 1)
             figures["rss"]["ccsup_guards_uss_sum"] = round(uss, 1)
-        figures["status"][name] = round(statistics.median(timed(system.status_argv()) for _ in range(5)) * 1000, 1)
+        figures["status"][name] = round(
+            statistics.median(timed(system.status_argv()) for _ in range(5)) * 1000, 1
+        )
         t0 = time.monotonic()
         system.stop("obedient")
         wait_for(lambda: not ob.running(ob.up()), 60, f"{name} obedient workers gone")
@@ -375,8 +429,13 @@ def throughput(root: Path, turns: int, cap: int) -> dict:
         ccsup = time.monotonic() - t0
     finally:
         system.shutdown()
-    return {"figure": f"{turns} turns of sleep 0.05 at cap {cap} (s)", "ccsup": round(ccsup, 3),
-            "plain_semaphore": round(plain, 3), "ideal": round(turns * 0.05 / cap, 3), "ratio": round(ccsup / plain, 2)}
+    return {
+        "figure": f"{turns} turns of sleep 0.05 at cap {cap} (s)",
+        "ccsup": round(ccsup, 3),
+        "plain_semaphore": round(plain, 3),
+        "ideal": round(turns * 0.05 / cap, 3),
+        "ratio": round(ccsup / plain, 2),
+    }
 
 
 def kill_marked() -> int:
@@ -399,10 +458,15 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="ccsup-cmp-", dir="/tmp"))
     worker = root / "worker.sh"
     worker.write_text(WORKER)
-    figures = {k: {} for k in ("containment", "stop_stubborn", "stop_obedient", "start", "rss", "status")}
+    figures = {
+        k: {} for k in ("containment", "stop_stubborn", "stop_obedient", "start", "rss", "status")
+    }
     try:
-        for system in (Circus(bin_dir, root, worker, opts.n), Supervisord(bin_dir, root, worker, opts.n),
-                       Ccsup(root, worker, opts.n)):
+        for system in (
+            Circus(bin_dir, root, worker, opts.n),
+            Supervisord(bin_dir, root, worker, opts.n),
+            Ccsup(root, worker, opts.n),
+        ):
             measure(system, opts.n, figures)
         tp = throughput(root, opts.turns, opts.cap)
     finally:
@@ -410,9 +474,14 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     n = opts.n
     lines = [
-        {"figure": f"containment: grandchildren left running of {n} (setsid, SIGTERM ignored, grace 1s)",
-         **figures["containment"]},
-        {"figure": f"stop latency (s), {n} with stubborn grandchildren", **figures["stop_stubborn"]},
+        {
+            "figure": f"containment: grandchildren left running of {n} (setsid, SIGTERM ignored, grace 1s)",
+            **figures["containment"],
+        },
+        {
+            "figure": f"stop latency (s), {n} with stubborn grandchildren",
+            **figures["stop_stubborn"],
+        },
         {"figure": f"stop latency (s), {n} obeying SIGTERM", **figures["stop_obedient"]},
         {"figure": f"start {n} until all run (s)", **figures["start"]},
         tp,
