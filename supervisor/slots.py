@@ -55,22 +55,39 @@ import fcntl
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from guardd import procs
 from guardd.procs import Group, Identity
-from guardd.record import RecordError, read_json, record_groups, write_json
+from guardd.record import RecordError
 
 from .caps import MACHINE_KEY, Caps, check_key, key_problem
 from .errors import CcsupError, UsageError, os_failure
 from .reaper import end_work
+from .slot_record import (  # noqa: F401  (re-exported: the gate's public names stay here)
+    FREE,
+    HELD,
+    LABELS,
+    ORPHANED,
+    RESERVED,
+    SLOT_VERSION,
+    TAKEN,
+    UNREADABLE,
+    Holder,
+    SlotView,
+    from_earlier_boot,
+    live_work,
+    read_settled,
+    read_slot_record,
+    work_alive,
+    work_groups,
+    work_parts,
+    write_slot_record,
+    written_before_boot,
+)
 
-SLOT_VERSION = 1
-FREE, RESERVED, HELD, ORPHANED, UNREADABLE = "free", "reserved", "held", "orphaned", "unreadable"
-TAKEN = (RESERVED, HELD, ORPHANED, UNREADABLE)
-_LABELS = ("session", "agent", "harness", "model", "effort", "mode")
 _LOCK_RETRIES = 3  # a lock file replaced under us this many times in a row: treat the slot as busy
+_RACY_NS = 50_000_000  # a directory changed this recently may change again within its mtime tick
+_FILL_MAX = 4096  # caps above this get no files made ahead (their listing is read at every grant)
 
 
 def available_memory() -> int:
@@ -80,141 +97,6 @@ def available_memory() -> int:
             if line.startswith(b"MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise CcsupError("unable to read available memory from /proc/meminfo: no MemAvailable line")
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a slot: a process (pid + start ticks) and the labels it was asked with."""
-
-    pid: int
-    start: int
-    session: str | None = None
-    agent: str | None = None
-    harness: str | None = None
-    model: str | None = None
-    effort: str | None = None
-    mode: str | None = None
-
-    def to_json(self) -> dict:
-        data = {"pid": self.pid, "start": self.start}
-        data.update((name, getattr(self, name)) for name in _LABELS)
-        return data
-
-    @classmethod
-    def from_json(cls, d: dict) -> Holder:
-        return cls(int(d["pid"]), int(d["start"]), **{name: d.get(name) for name in _LABELS})
-
-    @classmethod
-    def this_process(cls, **labels) -> Holder:
-        pid = os.getpid()
-        start = procs.start_ticks(pid)
-        if start is None:
-            raise CcsupError(f"unable to read the start time of this process ({pid}) from /proc")
-        return cls(pid, start, **labels)
-
-
-@dataclass
-class SlotView:
-    """One slot as a reader sees it, without taking anything."""
-
-    key: str
-    index: int
-    cap: int
-    state: str
-    turn: str | None = None
-    holder: dict | None = None
-    pid: int | None = None  # the guard's
-    groups: list[dict] = field(default_factory=list)
-    since: float | None = None
-    error: str | None = None
-    record: dict | None = None
-
-    def to_json(self) -> dict:
-        data = {
-            "key": self.key,
-            "index": self.index,
-            "cap": self.cap,
-            "state": self.state,
-            "turn": self.turn,
-            "holder": self.holder,
-            "pid": self.pid,
-            "groups": self.groups,
-            "since": self.since,
-        }
-        if self.error is not None:
-            data["error"] = self.error
-        return data
-
-
-# ---- records -------------------------------------------------------------------------------
-
-
-def _bad_record(path, why: str) -> RecordError:
-    return RecordError(f"{path} is not a usable slot record: {why}")
-
-
-def _work_parts(work: dict, path) -> tuple[Identity | None, str | None, list[Group]]:
-    """The guard, the guard's record path and the groups of a record's `work` (RecordError if malformed)."""
-    try:
-        guard = None if work.get("guard") is None else Identity.from_json(work["guard"])
-        record = work.get("record")
-        if record is not None and not isinstance(record, str):
-            raise TypeError("record is not a path")
-        groups = [Group.from_json(g) for g in work.get("groups") or []]
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise _bad_record(path, f"malformed 'work' ({e})") from None
-    return guard, record, groups
-
-
-def read_slot_record(path: str | Path) -> dict | None:
-    """The slot record at path, None when there is none; RecordError when it cannot be used."""
-    try:
-        data = read_json(path, SLOT_VERSION)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        raise RecordError(f"unable to read {path}: its directory is not a directory") from None
-    if not isinstance(data.get("released"), bool):
-        raise _bad_record(path, "'released' is not true or false")
-    holder = data.get("holder")
-    if holder is not None and not isinstance(holder, dict):
-        raise _bad_record(path, "'holder' is not an object")
-    work = data.get("work")
-    if work is not None:
-        if not isinstance(work, dict):
-            raise _bad_record(path, "'work' is not an object")
-        _work_parts(work, path)
-    return data
-
-
-def work_groups(work: dict, path="slot record") -> tuple[Identity | None, list[Group]]:
-    """Every group a record's work names: its own list plus the guard record's own group and groups.
-
-    RecordError when the guard record exists but cannot be read (its groups are unknown).
-    """
-    guard, record, groups = _work_parts(work, path)
-    if record:
-        try:
-            data = read_json(record)
-        except FileNotFoundError:
-            data = None
-        if data is not None:
-            try:
-                groups.extend(record_groups(data))
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise RecordError(
-                    f"{record} is not a usable guard record: malformed groups ({e})"
-                ) from None
-    unique = list(dict.fromkeys(groups))
-    return guard, unique
-
-
-def work_alive(work: dict, path="slot record") -> bool:
-    """Is anything of this recorded work still running? RecordError when that cannot be known."""
-    guard, groups = work_groups(work, path)
-    if guard is not None and procs.process_running(guard):
-        return True
-    return any(procs.group_alive(g) for g in groups)
 
 
 # ---- locks ---------------------------------------------------------------------------------
@@ -275,7 +157,9 @@ class _Full(Exception):
 class Slot:
     """A held slot: owns the flock fd in this process until release()."""
 
-    def __init__(self, key, index, cap, fd, path, record, took_over, clock, machine=None):
+    def __init__(
+        self, key, index, cap, fd, path, record, took_over, clock, machine=None, on_release=None
+    ):
         self.key: str = key
         self.index: int = index
         self.cap: int = cap
@@ -285,6 +169,7 @@ class Slot:
         self._fd: int | None = fd
         self._path: str = path
         self._clock = clock
+        self._on_release: Callable[[Slot], None] | None = on_release
 
     @property
     def released(self) -> bool:
@@ -293,7 +178,7 @@ class Slot:
     def _write(self) -> None:
         self.record["updated_at"] = self._clock()
         try:
-            write_json(self._path, self.record, 0o600)
+            write_slot_record(self._path, self.record)
         except OSError as e:
             raise os_failure("write slot record", self._path, e) from None
 
@@ -336,6 +221,8 @@ class Slot:
             self._write()
         finally:
             os.close(fd)
+            if self._on_release is not None:
+                self._on_release(self)
             if self.machine is not None:
                 self.machine.release()
 
@@ -373,6 +260,12 @@ class SlotGate:
         self.available_memory = available_memory
         self.last_refusal: str | None = None
         self.reap_failures: list[SlotView] = []
+        # What this gate itself knows, to make a grant O(1) instead of a scan from index 0: the
+        # indices it holds (never worth trying: its own lock refuses it too), where the next try
+        # starts, and each directory's listing while the directory is unchanged.
+        self._held: dict[str, set[int]] = {}
+        self._cursor: dict[str, int] = {}
+        self._listings: dict[str, tuple[tuple[int, int], list[int], bool]] = {}
 
     # -- paths
 
@@ -464,20 +357,24 @@ class SlotGate:
             took_over,
             self.clock,
             machine,
+            self._forget,
         )
-        slot._write()
+        self._held.setdefault(key, set()).add(index)
+        try:
+            slot._write()
+        except BaseException:
+            self._held[key].discard(index)
+            raise
         return slot
+
+    def _forget(self, slot: Slot) -> None:
+        self._held.get(slot.key, set()).discard(slot.index)
 
     def _claim(self, key: str, cap: int) -> tuple[int, int, dict | None]:
         """Lock a free slot of key: (index, fd, the old unreleased record taken over or None)."""
         directory = self._dir(key)
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            names = []
-        except OSError:
-            raise _Full(UNREADABLE) from None
-        higher = [i for i in _indices(names) if i >= cap]
+        indices, complete = self._listing(key, directory, cap)
+        higher = [i for i in indices if i >= cap]
         unreadable = False
         if higher:
             # A lowered cap: count what is above it before touching any lock.
@@ -486,17 +383,28 @@ class SlotGate:
             taken = [v for v in views if v.state in TAKEN]
             if len(taken) >= cap:
                 raise _Full(UNREADABLE if any(v.state == UNREADABLE for v in taken) else "full")
-        for index in range(cap):
+        if not complete:
+            self._fill(key, directory, cap)
+        held = self._held.get(key, ())
+        start = self._cursor.get(key, 0) % cap
+        for index in (*range(start, cap), *range(start)):
+            if index in held:
+                continue
             fd = self._lock(directory, index)
             if fd is None:
                 continue
             try:
                 path = f"{directory}/slot-{index}.json"
-                record = read_slot_record(path)
-                if record is not None and not record["released"] and record.get("work") is not None:
-                    if work_alive(record["work"], path):
-                        os.close(fd)  # orphaned: counted, not taken
-                        continue
+                try:
+                    record = read_slot_record(path)
+                except RecordError:
+                    if not written_before_boot(path):
+                        raise
+                    record = None  # torn by a power loss: nothing of that boot runs
+                work = live_work(record)
+                if work is not None and work_alive(work, path):
+                    os.close(fd)  # orphaned: counted, not taken
+                    continue
             except RecordError:
                 os.close(fd)
                 unreadable = True
@@ -504,17 +412,76 @@ class SlotGate:
             except BaseException:
                 os.close(fd)
                 raise
-            if higher and not self._under_cap_with(key, cap, index, names):
+            if higher and not self._under_cap_with(key, cap, index, indices):
                 os.close(fd)
                 raise _Full("full")
+            self._cursor[key] = index + 1
             took_over = record if record is not None and not record["released"] else None
             return index, fd, took_over
         raise _Full(UNREADABLE if unreadable else "full")
 
-    def _under_cap_with(self, key: str, cap: int, index: int, names: list[str]) -> bool:
+    def _listing(self, key: str, directory: str, cap: int) -> tuple[list[int], bool]:
+        """(indices with files in the key's directory, whether every index below cap has a record).
+
+        Cached while the directory's mtime is unchanged and old enough that a change within the
+        same timestamp tick cannot hide (records are written in place, so a directory whose
+        slots all have files does not change). _Full(UNREADABLE) when it cannot be read.
+        """
+        try:
+            st = os.stat(directory)
+        except FileNotFoundError:
+            return [], False
+        except OSError:
+            raise _Full(UNREADABLE) from None
+        stamp = (st.st_ino, st.st_mtime_ns)
+        cached = self._listings.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1], cached[2]
+        listed_at = time.time_ns()
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return [], False
+        except OSError:
+            raise _Full(UNREADABLE) from None
+        indices = _indices(names)
+        names_set = set(names)
+        complete = all(f"slot-{i}.json" in names_set for i in range(cap))
+        if st.st_mtime_ns < listed_at - _RACY_NS:
+            self._listings[key] = (stamp, indices, complete)
+        return indices, complete
+
+    def _fill(self, key: str, directory: str, cap: int) -> None:
+        """Give every free index below cap its lock file and a released record, once.
+
+        Then the directory stops changing at every first use of an index, and its listing can be
+        cached (_listing). Only indices whose lock is free and which have no record are written,
+        as any holder would. Skipped for huge caps (thousands of files for nothing).
+        """
+        if cap > _FILL_MAX:
+            return
+        for index in range(cap):
+            path = f"{directory}/slot-{index}.json"
+            if os.path.exists(path):
+                continue
+            fd = self._lock(directory, index)
+            if fd is None:
+                continue
+            try:
+                if not os.path.exists(path):
+                    record = {"v": SLOT_VERSION, "key": key, "index": index, "cap": cap}
+                    record.update(holder=None, turn=None, reservation=None, work=None)
+                    record.update(released=True, updated_at=None)
+                    write_slot_record(path, record)
+            except OSError as e:
+                raise os_failure("write slot record", path, e) from None
+            finally:
+                os.close(fd)
+
+    def _under_cap_with(self, key: str, cap: int, index: int, indices: list[int]) -> bool:
         """Holding `index`, is the key's count (every slot present, any index) still within the cap?"""
         locks = held_locks()
-        others = (set(_indices(names)) | set(range(cap))) - {index}
+        others = (set(indices) | set(range(cap))) - {index}
         taken = sum(1 for i in others if self._view(key, i, cap, locks).state in TAKEN)
         return taken + 1 <= cap
 
@@ -590,10 +557,12 @@ class SlotGate:
             )
         path = f"{directory}/slot-{index}.json"
         try:
-            record = read_slot_record(path)
+            record = read_settled(path, locked)
         except RecordError as e:
+            if not locked and written_before_boot(path):
+                return SlotView(key, index, cap, FREE)  # torn by a power loss: nothing of it runs
             return SlotView(key, index, cap, UNREADABLE, error=str(e))
-        live = record is not None and not record["released"]
+        live = record is not None and not record["released"] and not from_earlier_boot(record)
         work = record.get("work") if live else None
         if locked:
             state = HELD if work is not None else RESERVED
@@ -657,20 +626,20 @@ class SlotGate:
             return None  # someone holds it now: a holder, or another reaper
         try:
             record = read_slot_record(path)
-            if record is None or record["released"] or record.get("work") is None:
+            work = live_work(record)
+            if record is None or work is None:
                 return None
-            work = record["work"]
             try:
                 guard, groups = work_groups(work, path)
             except RecordError:
                 # The guard record cannot be read: end what the slot record itself names.
-                guard, _, groups = _work_parts(work, path)
+                guard, _, groups = work_parts(work, path)
             if not end_work(groups, guard=guard, turn=record.get("turn"), grace=grace):
                 return f"unable to end the work of slot {view.key}#{view.index}: still running after SIGKILL"
             record["released"] = True
             record["updated_at"] = self.clock()
             try:
-                write_json(path, record, 0o600)
+                write_slot_record(path, record)
             except OSError as e:
                 return f"unable to write slot record {path}: {e.strerror}"
             return True

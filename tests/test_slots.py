@@ -626,6 +626,7 @@ def test_record_fields_bind_and_work(state_dir):
         "work": None,
         "released": False,
         "updated_at": 100.0,
+        "boot": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
     }
     assert holder.to_json() == {
         "pid": os.getpid(),
