@@ -118,6 +118,8 @@ class Manager:
         self._confirming: set[str] = set()
         self._pending: list[tuple[str, dict]] = []  # events held back until the batch is saved
         self._must_save = False
+        self._dirty: set[str] = set()  # ids whose queue.json entry may have changed since the save
+        self.queue_file = store.QueueFile(paths.queue)
         self._batch_depth = 0
         self._finished_appended = 0  # lines appended to finished.log since it was last compacted
         self._idle = asyncio.Event()
@@ -130,6 +132,7 @@ class Manager:
         item.advance(event)
         if item.state.terminal:
             self._finish(item)
+        self._dirty.add(item.id)
         self._must_save |= event in PERSISTED
         self._emit(f"turn.{item.id}.{event.value}", {**item.fields(), **fields})
 
@@ -193,23 +196,41 @@ class Manager:
     # -- queue.json ------------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Persist everything acknowledged and unfinished (atomic; see supervisor.store)."""
-        waiting, running = [], []
-        for turn in self.turns.values():
-            if turn.state is State.QUEUED:
-                waiting.append(turn.to_json(self._deadlines.get(turn.id)))
-            else:
-                running.append({"id": turn.id, "key": turn.key})
-        running += self.lost_running
-        reservations = [r.to_json(self._deadlines.get(r.id)) for r in self.reservations.values()]
+        """Persist what changed since the last save: one journal append (see supervisor.store)."""
+        dirty, self._dirty = self._dirty, set()
         try:
-            store.save(
-                self.paths.queue, waiting=waiting, reservations=reservations, running=running
+            self.queue_file.update({item_id: self._entry(item_id) for item_id in dirty})
+        except OSError as e:
+            self._dirty |= dirty  # tried again at the next save
+            log.error(
+                "unable to save %s: %s (what waits is kept in memory)", self.paths.queue, e.strerror
             )
+
+    def save_all(self) -> None:
+        """Persist everything acknowledged and unfinished, whole (a compaction)."""
+        self._dirty.clear()
+        ids = [*self.turns, *self.reservations, *(entry["id"] for entry in self.lost_running)]
+        try:
+            self.queue_file.replace({i: e for i in ids if (e := self._entry(i)) is not None})
         except OSError as e:
             log.error(
                 "unable to save %s: %s (what waits is kept in memory)", self.paths.queue, e.strerror
             )
+
+    def _entry(self, item_id: str) -> store.Entry | None:
+        """What queue.json holds for this id now: (section, item), or None when nothing."""
+        turn = self.turns.get(item_id)
+        if turn is not None:
+            if turn.state is State.QUEUED:
+                return "waiting", turn.to_json(self._deadlines.get(turn.id))
+            return "running", {"id": turn.id, "key": turn.key}
+        reservation = self.reservations.get(item_id)
+        if reservation is not None:
+            return "reservations", reservation.to_json(self._deadlines.get(item_id))
+        for entry in self.lost_running:
+            if entry["id"] == item_id:
+                return "running", entry
+        return None
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -720,7 +741,7 @@ class Manager:
         """
         with self._batch():
             problems = self._restore(data, slot_views)
-        self.save()
+        self.save_all()
         return problems
 
     def _restore(self, data: dict, slot_views: list) -> list[str]:

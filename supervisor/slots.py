@@ -562,8 +562,9 @@ class SlotGate:
             if not locked and written_before_boot(path):
                 return SlotView(key, index, cap, FREE)  # torn by a power loss: nothing of it runs
             return SlotView(key, index, cap, UNREADABLE, error=str(e))
-        live = record is not None and not record["released"] and not from_earlier_boot(record)
-        work = record.get("work") if live else None
+        if record is None or record["released"] or from_earlier_boot(record):
+            return SlotView(key, index, cap, RESERVED if locked else FREE, record=record)
+        work = record.get("work")
         if locked:
             state = HELD if work is not None else RESERVED
         elif work is None:
@@ -573,7 +574,7 @@ class SlotGate:
                 state = ORPHANED if work_alive(work, path) else FREE
             except RecordError as e:
                 return SlotView(key, index, cap, UNREADABLE, error=str(e), record=record)
-        if state == FREE or not live:
+        if state == FREE:
             return SlotView(key, index, cap, state, record=record)
         return SlotView(
             key,
@@ -612,7 +613,7 @@ class SlotGate:
             outcome = self._reap_slot(view, grace)
             if outcome is True:
                 reaped.append(view)
-            elif outcome is not None:
+            elif isinstance(outcome, str):
                 view.error = outcome
                 self.reap_failures.append(view)
         return reaped
