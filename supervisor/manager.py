@@ -178,7 +178,7 @@ class Manager:
         self.finished[item_id] = (state, at)
         self._finished_appended += 1
         try:
-            store.append_finished(self.paths.finished, item_id, state, at)
+            store.append_finished(self.paths.finished, item_id, state, at, self.queue_file)
         except OSError as e:
             log.error("unable to append to %s: %s", self.paths.finished, e.strerror)
 
@@ -958,6 +958,7 @@ class Manager:
     def close(self) -> None:
         for ident in list(self._requesters):
             self._close_requester(ident)
+        self.queue_file.close()
 
 
 def protocol_turn_args(entry: dict) -> TurnArgs:

@@ -12,6 +12,8 @@ in the same run just before, then killed by pid.
 
 Prints one JSON line per N and a last one, `"bench": "scale"`, with the per-turn spread
 (max / min of the per-turn cost over the sizes: goal <= 1.2) and the 500 ratio (goal <= 10).
+`supervisor_cpu_ms_per_turn` is the daemon's own CPU (utime + stime) while the N turns started,
+divided by N: less noisy than wall time on a shared machine.
 Clean-up: the daemon is stopped by `ccsup stop` (which ends every turn) and killed by pid if that
 fails; the Popen reference processes are killed by pid.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -73,6 +76,13 @@ def uss_kib(pid: int) -> int | None:
         return None
 
 
+def cpu_s(pid: int) -> float:
+    """utime + stime of pid, seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def plain_popen(n: int) -> float:
     t0 = time.monotonic()
     procs = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]
@@ -92,6 +102,7 @@ def one_size(root: Path, n: int) -> dict:
     stopped = False
     try:
         with Client(state, timeout=30) as client, client.subscribe(["turn.t"]) as sub:
+            cpu0 = cpu_s(proc.pid)
             t0 = time.monotonic()
             for i in range(n):
                 client.turn("s", ["sleep", "600"], id=f"t{i}")
@@ -106,6 +117,7 @@ def one_size(root: Path, n: int) -> dict:
                 elif event[0].endswith((".released", ".cancelled", ".rejected")):
                     raise SystemExit(f"N={n}: {event[0]} before all started")
             all_running = time.monotonic() - t0
+            cpu = cpu_s(proc.pid) - cpu0
         time.sleep(0.5)  # let the last guards settle before measuring memory
         ps_cmd = [*CCSUP, "--state-dir", str(state), "ps", "--json"]
         ps_times, slots = [], []
@@ -134,6 +146,7 @@ def one_size(root: Path, n: int) -> dict:
         "all_running_s": round(all_running, 3),
         "per_turn_ms": round(all_running / n * 1000, 2),
         "ratio_to_popen": round(all_running / plain, 1),
+        "supervisor_cpu_ms_per_turn": round(cpu / n * 1000, 2),
         "supervisor_rss_mib": round(supervisor_rss / 1024, 1),
         "guard_uss_mib_median": round(statistics.median(uss) / 1024, 2) if uss else None,
         "guard_uss_mib_max": round(uss[-1] / 1024, 2) if uss else None,
