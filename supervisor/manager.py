@@ -47,6 +47,7 @@ from guardd import procs
 from guardd.record import RecordError, read_json, record_groups
 
 from . import __version__, reaper, spawn, store
+from .filework import FileWorker
 from .paths import StatePaths
 from .protocol import HolderInfo, ProtocolError, ReserveArgs, SendArgs, TurnArgs, parse_holder
 from .slots import Holder, SlotGate
@@ -119,7 +120,8 @@ class Manager:
         self._pending: list[tuple[str, dict]] = []  # events held back until the batch is saved
         self._must_save = False
         self._dirty: set[str] = set()  # ids whose queue.json entry may have changed since the save
-        self.queue_file = store.QueueFile(paths.queue)
+        self.files = FileWorker()  # fsyncs and removals off the event loop
+        self.queue_file = store.QueueFile(paths.queue, self.files)
         self._batch_depth = 0
         self._finished_appended = 0  # lines appended to finished.log since it was last compacted
         self._idle = asyncio.Event()
@@ -178,7 +180,7 @@ class Manager:
         self.finished[item_id] = (state, at)
         self._finished_appended += 1
         try:
-            store.append_finished(self.paths.finished, item_id, state, at, self.queue_file)
+            store.append_finished(self.paths.finished, item_id, state, at, self.files)
         except OSError as e:
             log.error("unable to append to %s: %s", self.paths.finished, e.strerror)
 
@@ -711,12 +713,7 @@ class Manager:
 
     def _drop_guard_record(self, turn: Turn) -> None:
         """Once the work is confirmed gone and the guard reaped, its record serves nobody."""
-        try:
-            os.unlink(turn.guard.record_path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.warning("unable to remove guard record %s: %s", turn.guard.record_path, e.strerror)
+        self.files.unlink_soon(turn.guard.record_path)
 
     def retry_unconfirmed(self) -> None:
         """Turns whose guard is done but whose work was not yet confirmed gone: look again."""
@@ -958,7 +955,7 @@ class Manager:
     def close(self) -> None:
         for ident in list(self._requesters):
             self._close_requester(ident)
-        self.queue_file.close()
+        self.files.stop()
 
 
 def protocol_turn_args(entry: dict) -> TurnArgs:

@@ -194,7 +194,13 @@ class Guard:
             self.terminate_pending = True
             return False
         self.terminate_pending = False
-        return procs.signal_process(self.identity, signal.SIGTERM)
+        if self.pidfd < 0:
+            return procs.signal_process(self.identity, signal.SIGTERM)
+        try:  # the pidfd is this very process: no identity check (a /proc read) needed
+            signal.pidfd_send_signal(self.pidfd, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        return True
 
     def terminate_if_pending(self) -> None:
         if self.terminate_pending and self.returncode is None:

@@ -7,7 +7,7 @@ end their story with one terminal event), each an entry under its id.
 Design note. Rewriting queue.json whole at every change cost O(turns) per change (13 % of the
 supervisor's time with 400 turns). Now each save appends one line per changed entry to
 `queue.journal` (`{"put": "<section>", "item": {...}}` or `{"del": "<id>"}`, one write per save,
-fsynced soon after by a thread, see _Syncer), and queue.json is the snapshot the journal starts from. When the journal holds
+fsynced soon after by a thread, see supervisor.filework), and queue.json is the snapshot the journal starts from. When the journal holds
 more than twice the live entries (and at least COMPACT_MIN lines), or when an entry that held an
 env leaves (the env must not outlive the wait in any file), the state is compacted: queue.json is
 written atomically with the next generation number `gen`, then the journal is replaced by one
@@ -41,16 +41,14 @@ Knows the files; nothing of turns' logic.
 from __future__ import annotations
 
 import json
-import logging
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from guardd.record import RecordError, read_json, write_json
 
-log = logging.getLogger("ccsup.store")
+from .filework import FileWorker
 
 QUEUE_VERSION = 1
 SECTIONS = ("waiting", "reservations", "running")
@@ -66,14 +64,14 @@ def journal_path(queue: Path) -> Path:
 class QueueFile:
     """The writer of queue.json + queue.journal: knows what is on disk, appends what changed."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, files: FileWorker | None = None):
         self.path = path
+        self.files = FileWorker() if files is None else files  # fsyncs appends off the caller
         self.journal = journal_path(path)
         self.entries: dict[str, Entry] = {}
         self.gen = 0
         self.lines = 0  # journal lines since the last compaction
         self.compactions = 0
-        self._syncer: _Syncer | None = None
 
     def update(self, changes: dict[str, Entry | None]) -> None:
         """Persist these entries (None: the id is gone): one append for all of them, synced soon."""
@@ -105,19 +103,7 @@ class QueueFile:
             os.write(fd, body.encode())
         finally:
             os.close(fd)
-        self.sync_soon(self.journal)
-
-    def sync_soon(self, path: Path) -> None:
-        """fsync path soon, in the syncer thread (finished.log uses it too)."""
-        if self._syncer is None:
-            self._syncer = _Syncer()
-        self._syncer.want(path)
-
-    def close(self) -> None:
-        """Sync what was appended and end the syncer thread."""
-        if self._syncer is not None:
-            self._syncer.stop()
-            self._syncer = None
+        self.files.sync_soon(self.journal)
 
     def replace(self, entries: dict[str, Entry]) -> None:
         """Make the files hold exactly these entries (a compaction)."""
@@ -138,52 +124,6 @@ class QueueFile:
         _write_atomic(self.journal, _header(gen).encode())
         self.lines = 0
         self.compactions += 1
-
-
-class _Syncer(threading.Thread):
-    """fsyncs the journal soon after each append, off the caller's thread, many appends at once.
-
-    The append itself (in the page cache) already survives a SIGKILL of the supervisor; the sync
-    only narrows what a power loss can take to the last few milliseconds, and costs the event loop
-    nothing (an fsync on the loop was 40 % of its time with 400 turns starting).
-    """
-
-    def __init__(self) -> None:
-        super().__init__(name="queue-journal-sync", daemon=True)
-        self._paths: set[Path] = set()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self.start()
-
-    def want(self, path: Path) -> None:
-        with self._cond:
-            self._paths.add(path)
-            self._cond.notify()
-
-    def run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._paths and not self._stopping:
-                    self._cond.wait()
-                paths, self._paths = self._paths, set()
-                stopping = self._stopping
-            for path in paths:
-                try:
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                except OSError as e:  # replaced or removed: a compaction synced its own files
-                    log.debug("unable to sync %s: %s", path, e.strerror)
-            if stopping:
-                return
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self.join(10)
 
 
 def _disk_gen(path: Path, journal: Path) -> int:
@@ -217,7 +157,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def append_finished(
-    path: Path, item_id: str, state: str, at: float, sync: QueueFile | None = None
+    path: Path, item_id: str, state: str, at: float, sync: FileWorker | None = None
 ) -> None:
     """One line appended; fsynced here, or soon by sync's thread when given."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
