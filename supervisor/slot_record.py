@@ -7,7 +7,8 @@ supervisor.slots, the gate, which calls in here).
 Design note. The record is written only by the holder of the slot's lock, and read by the next
 holder (after taking the lock), by a reaper (after taking the lock) and by readers such as `ps`
 (without it). It is written in place: one `pwrite` at offset 0 of at most one page, padded with
-spaces to the file's old length so it never needs a truncate (JSON allows trailing white space).
+spaces to the file's old length so it never needs a truncate (JSON allows trailing white space);
+the first record of a slot creates the file the atomic way, so a record file is never empty.
 A single-page write to the page cache is done whole or not at all, even under SIGKILL, so a
 holder killed mid-write leaves the old record or the new one. A record longer than a page (a
 turn with very many groups) is written the atomic way instead (temp file, rename). Neither is
@@ -35,6 +36,7 @@ The state question:
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,7 @@ LABELS = ("session", "agent", "harness", "model", "effort", "mode")
 _PAGE = 4096
 _READ_TRIES = 3  # a reader without the lock that meets a torn record reads again this often
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 _boot_id: str | None = None
 _boot_time: float | None = None
 
@@ -146,29 +149,41 @@ class SlotView:
 # ---- writing -------------------------------------------------------------------------------
 
 
-def write_slot_record(path: str, record: dict) -> None:
-    """Write the record at path (the caller holds the slot's lock): in place, or atomically if long."""
-    import json
+def write_slot_record(path: str, record: dict, fd: int | None = None) -> bool:
+    """Write the record at path (the caller holds the slot's lock): in place, or atomically if long.
 
+    fd: the record file, already open for writing (a holder keeps it open across its writes).
+    Returns False when the file was replaced instead (a long record): an fd given is then stale.
+    """
     record["boot"] = boot_id()
-    body = json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
-    if len(body) >= _PAGE:
-        write_json(path, record, 0o600)
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    body = _encode(record).encode()
+    own = fd is None
     try:
+        if fd is None:
+            fd = open_record(path)
         size = os.fstat(fd).st_size
-        if size > _PAGE:  # left by the long-record path: one write could no longer cover it
-            os.close(fd)
-            fd = -1
-            write_json(path, record, 0o600)
-            return
+    except FileNotFoundError:
+        fd, size = None, _PAGE + 1  # the first record: created whole, so it is never empty
+    try:
+        if fd is None or len(body) >= _PAGE or size > _PAGE:  # one write could not cover it
+            write_json(path, record, 0o600, sync=False)
+            return False
         if size > len(body):
             body += b" " * (size - len(body))
         os.pwrite(fd, body, 0)
+        return True
     finally:
-        if fd >= 0:
+        if own and fd is not None:
             os.close(fd)
+
+
+def open_record(path: str) -> int:
+    """The record file at path opened for writing in place; FileNotFoundError when there is none.
+
+    Never created here: a holder killed between creating and writing would leave an empty file,
+    which reads as corrupt. The first record of a slot is written the atomic way instead.
+    """
+    return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
 
 
 # ---- reading -------------------------------------------------------------------------------

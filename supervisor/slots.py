@@ -76,6 +76,7 @@ from .slot_record import (  # noqa: F401  (re-exported: the gate's public names 
     SlotView,
     from_earlier_boot,
     live_work,
+    open_record,
     read_settled,
     read_slot_record,
     work_alive,
@@ -170,6 +171,7 @@ class Slot:
         self._path: str = path
         self._clock = clock
         self._on_release: Callable[[Slot], None] | None = on_release
+        self._record_fd: int | None = None  # the record file, open while held
 
     @property
     def released(self) -> bool:
@@ -178,9 +180,20 @@ class Slot:
     def _write(self) -> None:
         self.record["updated_at"] = self._clock()
         try:
-            write_slot_record(self._path, self.record)
+            if self._record_fd is None:
+                try:
+                    self._record_fd = open_record(self._path)
+                except FileNotFoundError:
+                    pass  # the first record of this slot: write_slot_record creates it whole
+            if not write_slot_record(self._path, self.record, self._record_fd):
+                self._close_record()  # replaced by a long record: open the new file next time
         except OSError as e:
             raise os_failure("write slot record", self._path, e) from None
+
+    def _close_record(self) -> None:
+        if self._record_fd is not None:
+            os.close(self._record_fd)
+            self._record_fd = None
 
     def _check_held(self, what: str) -> None:
         if self._fd is None:
@@ -220,6 +233,7 @@ class Slot:
             self.record["released"] = True
             self._write()
         finally:
+            self._close_record()
             os.close(fd)
             if self._on_release is not None:
                 self._on_release(self)
@@ -261,10 +275,12 @@ class SlotGate:
         self.last_refusal: str | None = None
         self.reap_failures: list[SlotView] = []
         # What this gate itself knows, to make a grant O(1) instead of a scan from index 0: the
-        # indices it holds (never worth trying: its own lock refuses it too), where the next try
-        # starts, and each directory's listing while the directory is unchanged.
+        # indices it holds (never worth trying: its own lock refuses it too), those it does not
+        # (tried, in order), and each directory's listing while the directory is unchanged.
         self._held: dict[str, set[int]] = {}
-        self._cursor: dict[str, int] = {}
+        self._unheld: dict[
+            str, tuple[int, set[int]]
+        ] = {}  # key -> (cap, indices below it not held)
         self._listings: dict[str, tuple[tuple[int, int], list[int], bool]] = {}
 
     # -- paths
@@ -360,15 +376,29 @@ class SlotGate:
             self._forget,
         )
         self._held.setdefault(key, set()).add(index)
+        self._unheld_of(key, cap).discard(index)
         try:
             slot._write()
         except BaseException:
-            self._held[key].discard(index)
+            slot._close_record()
+            self._forget(slot)
             raise
         return slot
 
     def _forget(self, slot: Slot) -> None:
         self._held.get(slot.key, set()).discard(slot.index)
+        unheld = self._unheld.get(slot.key)
+        if unheld is not None and slot.index < unheld[0]:
+            unheld[1].add(slot.index)
+
+    def _unheld_of(self, key: str, cap: int) -> set[int]:
+        """The indices below cap this gate does not hold (made again when the cap changed)."""
+        entry = self._unheld.get(key)
+        if entry is None or entry[0] != cap:
+            held = self._held.get(key, set())
+            entry = (cap, {i for i in range(cap) if i not in held})
+            self._unheld[key] = entry
+        return entry[1]
 
     def _claim(self, key: str, cap: int) -> tuple[int, int, dict | None]:
         """Lock a free slot of key: (index, fd, the old unreleased record taken over or None)."""
@@ -385,11 +415,7 @@ class SlotGate:
                 raise _Full(UNREADABLE if any(v.state == UNREADABLE for v in taken) else "full")
         if not complete:
             self._fill(key, directory, cap)
-        held = self._held.get(key, ())
-        start = self._cursor.get(key, 0) % cap
-        for index in (*range(start, cap), *range(start)):
-            if index in held:
-                continue
+        for index in self._unheld_of(key, cap):  # not changed in this loop: it returns first
             fd = self._lock(directory, index)
             if fd is None:
                 continue
@@ -415,7 +441,6 @@ class SlotGate:
             if higher and not self._under_cap_with(key, cap, index, indices):
                 os.close(fd)
                 raise _Full("full")
-            self._cursor[key] = index + 1
             took_over = record if record is not None and not record["released"] else None
             return index, fd, took_over
         raise _Full(UNREADABLE if unreadable else "full")
