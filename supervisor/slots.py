@@ -1,6 +1,8 @@
 """The slot gate: a machine-wide cap per key, held as flock slots, with orphans found and reaped.
 
-Knows flock, slot records, caps and group liveness (from guardd); nothing of ZeroMQ or asyncio.
+Knows flock, caps, which slot to take and when a slot counts; the records themselves (shape,
+writing, reading, the boot rule, work liveness) are supervisor.slot_record's. Nothing of ZeroMQ or
+asyncio.
 Nothing here blocks on another holder: every lock is taken with LOCK_NB. Only `reap` blocks (it
 waits for work to end), and the supervisor runs it in a thread.
 
@@ -10,7 +12,7 @@ even by SIGKILL, and keeps it for a stopped holder, so no liveness guess is ever
 holder itself. Lock files are never deleted (unlinking a held lock file would let a second holder
 lock a new file at the same path); after locking, the holder checks that the file it locked is
 still the one at the path. The record says who holds the slot and what work runs under it; it is
-written atomically (temp file, fsync, rename) only by whoever holds the lock. The lock is the
+written (in place, see slot_record) only by whoever holds the lock. The lock is the
 truth about holding; the record is the truth about work. When the lock is free but the record is
 not released, the recorded work decides: alive (guard process by identity, or any recorded group,
 including those in the guard's own record) means *orphaned*: counted against the cap, never handed
@@ -23,7 +25,9 @@ slot during the probe sees it busy and may be refused): readers use /proc/locks 
 lock file's device and inode, parsed once per call.
 
 The cap: try_acquire tries indices below the cap; each index is one lock, so holders below the cap
-can never exceed it. After a lowered cap, holders above it may remain: every slot file present is
+can never exceed it. A grant costs O(1), not O(cap): the gate tries only the indices it does not
+hold itself (its own lock would refuse it anyway), and reads the key's directory listing again
+only when the directory changed (so every index below the cap gets its files once, up front). After a lowered cap, holders above it may remain: every slot file present is
 then counted (held, reserved, orphaned and unreadable all count), before any lock is touched and
 again after one is taken, so no grant happens until the count is under the cap. With a machine cap,
 the `_machine` key is a slot key of its own, locked before the key's slot and unlocked again when
@@ -35,9 +39,12 @@ The state question:
 - Stops half-way: killed after locking and before writing, the lock dies with it and the old record
   (released, or unreleased with dead work) reads as free. Killed after writing, the record says
   unreleased: free at once when it had no work, orphaned while recorded work lives. A crash inside
-  a write leaves at most a stray `.slot-<i>.json.<pid>.tmp`, which nothing reads.
-- Old, empty, corrupt or newer-version records, a directory that cannot be read, or a guard record
-  named by the work that cannot be read: *unreadable*. Counted as taken, never handed out, shown
+  a write leaves the old record or the new one (slot_record).
+- After a reboot (or power loss): a record of an earlier boot whose lock is free is free, whatever
+  its work says; so is a record file that cannot be parsed but was last changed before this boot
+  (slot_record's boot rule). Old records without a boot id are judged by their work.
+- Empty, corrupt or newer-version records of this boot, a directory that cannot be read, or a
+  guard record named by the work that cannot be read: *unreadable*. Counted as taken, never handed out, shown
   with an error naming the file. Nothing here deletes or rewrites them; a person fixes or removes
   the file (a reaper does act on a slot whose own record is readable but whose guard record is not:
   it ends what it knows of and releases).
@@ -51,7 +58,6 @@ them means reading every process's environment, too slow for every acquire).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable
@@ -60,9 +66,8 @@ from pathlib import Path
 from guardd.procs import Group, Identity
 from guardd.record import RecordError
 
-from .caps import MACHINE_KEY, Caps, check_key, key_problem
+from .caps import MACHINE_KEY, Caps, check_key
 from .errors import CcsupError, UsageError, os_failure
-from .reaper import end_work
 from .slot_record import (  # noqa: F401  (re-exported: the gate's public names stay here)
     FREE,
     HELD,
@@ -85,8 +90,8 @@ from .slot_record import (  # noqa: F401  (re-exported: the gate's public names 
     write_slot_record,
     written_before_boot,
 )
+from .slot_views import SlotReader, _indices, held_locks  # noqa: F401  (held_locks: re-exported)
 
-_LOCK_RETRIES = 3  # a lock file replaced under us this many times in a row: treat the slot as busy
 _RACY_NS = 50_000_000  # a directory changed this recently may change again within its mtime tick
 _FILL_MAX = 4096  # caps above this get no files made ahead (their listing is read at every grant)
 
@@ -98,51 +103,6 @@ def available_memory() -> int:
             if line.startswith(b"MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise CcsupError("unable to read available memory from /proc/meminfo: no MemAvailable line")
-
-
-# ---- locks ---------------------------------------------------------------------------------
-
-
-def held_locks() -> set[tuple[int, int, int]]:
-    """(major, minor, inode) of every file with a granted flock, from /proc/locks, in one read."""
-    with open("/proc/locks", "rb") as f:
-        data = f.read()
-    held = set()
-    for line in data.splitlines():
-        # "1: FLOCK  ADVISORY  WRITE 3236 fe:00:2146412 0 EOF"; a blocked waiter has "->" second.
-        parts = line.split()
-        if len(parts) < 6 or parts[1] != b"FLOCK":
-            continue
-        major, minor, inode = parts[5].split(b":")
-        held.add((int(major, 16), int(minor, 16), int(inode)))
-    return held
-
-
-def _file_key(st: os.stat_result) -> tuple[int, int, int]:
-    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
-
-
-def _try_lock(path: str) -> int | None:
-    """Lock the slot file at path without blocking: the fd, or None when someone else holds it."""
-    for _ in range(_LOCK_RETRIES):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except OSError:
-            os.close(fd)
-            raise
-        mine = os.fstat(fd)
-        try:
-            there = os.stat(path)
-        except FileNotFoundError:
-            there = None
-        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
-            return fd
-        os.close(fd)  # the file at the path was replaced or removed: what we locked is no slot
-    return None
 
 
 # ---- the gate ------------------------------------------------------------------------------
@@ -256,7 +216,7 @@ def _reservation(reservation: dict | None) -> dict | None:
         ) from None
 
 
-class SlotGate:
+class SlotGate(SlotReader):
     """The machine-wide gate over `<state_dir>/slots`. See the module's design note."""
 
     def __init__(
@@ -282,17 +242,6 @@ class SlotGate:
             str, tuple[int, set[int]]
         ] = {}  # key -> (cap, indices below it not held)
         self._listings: dict[str, tuple[tuple[int, int], list[int], bool]] = {}
-
-    # -- paths
-
-    def _dir(self, key: str) -> str:
-        return f"{self.root}/{key}"
-
-    def _cap(self, key: str) -> int:
-        if key == MACHINE_KEY:
-            # A leftover `_machine` directory without a machine cap: cap 0, so only taken slots show.
-            return self.caps.machine_cap or 0
-        return self.caps.cap_for(key)
 
     # -- acquiring
 
@@ -509,178 +458,3 @@ class SlotGate:
         others = (set(indices) | set(range(cap))) - {index}
         taken = sum(1 for i in others if self._view(key, i, cap, locks).state in TAKEN)
         return taken + 1 <= cap
-
-    def _lock(self, directory: str, index: int) -> int | None:
-        path = f"{directory}/slot-{index}.lock"
-        try:
-            return _try_lock(path)
-        except FileNotFoundError:
-            pass
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            return _try_lock(path)
-        except OSError as e:
-            raise os_failure("lock slot file", path, e) from None
-
-    # -- reading
-
-    def inspect(self, key: str) -> list[SlotView]:
-        """Every slot of key (below the cap, and any taken one above it), taking no lock."""
-        check_key(key, reserved_ok=True)
-        return self._inspect_key(key, held_locks())
-
-    def inspect_all(self) -> list[SlotView]:
-        """Every key configured or with a directory under <state>/slots, `_machine` first."""
-        locks = held_locks()
-        views = []
-        for key in self._keys():
-            views.extend(self._inspect_key(key, locks))
-        return views
-
-    def _keys(self) -> list[str]:
-        keys = set(self.caps.configured_keys())
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            names = []
-        except OSError as e:
-            raise os_failure("list slot directories in", self.root, e) from None
-        # Stray names that are no key (a temp file, a hand-made directory) are not slots.
-        keys.update(n for n in names if key_problem(n, reserved_ok=True) is None)
-        return sorted(keys, key=lambda k: (k != MACHINE_KEY, k))
-
-    def _inspect_key(self, key: str, locks: set) -> list[SlotView]:
-        cap = self._cap(key)
-        directory = self._dir(key)
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            names = []
-        except OSError as e:
-            error = f"unable to read slot directory {directory}: {e.strerror}"
-            return [SlotView(key, i, cap, UNREADABLE, error=error) for i in range(max(cap, 1))]
-        views = []
-        for index in sorted(set(range(cap)) | set(_indices(names))):
-            view = self._view(key, index, cap, locks)
-            if index < cap or view.state != FREE:
-                views.append(view)
-        return views
-
-    def _view(self, key: str, index: int, cap: int, locks: set) -> SlotView:
-        directory = self._dir(key)
-        try:
-            locked = _file_key(os.stat(f"{directory}/slot-{index}.lock")) in locks
-        except FileNotFoundError:
-            locked = False
-        except OSError as e:
-            return SlotView(
-                key,
-                index,
-                cap,
-                UNREADABLE,
-                error=f"unable to stat {directory}/slot-{index}.lock: {e.strerror}",
-            )
-        path = f"{directory}/slot-{index}.json"
-        try:
-            record = read_settled(path, locked)
-        except RecordError as e:
-            if not locked and written_before_boot(path):
-                return SlotView(key, index, cap, FREE)  # torn by a power loss: nothing of it runs
-            return SlotView(key, index, cap, UNREADABLE, error=str(e))
-        if record is None or record["released"] or from_earlier_boot(record):
-            return SlotView(key, index, cap, RESERVED if locked else FREE, record=record)
-        work = record.get("work")
-        if locked:
-            state = HELD if work is not None else RESERVED
-        elif work is None:
-            state = FREE
-        else:
-            try:
-                state = ORPHANED if work_alive(work, path) else FREE
-            except RecordError as e:
-                return SlotView(key, index, cap, UNREADABLE, error=str(e), record=record)
-        if state == FREE:
-            return SlotView(key, index, cap, state, record=record)
-        return SlotView(
-            key,
-            index,
-            cap,
-            state,
-            turn=record.get("turn"),
-            holder=record.get("holder"),
-            pid=None if work is None or work.get("guard") is None else work["guard"].get("pid"),
-            groups=[] if work is None else list(work.get("groups") or []),
-            since=record.get("updated_at"),
-            record=record,
-        )
-
-    # -- reaping
-
-    def reap(self, key: str | None = None, *, grace: float = 5.0) -> list[SlotView]:
-        """End the work of every orphaned slot (of key, or of all keys); blocking.
-
-        Returns the slots reaped, as they were seen orphaned. Slots whose work could not be
-        confirmed gone stay orphaned and are listed in self.reap_failures with an error.
-        """
-        keys = [check_key(key, reserved_ok=True)] if key is not None else self._keys()
-        locks = held_locks()
-        # Unreadable with a readable slot record: only the guard record is unreadable.
-        # Every candidate is found before any is reaped: ending a key slot's work also ends its
-        # `_machine` slot's (the same work), which must then be released too, not skipped as free.
-        candidates = [
-            view
-            for k in keys
-            for view in self._inspect_key(k, locks)
-            if view.state == ORPHANED or (view.state == UNREADABLE and view.record is not None)
-        ]
-        reaped, self.reap_failures = [], []
-        for view in candidates:
-            outcome = self._reap_slot(view, grace)
-            if outcome is True:
-                reaped.append(view)
-            elif isinstance(outcome, str):
-                view.error = outcome
-                self.reap_failures.append(view)
-        return reaped
-
-    def _reap_slot(self, view: SlotView, grace: float) -> bool | str | None:
-        """True when reaped; None when it is no longer orphaned (or another acts); else an error."""
-        directory = self._dir(view.key)
-        path = f"{directory}/slot-{view.index}.json"
-        fd = self._lock(directory, view.index)
-        if fd is None:
-            return None  # someone holds it now: a holder, or another reaper
-        try:
-            record = read_slot_record(path)
-            work = live_work(record)
-            if record is None or work is None:
-                return None
-            try:
-                guard, groups = work_groups(work, path)
-            except RecordError:
-                # The guard record cannot be read: end what the slot record itself names.
-                guard, _, groups = work_parts(work, path)
-            if not end_work(groups, guard=guard, turn=record.get("turn"), grace=grace):
-                return f"unable to end the work of slot {view.key}#{view.index}: still running after SIGKILL"
-            record["released"] = True
-            record["updated_at"] = self.clock()
-            try:
-                write_slot_record(path, record)
-            except OSError as e:
-                return f"unable to write slot record {path}: {e.strerror}"
-            return True
-        except RecordError as e:
-            return str(e)
-        finally:
-            os.close(fd)
-
-
-def _indices(names: list[str]) -> list[int]:
-    found = set()
-    for name in names:
-        if not name.startswith("slot-"):
-            continue
-        stem, dot, ext = name[5:].partition(".")
-        if ext in ("lock", "json") and stem.isdigit():
-            found.add(int(stem))
-    return sorted(found)
