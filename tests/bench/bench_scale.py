@@ -3,7 +3,9 @@
     .venv/bin/python tests/bench/bench_scale.py [--sizes 50,100,250,500] [--repeat 1]
 
 For each N: a real daemon with `s = N` (grace 1s), N turns of `sleep 600` requested at once from
-one client; the clock stops when every turn's `started` event has arrived. Then, with all N
+one client (`--via bus`, the default: every `request.turn` published on the bus in one burst, as
+sidecars send them; `--via control`: one control request after another, each waiting for its
+answer); the clock stops when every turn's `started` event has arrived. Then, with all N
 running: the supervisor's RSS (VmRSS), the guards' USS (Private_* of /proc/<pid>/smaps_rollup:
 median and max over every guard), `ccsup ps --json` as a subprocess (CLI start-up included,
 median of 5), and `ccsup stop` as a subprocess (until it returns: every turn ended and confirmed
@@ -33,6 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import zmq  # noqa: E402
+
+from supervisor import protocol  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 CCSUP = [sys.executable, "-m", "supervisor"]
@@ -94,7 +99,24 @@ def plain_popen(n: int) -> float:
     return elapsed
 
 
-def one_size(root: Path, n: int) -> dict:
+def request(pub, i: int) -> None:
+    body = {"v": protocol.VERSION, "ts": time.time(), "id": f"t{i}", "key": "s"}
+    body["argv"] = ["sleep", "600"]
+    pub.send_multipart([b"request.turn", protocol.dumps(body)])
+
+
+def publish_all(pub, sub, n: int) -> None:
+    """Every request at once on the bus (as sidecars send them), after one that proves the PUB's
+    connection is up (a new PUB drops what it sends before). Events seen meanwhile are put back."""
+    while True:
+        request(pub, 0)
+        if sub.peek(0.05):
+            break
+    for i in range(1, n):
+        request(pub, i)
+
+
+def one_size(root: Path, n: int, via: str) -> dict:
     state = root / f"n{n}"
     state.mkdir(mode=0o700)
     plain = plain_popen(n)
@@ -104,8 +126,12 @@ def one_size(root: Path, n: int) -> dict:
         with Client(state, timeout=30) as client, client.subscribe(["turn.t"]) as sub:
             cpu0 = cpu_s(proc.pid)
             t0 = time.monotonic()
-            for i in range(n):
-                client.turn("s", ["sleep", "600"], id=f"t{i}")
+            if via == "bus":
+                pub = client._socket(zmq.PUB, client.bus_in_endpoint)
+                publish_all(pub, sub, n)
+            else:
+                for i in range(n):
+                    client.turn("s", ["sleep", "600"], id=f"t{i}")
             requested = time.monotonic() - t0
             started = 0
             while started < n:
@@ -114,8 +140,8 @@ def one_size(root: Path, n: int) -> dict:
                     raise SystemExit(f"N={n}: only {started} started after 120 s without an event")
                 if event[0].endswith(".started"):
                     started += 1
-                elif event[0].endswith((".released", ".cancelled", ".rejected")):
-                    raise SystemExit(f"N={n}: {event[0]} before all started")
+                elif event[0].endswith((".exited", ".cancelled", ".rejected")):
+                    raise SystemExit(f"N={n}: {event[0]} before all started: {event[1]}")
             all_running = time.monotonic() - t0
             cpu = cpu_s(proc.pid) - cpu0
         time.sleep(0.5)  # let the last guards settle before measuring memory
@@ -141,6 +167,7 @@ def one_size(root: Path, n: int) -> dict:
     return {
         "bench": "scale_n",
         "n": n,
+        "via": via,
         "plain_popen_s": round(plain, 3),
         "request_s": round(requested, 3),
         "all_running_s": round(all_running, 3),
@@ -160,6 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="50,100,250,500")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--via", choices=("bus", "control"), default="bus")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     root = Path(tempfile.mkdtemp(prefix="ccsup-scale-", dir="/tmp"))
@@ -168,7 +196,7 @@ def main() -> None:
         for r in range(args.repeat):
             (root / f"r{r}").mkdir()
             for n in sizes:
-                result = one_size(root / f"r{r}", n)
+                result = one_size(root / f"r{r}", n, args.via)
                 print(json.dumps(result), flush=True)
                 results.append(result)
         per_turn = [x["per_turn_ms"] for x in results]
