@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from guardd.record import RecordError
 
@@ -54,6 +54,18 @@ def held_locks() -> set[tuple[int, int, int]]:
         major, minor, inode = parts[5].split(b":")
         held.add((int(major, 16), int(minor, 16), int(inode)))
     return held
+
+
+class LazyLocks:
+    """held_locks(), read at the first question only (a view of this gate's own slots asks none)."""
+
+    def __init__(self) -> None:
+        self._held: set[tuple[int, int, int]] | None = None
+
+    def __contains__(self, file_key: object) -> bool:
+        if self._held is None:
+            self._held = held_locks()
+        return file_key in self._held
 
 
 def _file_key(st: os.stat_result) -> tuple[int, int, int]:
@@ -119,11 +131,11 @@ class SlotReader:
     def inspect(self, key: str) -> list[SlotView]:
         """Every slot of key (below the cap, and any taken one above it), taking no lock."""
         check_key(key, reserved_ok=True)
-        return self._inspect_key(key, held_locks())
+        return self._inspect_key(key, LazyLocks())
 
     def inspect_all(self) -> list[SlotView]:
         """Every key configured or with a directory under <state>/slots, `_machine` first."""
-        locks = held_locks()
+        locks = LazyLocks()
         views = []
         for key in self._keys():
             views.extend(self._inspect_key(key, locks))
@@ -141,7 +153,7 @@ class SlotReader:
         keys.update(n for n in names if key_problem(n, reserved_ok=True) is None)
         return sorted(keys, key=lambda k: (k != MACHINE_KEY, k))
 
-    def _inspect_key(self, key: str, locks: set) -> list[SlotView]:
+    def _inspect_key(self, key: str, locks: Container) -> list[SlotView]:
         cap = self._cap(key)
         directory = self._dir(key)
         try:
@@ -158,7 +170,14 @@ class SlotReader:
                 views.append(view)
         return views
 
-    def _view(self, key: str, index: int, cap: int, locks: set) -> SlotView:
+    def _own_record(self, key: str, index: int) -> dict | None:
+        """The record of a slot this process holds through this object (SlotGate), else None."""
+        return None
+
+    def _view(self, key: str, index: int, cap: int, locks: Container) -> SlotView:
+        own = self._own_record(key, index)
+        if own is not None:  # held here: the lock is ours and the record is what we wrote
+            return self._judge(key, index, cap, own, True, "")
         directory = self._dir(key)
         try:
             locked = _file_key(os.stat(f"{directory}/slot-{index}.lock")) in locks
@@ -179,6 +198,12 @@ class SlotReader:
             if not locked and written_before_boot(path):
                 return SlotView(key, index, cap, FREE)  # torn by a power loss: nothing of it runs
             return SlotView(key, index, cap, UNREADABLE, error=str(e))
+        return self._judge(key, index, cap, record, locked, path)
+
+    def _judge(
+        self, key: str, index: int, cap: int, record: dict | None, locked: bool, path: str
+    ) -> SlotView:
+        """The view of a slot whose lock state and record are known."""
         if record is None or record["released"] or from_earlier_boot(record):
             return SlotView(key, index, cap, RESERVED if locked else FREE, record=record)
         work = record.get("work")

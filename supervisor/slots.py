@@ -238,6 +238,7 @@ class SlotGate(SlotReader):
         # indices it holds (never worth trying: its own lock refuses it too), those it does not
         # (tried, in order), and each directory's listing while the directory is unchanged.
         self._held: dict[str, set[int]] = {}
+        self._own: dict[tuple[str, int], Slot] = {}  # the slots held, for views without I/O
         self._unheld: dict[
             str, tuple[int, set[int]]
         ] = {}  # key -> (cap, indices below it not held)
@@ -325,6 +326,7 @@ class SlotGate(SlotReader):
             self._forget,
         )
         self._held.setdefault(key, set()).add(index)
+        self._own[key, index] = slot
         self._unheld_of(key, cap).discard(index)
         try:
             slot._write()
@@ -336,9 +338,14 @@ class SlotGate(SlotReader):
 
     def _forget(self, slot: Slot) -> None:
         self._held.get(slot.key, set()).discard(slot.index)
+        self._own.pop((slot.key, slot.index), None)
         unheld = self._unheld.get(slot.key)
         if unheld is not None and slot.index < unheld[0]:
             unheld[1].add(slot.index)
+
+    def _own_record(self, key: str, index: int) -> dict | None:
+        slot = self._own.get((key, index))
+        return None if slot is None else dict(slot.record)
 
     def _unheld_of(self, key: str, cap: int) -> set[int]:
         """The indices below cap this gate does not hold (made again when the cap changed)."""

@@ -785,3 +785,33 @@ def test_inspect_all_lists_configured_keys_and_keys_found_on_disk(state_dir):
         ("codex", 1, "free"),
         ("other:x", 0, "free"),
     ]
+
+
+def test_the_holders_own_views_read_nothing_and_match_what_others_read(state_dir, monkeypatch):
+    gate = SlotGate(state_dir, Caps(caps={"codex": 3}, machine_cap=4))
+    me = procs.identity_of(os.getpid())
+    held = gate.try_acquire("codex", ME, turn="t1")
+    held.record_work(me, str(state_dir / "none.json"), [Group(os.getpgid(0), None)])
+    reserved = gate.try_acquire("codex", ME, reservation={"id": "r1", "until": 9.0})
+    others = [v.to_json() for v in SlotGate(state_dir, gate.caps).inspect_all()]
+    opened = []
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k)
+    )
+    mine = [v.to_json() for v in gate.inspect_all()]
+    assert mine == others
+    assert [(s["key"], s["state"], s["turn"]) for s in mine] == [
+        ("_machine", "held", "t1"),
+        ("_machine", "reserved", None),
+        ("_machine", "free", None),
+        ("_machine", "free", None),
+        ("codex", "held", "t1"),
+        ("codex", "reserved", None),
+        ("codex", "free", None),
+    ]
+    read = sorted(str(p).split("/slots/")[1] for p in opened if str(p).endswith(".json"))
+    # its own slots came from memory; only the free ones were read
+    assert read == ["_machine/slot-2.json", "_machine/slot-3.json", "codex/slot-2.json"]
+    held.release()
+    reserved.release()
