@@ -12,6 +12,7 @@ from conftest import PYTHON
 from guardd.launch import guard_command
 
 zmq = pytest.importorskip("zmq")
+from zmq.utils.monitor import recv_monitor_message  # noqa: E402
 
 
 @pytest.mark.parametrize("launch", ["module", "launch"])
@@ -209,3 +210,36 @@ def test_a_curve_peer_is_refused_with_one_line(tmp_path, state_dir):
         f"ccsup-guard: unable to publish hints on {endpoint}: the peer closed the"
         " connection in the handshake (a CURVE endpoint? the guard speaks only NULL)\n"
     )
+
+
+def test_the_publisher_is_connected_only_while_it_has_hints_to_send(state_dir, monkeypatch):
+    """An idle guard holds no connection (each held ~24 KiB of the supervisor's ZeroMQ buffers)."""
+    monkeypatch.setattr(hints, "_IDLE", 0.2)
+    endpoint = f"ipc://{state_dir}/bus-in"
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XSUB)
+    monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    sock.bind(endpoint)
+    sock.send(b"\x01guard.")
+
+    def next_event(timeout: float = 5.0) -> int:
+        assert monitor.poll(timeout * 1000), "no connection event"
+        return recv_monitor_message(monitor)["event"]
+
+    try:
+        pub = hints.Publisher(endpoint, "t4", {})
+        assert not monitor.poll(300)  # nothing to say yet: not connected
+        pub.publish("group", pgid=7, leader_start=None)
+        assert next_event() == zmq.EVENT_ACCEPTED
+        first = _collect(sock, lambda got: len(got) == 1)
+        assert next_event() == zmq.EVENT_DISCONNECTED  # idle: closed again
+        pub.publish("exited", code=0, signal=None)
+        assert next_event() == zmq.EVENT_ACCEPTED  # reconnected for the next hint
+        rest = _collect(sock, lambda got: len(got) == 1)
+        pub.close()
+    finally:
+        monitor.close(0)
+        sock.disable_monitor()
+        sock.close(0)
+        ctx.term()
+    assert [t for t, _ in first + rest] == [b"guard.t4.group", b"guard.t4.exited"]
