@@ -2,9 +2,10 @@
 
 Design note. Hints are advisory: anyone may publish one and nothing may depend on them, so
 publishing must never slow or endanger the turn. The guard only appends to a queue; a background
-thread started after CMD is spawned connects when there is a hint to send, handshakes, sends, and
-closes again after a second without hints (a connection held for a turn's whole life cost the
-supervisor ~24 KiB of ZeroMQ buffers per running turn).
+thread started after CMD is spawned connects, handshakes and sends; after a second without hints it
+closes the connection and connects again for the next hint (a connection held for a turn's whole
+life cost the supervisor ~24 KiB of ZeroMQ buffers per running turn; one made only at the first
+hint delayed a short turn's end by a handshake).
 
 The thread speaks ZMTP 3.0 itself (rfc.zeromq.org spec 23), as a PUB with the NULL mechanism, over
 `ipc://` (an AF_UNIX stream socket; `ipc://@name` is the abstract namespace) or plain `tcp://`:
@@ -41,6 +42,7 @@ import time
 _CONNECT_WAIT = 0.5  # seconds for connect, greeting and READY together
 _CLOSE_WAIT = 0.1  # bound on delivering what is queued at close
 _IDLE = 1.0  # seconds without a hint after which the connection is closed (reopened for the next)
+_NOTHING = (b"", b"")  # "no hint yet": the first connection is made before there is one
 _GREETING = (
     b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" + bytes(31)
 )
@@ -181,16 +183,21 @@ class Publisher:
         print(f"ccsup-guard: unable to publish hints on {self.endpoint}: {reason}", file=sys.stderr)
 
     def _run(self) -> None:
+        # Connected at once (a short turn's hints then cost no handshake at its end), and again
+        # for the next hint after _IDLE without one.
+        item: tuple[bytes, bytes] | None = _NOTHING
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
+            if item is not _NOTHING:
+                item = self._queue.get()
+                if item is None:
+                    return
             try:
                 sock = open_stream(self.endpoint, _CONNECT_WAIT)
             except ValueError:
                 return self._run_zmq(item)
             except OSError:
-                continue  # no bus (or not yet, or no more): this hint is lost
+                item = None  # no bus (or not yet, or no more): this hint is lost
+                continue
             try:
                 handshake(sock, time.monotonic() + _CONNECT_WAIT)
                 if self._send_queued(sock, item):
@@ -201,14 +208,16 @@ class Publisher:
                 pass  # the peer went away or stalled: the hints in hand are lost
             finally:
                 sock.close()
+            item = None
 
     def _send_queued(self, sock: socket.socket, item: tuple[bytes, bytes] | None) -> bool:
         """Send item and what follows until close() (True) or _IDLE without a hint (False)."""
         while item is not None:
             if not discard_input(sock):
                 return False
-            sock.settimeout(_CONNECT_WAIT)  # a stalled peer costs hints, never the guard's exit
-            sock.sendall(message(*item))
+            if item is not _NOTHING:
+                sock.settimeout(_CONNECT_WAIT)  # a stalled peer costs hints, never the guard's exit
+                sock.sendall(message(*item))
             try:
                 item = self._queue.get(timeout=_IDLE)
             except queue.Empty:
@@ -226,7 +235,7 @@ class Publisher:
                 break
         return item is None
 
-    def _run_zmq(self, first: tuple[bytes, bytes]) -> None:
+    def _run_zmq(self, first: tuple[bytes, bytes] | None) -> None:
         """Transports other than ipc and plain tcp, when pyzmq is importable."""
         try:
             import zmq
@@ -237,7 +246,8 @@ class Publisher:
         try:
             sock.setsockopt(zmq.LINGER, int(_CLOSE_WAIT * 1000))
             sock.connect(self.endpoint)
-            sock.send_multipart(first)
+            if first is not None and first is not _NOTHING:
+                sock.send_multipart(first)
             while True:
                 item = self._queue.get()
                 if item is None:
