@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -99,8 +100,17 @@ def plain_popen(n: int) -> float:
     return elapsed
 
 
+# Turn ids unique to this run: a reaper of another test on the machine ends escapees by their
+# CCSUP_TURN marker, so a common id such as `t1` can be ended by someone else's test.
+RUN = uuid.uuid4().hex[:8]
+
+
+def turn_id(i: int) -> str:
+    return f"t{RUN}-{i}"
+
+
 def request(pub, i: int) -> None:
-    body = {"v": protocol.VERSION, "ts": time.time(), "id": f"t{i}", "key": "s"}
+    body = {"v": protocol.VERSION, "ts": time.time(), "id": turn_id(i), "key": "s"}
     body["argv"] = ["sleep", "600"]
     pub.send_multipart([b"request.turn", protocol.dumps(body)])
 
@@ -131,7 +141,7 @@ def one_size(root: Path, n: int, via: str) -> dict:
                 publish_all(pub, sub, n)
             else:
                 for i in range(n):
-                    client.turn("s", ["sleep", "600"], id=f"t{i}")
+                    client.turn("s", ["sleep", "600"], id=turn_id(i))
             requested = time.monotonic() - t0
             started = 0
             while started < n:
