@@ -24,7 +24,7 @@ import click
 
 from . import config as cfg
 from .caps import MACHINE_KEY
-from .errors import CcsupError, os_failure
+from .errors import CcsupError, ConfigError, os_failure
 
 
 def _parent_param(ctx: click.Context, name: str):
@@ -116,7 +116,7 @@ def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
         noun = "problem" if len(err.problems) == 1 else "problems"
         click.echo(f"{len(err.problems)} {noun} in {err.problems[0].source}", err=True)
         ctx.exit(err.exit_code)
-    except cfg.ConfigError as err:  # a file that cannot be read, an unbindable socket path
+    except ConfigError as err:  # a file that cannot be read, an unbindable socket path
         click.echo(f"error: {err.message}", err=True)
         ctx.exit(err.exit_code)
     if as_json:

@@ -38,6 +38,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -45,6 +46,9 @@ from zmq.utils import z85
 
 from . import protocol
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import CurveKeys
 
 log = logging.getLogger("ccsup.server")
 
@@ -65,7 +69,7 @@ MAX_LOGGED_REFUSALS = (
 )
 
 
-def check_endpoint(name: str, endpoint: str, curve: dict | None) -> None:
+def check_endpoint(name: str, endpoint: str, curve: CurveKeys | None) -> None:
     if endpoint.startswith("ipc://"):
         return
     if endpoint.startswith("tcp://"):
@@ -136,7 +140,7 @@ class Server:
         control: str,
         bus_in: str,
         bus_out: str,
-        curve: dict | None = None,
+        curve: CurveKeys | None = None,
         guard_bus: str | None = None,
     ):
         """`guard_bus`: an extra ipc:// XSUB for the guards' hints, when bus_in is a CURVE tcp://
@@ -150,7 +154,7 @@ class Server:
             name for name, endpoint in self.endpoints.items() if endpoint.startswith("tcp://")
         }
         self.allowed_clients = frozenset(
-            z85.decode(key.encode()) for key in (curve or {}).get("client_keys", ())
+            z85.decode(key.encode()) for key in (curve["client_keys"] if curve else ())
         )
         self.zap = None
         self.refused_clients: set[bytes] = set()

@@ -493,7 +493,7 @@ def test_endpoints_resolve_fills_defaults_in_the_state_dir(tmp_path):
 
 
 def test_embedded_default_is_the_commented_default_text():
-    # supervisor/default.toml is generated from config._SECTIONS; regenerate it with
+    # supervisor/default.toml is generated from config.SECTIONS; regenerate it with
     # .venv/bin/python -c "from supervisor import config; print(config.default_config_text(), end='')" > supervisor/default.toml
     assert cfg.embedded_text() == cfg.default_config_text()
     config = cfg.parse(cfg.default_config_text(), cfg.EMBEDDED_SOURCE)
