@@ -56,7 +56,7 @@ from typing import Any
 import zmq
 
 from . import protocol
-from .errors import CcsupError, ConfigError, NotRunning, UsageError
+from .errors import CcsupError, ConfigError, NotRunning, UsageError, exit_code_for
 from .paths import StatePaths
 
 LINGER_MS = 100
@@ -64,8 +64,6 @@ HELLO_PREFIX = "ccsup.hello."
 HELLO_RETRY = 0.5
 TERMINAL = ("released", "cancelled", "rejected")
 CLIENT_KEY_ENV = "CCSUP_CLIENT_SECRET_KEY"
-# Reply codes that mean the request itself was wrong (the CLI exits 2 for them).
-_USAGE_CODES = ("bad_request", "too_large", "unknown_command", "unsupported_version")
 
 
 class RemoteError(CcsupError):
@@ -74,7 +72,7 @@ class RemoteError(CcsupError):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
-        self.exit_code = 2 if code in _USAGE_CODES else 1
+        self.exit_code = exit_code_for(code)
 
 
 def is_terminal(topic: str) -> bool:

@@ -225,8 +225,8 @@ class Daemon:
             return await handler(request.args)
         except ProtocolError:
             raise
-        except CcsupError as e:
-            raise ProtocolError("failed", e.message) from None
+        except CcsupError as e:  # a bad config on reload is a usage error: the CLI exits 2
+            raise ProtocolError(e.code, e.message) from None
         except Exception as e:  # a bug must not take the supervisor down with it
             log.exception("bug while answering %s", request.cmd)
             raise ProtocolError(

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from supervisor import config as cfg
 from supervisor.caps import Caps
-from supervisor.cli_config import config_group
+from supervisor.cli.config import config_group
 from supervisor.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -777,7 +777,7 @@ def test_init_path_option_and_unwritable_place(cli_env, tmp_path):
 
 
 def test_init_never_overwrites_a_file_that_appears_after_the_check(tmp_path, monkeypatch):
-    from supervisor import cli_config
+    from supervisor.cli import config as cli_config
     from supervisor.errors import CcsupError
 
     target = write(tmp_path / "c.toml", "# a racer's file\n")

@@ -9,7 +9,7 @@ without --force, even by a racing second `init`. Run again, it refuses (exit 1) 
 replaces the file with a fresh default; stopped half-way it leaves at most a `.ccsup-init-*`
 temporary file beside the target, never a partial config.
 
-Attach with `main.add_command(config_group)`. A `--config` or `--state-dir` given to the parent
+Listed in supervisor.cli.COMMANDS. A `--config` or `--state-dir` given to the parent
 group is honoured when the subcommand does not give its own.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import click
 
-from . import config as cfg
-from .caps import MACHINE_KEY
-from .errors import CcsupError, ConfigError, os_failure
+from .. import config as cfg
+from ..caps import MACHINE_KEY
+from ..errors import CcsupError, ConfigError, os_failure
 
 
 def _parent_param(ctx: click.Context, name: str):

@@ -1,0 +1,60 @@
+"""`ccsup stop`: stop the supervisor, every turn ended and confirmed gone first."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from ..errors import CcsupError
+from .where import where
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+
+@click.command()
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait.",
+)
+@click.pass_context
+def stop(ctx, timeout: float) -> None:
+    """Stop the supervisor: every turn ended and confirmed gone first."""
+    from ..client import RemoteError, lock_held
+
+    options = where(ctx)
+    with options.client() as client:
+        try:
+            client.quit()
+        except RemoteError as e:
+            if e.code != "stopping":
+                raise
+        deadline = time.monotonic() + timeout
+        while lock_held(client.paths.lock):
+            if time.monotonic() > deadline:
+                raise CcsupError(
+                    f"the supervisor on {client.state_dir} is still stopping after {timeout:g} s; "
+                    + _still_running(client)
+                )
+            time.sleep(0.05)
+    click.echo(f"ccsup stopped (state {client.state_dir})")
+
+
+def _still_running(client: Client) -> str:
+    try:
+        ps = client.ps()
+    except CcsupError as e:
+        return f"unable to ask it what still runs: {e.message}"
+    busy = [
+        f"{s['key']}[{s['index']}] {s['state']} turn {s.get('turn') or '-'} (guard pid {s.get('pid') or '-'})"
+        for s in ps.get("slots", [])
+        if s.get("state") != "free"
+    ]
+    return "still running: " + (
+        "; ".join(busy) if busy else "no slot is held (it is finishing its shutdown)"
+    )
