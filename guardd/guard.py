@@ -127,7 +127,7 @@ class Guard:
         self.own: procs.Group | None = None
         self.groups: dict[procs.Group, float] = {}  # group -> seen_at, in the order seen
         self.by_pgid: dict[int, procs.Group] = {}  # the latest recorded group of each pgid
-        self.descendants: dict[int, scan.Proc] = {}
+        self.descendants: dict[int, procs.Stat] = {}
         self.scanner = scan.Scanner(pid)  # holds /proc files of what it saw: cheaper rescans
         self.exit: _Exit | None = None
         self.state = "running"

@@ -55,6 +55,8 @@ from typing import Any
 
 import zmq
 
+from guardd import procs
+
 from . import protocol
 from .errors import CcsupError, ConfigError, NotRunning, UsageError, exit_code_for
 from .paths import StatePaths
@@ -86,60 +88,14 @@ def not_running_message(state_dir: Path) -> str:
 # -- is a supervisor there? ------------------------------------------------------------------------
 
 
-def _held_in_proc_locks(st: os.stat_result) -> bool | None:
-    """Whether /proc/locks lists a lock on this inode; None when /proc/locks cannot be read."""
-    try:
-        with open("/proc/locks") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    for line in lines:
-        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; blocked waiters have a "->" field.
-        fields = line.split()
-        if "->" in fields:
-            continue
-        for field in fields:
-            parts = field.split(":")
-            if len(parts) == 3:
-                try:
-                    found = (int(parts[0], 16), int(parts[1], 16), int(parts[2]))
-                except ValueError:
-                    continue
-                if found == want:
-                    return True
-                break
-    return False
-
-
 def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:
-    """Whether the process whose pid the lock file records holds a flock on it, by its fdinfo.
-
-    False when that cannot be shown (no pid, a process gone or not ours, no such lock): not a
-    "no", only "ask /proc/locks".
-    """
+    """Whether the process whose pid the lock file records holds its flock (by that process's
+    fdinfo); False when that cannot be shown: not a "no", only "ask /proc/locks"."""
     try:
         pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
-        fd_dir = f"/proc/{pid}/fd"
-        names = os.listdir(fd_dir)
     except (OSError, ValueError):
         return False
-    for name in names:
-        try:
-            target = os.stat(f"{fd_dir}/{name}")
-            if (target.st_dev, target.st_ino) != (st.st_dev, st.st_ino):
-                continue
-            with open(f"/proc/{pid}/fdinfo/{name}") as f:
-                info = f.read()
-        except OSError:
-            continue
-        # "lock:\t1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF", for locks held through this fd
-        if any(
-            line.startswith("lock:") and " FLOCK " in line and "->" not in line
-            for line in info.splitlines()
-        ):
-            return True
-    return False
+    return procs.holds_flock(pid, st)
 
 
 def lock_held(lock_path: Path) -> bool:
@@ -154,9 +110,10 @@ def lock_held(lock_path: Path) -> bool:
         st = os.fstat(fd)
         if _held_by_recorded_pid(fd, st):
             return True
-        held = _held_in_proc_locks(st)
-        if held is not None:
-            return held
+        try:
+            return procs.file_key(st) in procs.held_locks()
+        except OSError:
+            pass  # /proc/locks cannot be read
         try:  # fallback probe: may, for an instant, look taken to a starting daemon
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as e:

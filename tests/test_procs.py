@@ -153,7 +153,7 @@ def test_scan_finds_grandchildren_and_their_groups():
         p.stdout.close()
 
 
-def _proc_tuple(p: scan.Proc) -> tuple:
+def _proc_tuple(p: procs.Stat) -> tuple:
     return (p.pid, p.ppid, p.pgid, p.start, p.zombie)
 
 
