@@ -219,6 +219,13 @@ class Guard:
             self.pidfd = -1
 
 
+def _seconds(value: float) -> str:
+    """Seconds as the duration grammar reads them: positional, never an exponent (1e-05)."""
+    from decimal import Decimal
+
+    return format(Decimal(repr(value)), "f")
+
+
 def guard_args(
     turn_id: str, argv: list[str], *, record_dir: Path, grace: float, scan: float, bus: str | None
 ) -> list[str]:
@@ -227,9 +234,9 @@ def guard_args(
         "--record-dir",
         str(record_dir),
         "--grace",
-        f"{grace}",
+        _seconds(grace),
         "--scan",
-        f"{scan}",
+        _seconds(scan),
         "--turn",
         turn_id,
     ]

@@ -55,7 +55,7 @@ def problems_of(text: str, env=None) -> list[cfg.Problem]:
     ],
 )
 def test_parse_duration_accepts(value, seconds):
-    assert cfg.parse_duration(value, where="guard.grace") == seconds
+    assert cfg.duration(value, where="guard.grace") == seconds
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_parse_duration_accepts(value, seconds):
 )
 def test_parse_duration_refuses(value, reason):
     with pytest.raises(ConfigError) as info:
-        cfg.parse_duration(value, where="guard.grace")
+        cfg.duration(value, where="guard.grace")
     assert info.value.message.startswith("guard.grace: ")
     assert reason in info.value.message
 
@@ -105,7 +105,7 @@ def test_parse_duration_refuses(value, reason):
     ],
 )
 def test_parse_size_accepts(value, size):
-    assert cfg.parse_size(value, where="slots.min_free_memory") == size
+    assert cfg.size(value, where="slots.min_free_memory") == size
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_parse_size_accepts(value, size):
 )
 def test_parse_size_refuses(value, reason):
     with pytest.raises(ConfigError) as info:
-        cfg.parse_size(value, where="slots.min_free_memory")
+        cfg.size(value, where="slots.min_free_memory")
     assert info.value.message.startswith("slots.min_free_memory: ")
     assert reason in info.value.message
 

@@ -57,7 +57,7 @@ from .guard import DEFAULT_GRACE, DEFAULT_SCAN
 from .harness import Harness
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
-from .values import parse_duration, parse_size
+from .values import duration, size
 
 __all__ = [
     "DEFAULT_CAP",
@@ -79,8 +79,8 @@ __all__ = [
     "find_config_path",
     "load",
     "parse",
-    "parse_duration",
-    "parse_size",
+    "duration",
+    "size",
     "resolve_state_dir",
     "xdg_config_path",
 ]

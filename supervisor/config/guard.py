@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .schema import Checker, Key, Section, Table
-from .values import parse_duration
+from .values import duration
 
 DEFAULT_GRACE = 5.0
 DEFAULT_SCAN = 2.0
@@ -34,6 +34,6 @@ class GuardSettings(NamedTuple):
 def parse_guard(c: Checker, top: Table) -> GuardSettings:
     guard = c.table(top, ("guard",))
     return GuardSettings(
-        grace=c.run(("guard", "grace"), parse_duration, guard.get("grace", DEFAULT_GRACE)),
-        scan=c.run(("guard", "scan"), parse_duration, guard.get("scan", DEFAULT_SCAN)),
+        grace=c.run(("guard", "grace"), duration, guard.get("grace", DEFAULT_GRACE)),
+        scan=c.run(("guard", "scan"), duration, guard.get("scan", DEFAULT_SCAN)),
     )

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ..caps import key_problem
 from .schema import Checker, Key, Section, Table, kind
-from .values import cap, parse_duration, parse_size
+from .values import cap, duration, size
 
 DEFAULT_CAP = 1
 DEFAULT_RESERVATION_TTL = 60.0
@@ -67,7 +67,7 @@ def parse_slots(c: Checker, top: Table, env: Mapping[str, str]) -> Slots:
     default_cap = c.run(("slots", "default_cap"), cap, slots.get("default_cap", DEFAULT_CAP))
     ttl = c.run(
         ("slots", "reservation_ttl"),
-        parse_duration,
+        duration,
         slots.get("reservation_ttl", DEFAULT_RESERVATION_TTL),
     )
     machine_cap = (
@@ -76,7 +76,7 @@ def parse_slots(c: Checker, top: Table, env: Mapping[str, str]) -> Slots:
         else None
     )
     min_free = (
-        c.run(("slots", "min_free_memory"), parse_size, slots["min_free_memory"])
+        c.run(("slots", "min_free_memory"), size, slots["min_free_memory"])
         if "min_free_memory" in slots
         else None
     )

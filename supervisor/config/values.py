@@ -11,12 +11,12 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from guardd.durations import parse_duration
+
 from ..caps import check_cap
 from ..errors import ConfigError, UsageError
 from .schema import kind
 
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*\Z", re.IGNORECASE)
-_DURATION_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _SIZE = r"(?i)\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*\Z"  # compiled on first use
 # Single letters and IEC names are powers of 1024 (as systemd and docker read "1G"); kB, MB... are SI.
 _SIZE_UNIT = {"": 1, "b": 1}
@@ -25,18 +25,18 @@ for _i, _letter in enumerate("kmgt", start=1):
     _SIZE_UNIT[_letter + "b"] = 1000**_i
 
 
-def parse_duration(value: object, *, where: str) -> float:
-    """Seconds from "5s", "500ms", "2m", "1h", "0.5" or a number of seconds; must be > 0."""
+def duration(value: object, *, where: str) -> float:
+    """Seconds from "5s", "500ms", "2m", "1h", "0.5" (guardd.durations' grammar) or a number of
+    seconds; must be > 0."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str):
-        match = _DURATION.match(value)
-        if not match:
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
             raise ConfigError(
                 f'{where}: {value!r} is not a duration (write it like "5s", "500ms", "2m", "1h")'
-            )
-        unit = match.group(2).lower() if match.group(2) else None
-        seconds = float(match.group(1)) * _DURATION_UNIT[unit]
+            ) from None
     else:
         raise ConfigError(
             f'{where}: a duration is a string like "5s" or a number of seconds, not {kind(value)}'
@@ -46,7 +46,7 @@ def parse_duration(value: object, *, where: str) -> float:
     return seconds
 
 
-def parse_size(value: object, *, where: str) -> int:
+def size(value: object, *, where: str) -> int:
     """Bytes from "2GiB", "512MiB", "1G" (= GiB), "1GB" (10^9), "100k", "4096" or an integer; >= 0."""
     if isinstance(value, int) and not isinstance(value, bool):
         size = value
