@@ -59,7 +59,7 @@ from guardd import procs
 
 from . import protocol
 from .errors import CcsupError, ConfigError, NotRunning, UsageError, exit_code_for
-from .paths import StatePaths
+from .paths import StatePaths, ipc_path
 
 LINGER_MS = 100
 HELLO_PREFIX = "ccsup.hello."
@@ -123,10 +123,6 @@ def lock_held(lock_path: Path) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def _ipc_path(endpoint: str) -> Path | None:
-    return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
 
 
 # -- the client ------------------------------------------------------------------------------------
@@ -223,8 +219,8 @@ class Client:
 
     def running(self) -> bool:
         """Whether a supervisor holds this state directory's lock (and its control socket exists)."""
-        path = _ipc_path(self.control_endpoint)
-        if path is not None and not path.exists():
+        path = ipc_path(self.control_endpoint)
+        if path is not None and not os.path.exists(path):
             return False  # checked first: it is cheaper than the lock
         return lock_held(self.paths.lock)
 

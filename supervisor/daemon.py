@@ -31,7 +31,7 @@ from . import protocol, spawn, store
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
-from .paths import StatePaths
+from .paths import StatePaths, ipc_path
 from .protocol import ProtocolError, Request
 from .server import Server
 from .slots import ORPHANED, SlotGate
@@ -105,7 +105,7 @@ class Daemon:
         # Guards publish their hints without keys: over CURVE tcp they get a private ipc bus-in.
         self._bus_in = (
             endpoints.bus_in
-            if endpoints.bus_in.startswith("ipc://")
+            if ipc_path(endpoints.bus_in) is not None
             else paths.endpoint("guard-bus")
         )
         guard_bus = None if self._bus_in == endpoints.bus_in else self._bus_in

@@ -46,6 +46,7 @@ from zmq.utils import z85
 
 from . import protocol
 from .errors import ConfigError
+from .paths import ipc_path
 
 if TYPE_CHECKING:
     from .config import CurveKeys
@@ -70,7 +71,7 @@ MAX_LOGGED_REFUSALS = (
 
 
 def check_endpoint(name: str, endpoint: str, curve: CurveKeys | None) -> None:
-    if endpoint.startswith("ipc://"):
+    if ipc_path(endpoint) is not None:
         return
     if endpoint.startswith("tcp://"):
         if not curve:
@@ -117,8 +118,9 @@ def _bind(sock: zmq.Socket, what: str, endpoint: str) -> None:
         raise ConfigError(f"{what}: unable to bind {endpoint}: {e}") from None
     finally:
         os.umask(old_umask)
-    if endpoint.startswith("ipc://"):
-        os.chmod(endpoint[len("ipc://") :], 0o600)
+    path = ipc_path(endpoint)
+    if path is not None:
+        os.chmod(path, 0o600)
 
 
 def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
@@ -357,8 +359,9 @@ class Server:
                 sock.close(linger=200)
         self.ctx.term()
         for endpoint in [*self.endpoints.values(), self.guard_bus or ""]:
-            if endpoint.startswith("ipc://"):
+            path = ipc_path(endpoint)
+            if path is not None:
                 try:
-                    os.unlink(endpoint[len("ipc://") :])
+                    os.unlink(path)
                 except OSError:
                     pass

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NotRequired, TypedDict
 
 from ..errors import ConfigError
+from ..paths import StatePaths, ipc_path
 from .schema import Checker, Key, Section, Table, kind
 from .values import string
 
@@ -106,16 +107,15 @@ class Endpoints:
 
     def resolve(self, state_dir: Path) -> Endpoints:
         """These endpoints with the defaults filled in: ipc://<state_dir>/control, bus-in, bus-out."""
-        state_dir = Path(state_dir)
+        paths = StatePaths(Path(state_dir))
         resolved = Endpoints(
-            control=self.control or f"ipc://{state_dir / 'control'}",
-            bus_in=self.bus_in or f"ipc://{state_dir / 'bus-in'}",
-            bus_out=self.bus_out or f"ipc://{state_dir / 'bus-out'}",
+            control=self.control or paths.endpoint("control"),
+            bus_in=self.bus_in or paths.endpoint("bus-in"),
+            bus_out=self.bus_out or paths.endpoint("bus-out"),
             curve=self.curve,
         )
         for name in ("control", "bus_in", "bus_out"):
-            endpoint = getattr(resolved, name)
-            path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
+            path = ipc_path(getattr(resolved, name))
             if path is not None and len(os.fsencode(path)) > MAX_IPC_PATH:
                 raise ConfigError(
                     f"endpoints.{name}: the ipc socket path {path!r} is longer than {MAX_IPC_PATH} "
