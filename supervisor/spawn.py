@@ -12,7 +12,7 @@ every chunk is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) a
 its byte offset. The guard's exit is seen through a pidfd. Its status: a directly started guard is
 our child and `reap()` is the daemon's only waitpid for it, called when that pidfd is readable; a
 forked guard is the zygote's child, reaped there, and its status comes over the zygote's socket
-(`ForkedGuard`): the exit callback waits for both. If the zygote dies first, the status is lost,
+(`ForkedGuardProcess`): the exit callback waits for both. If the zygote dies first, the status is lost,
 and the manager learns the outcome from the guard's record (or calls the guard lost).
 
 State: the logs are append-only and survive restarts; a turn id is never run twice, so a log is
@@ -45,7 +45,7 @@ STATUS_UNKNOWN = EXIT_GUARD_FAILURE
 
 
 class _Pipes:
-    """What a Guard needs of its process besides the status: pid and the three pipe ends."""
+    """What a GuardProcess needs of its process besides the status: pid and the three pipe ends."""
 
     def __init__(self, pid: int, stdin: int, stdout: int, stderr: int):
         self.pid = pid
@@ -54,7 +54,7 @@ class _Pipes:
         self.stderr = open(stderr, "rb", buffering=0)
 
 
-class Guard:
+class GuardProcess:
     """One running guard process, as the supervisor sees it (started directly: our child)."""
 
     def __init__(
@@ -66,7 +66,7 @@ class Guard:
         pidfd: int | None = None,
         start: int | None = None,
     ):
-        """process: a subprocess.Popen (or, for ForkedGuard, the pipes of a forked guard)."""
+        """process: a subprocess.Popen (or, for ForkedGuardProcess, the pipes of a forked guard)."""
         self.turn_id = turn_id
         self.popen = process
         if start is None:
@@ -266,7 +266,7 @@ def start_guard(
     grace: float,
     scan: float,
     bus: str | None,
-) -> Guard:
+) -> GuardProcess:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
@@ -281,10 +281,10 @@ def start_guard(
         start_new_session=True,
         close_fds=True,
     )
-    return Guard(turn_id, popen, record_dir)
+    return GuardProcess(turn_id, popen, record_dir)
 
 
-class ForkedGuard(Guard):
+class ForkedGuardProcess(GuardProcess):
     """A guard the zygote forked: the zygote reaps it and reports its status over its socket.
 
     Its pidfd may turn readable before the report comes: the exit callback then waits for the
@@ -329,14 +329,14 @@ class Launcher:
     the module function and is what the manager calls; `close()` stops the zygote. A zygote that
     cannot be started, dies, or stops answering is logged once and not used again: every later
     guard is started directly. Guards it forked keep running (they watch the supervisor, not
-    it); their statuses are then unknown (see ForkedGuard).
+    it); their statuses are then unknown (see ForkedGuardProcess).
     """
 
     def __init__(self, python: str | None = None, *, start_zygote=Zygote.start):
         self.python = python
         self.zygote: Zygote | None = None
         self._start_zygote = start_zygote
-        self._forked: dict[int, ForkedGuard] = {}
+        self._forked: dict[int, ForkedGuardProcess] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
@@ -360,8 +360,8 @@ class Launcher:
         grace: float,
         scan: float,
         bus: str | None,
-    ) -> Guard:
-        """As `start_guard`: a Guard for the turn, or OSError when it cannot be started."""
+    ) -> GuardProcess:
+        """As `start_guard`: a GuardProcess for the turn, or OSError when it cannot be started."""
         if self.zygote is None:
             return start_guard(
                 turn_id,
@@ -405,7 +405,7 @@ class Launcher:
                 scan=scan,
                 bus=bus,
             )
-        guard = ForkedGuard(
+        guard = ForkedGuardProcess(
             turn_id,
             _Pipes(spawned.pid, *ours),
             record_dir,
