@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import AlreadyRunning, CcsupError, NotRunning, UsageError
+from ..polling import wait_until
 from .where import Where, where
 
 if TYPE_CHECKING:
@@ -129,34 +129,36 @@ def _wait_until_answering(options: Where, child: subprocess.Popen[bytes], state_
     from ..paths import StatePaths
 
     stderr_path = state_dir / STDERR_FILE
-    deadline = time.monotonic() + START_WAIT
-    with options.client(timeout=1.0) as client:
-        while True:
-            code = child.poll()
-            if code is not None:
-                try:
-                    text = stderr_path.read_text(errors="replace").strip()
-                except OSError:
-                    text = ""
-                for line in text.splitlines():
-                    click.echo(line, err=True)
-                raise _ExitWith(
-                    code or 1,
-                    "" if text else f"the supervisor exited with status {code} before it answered",
-                )
+
+    def answering(client: Client) -> bool:
+        code = child.poll()
+        if code is not None:
             try:
-                status = client.status()
-            except NotRunning:
-                status = None
-            if status is not None and status.get("pid") == child.pid:
-                return child.pid
-            # A status from another pid: a racing start won; our child will exit "already running".
-            if time.monotonic() > deadline:
-                raise CcsupError(
-                    f"the supervisor (pid {child.pid}) did not answer within {START_WAIT:g} s; it is left "
-                    f"running: see {stderr_path} and {StatePaths(state_dir).log}"
-                )
-            time.sleep(0.02)
+                text = stderr_path.read_text(errors="replace").strip()
+            except OSError:
+                text = ""
+            for line in text.splitlines():
+                click.echo(line, err=True)
+            raise _ExitWith(
+                code or 1,
+                "" if text else f"the supervisor exited with status {code} before it answered",
+            )
+        try:
+            status = client.status()
+        except NotRunning:
+            return False
+        # A status from another pid: a racing start won; our child will exit "already running".
+        return status.get("pid") == child.pid
+
+    with options.client(timeout=1.0) as client:
+        try:
+            wait_until(lambda: answering(client), START_WAIT, 0.02)
+        except TimeoutError:
+            raise CcsupError(
+                f"the supervisor (pid {child.pid}) did not answer within {START_WAIT:g} s; it is left "
+                f"running: see {stderr_path} and {StatePaths(state_dir).log}"
+            ) from None
+    return child.pid
 
 
 class _ExitWith(CcsupError):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import CcsupError
+from ..polling import wait_until
 from .where import where
 
 if TYPE_CHECKING:
@@ -34,14 +34,13 @@ def stop(ctx, timeout: float) -> None:
         except RemoteError as e:
             if e.code != "stopping":
                 raise
-        deadline = time.monotonic() + timeout
-        while lock_held(client.paths.lock):
-            if time.monotonic() > deadline:
-                raise CcsupError(
-                    f"the supervisor on {client.state_dir} is still stopping after {timeout:g} s; "
-                    + _still_running(client)
-                )
-            time.sleep(0.05)
+        try:
+            wait_until(lambda: not lock_held(client.paths.lock), timeout, 0.05)
+        except TimeoutError:
+            raise CcsupError(
+                f"the supervisor on {client.state_dir} is still stopping after {timeout:g} s; "
+                + _still_running(client)
+            ) from None
     click.echo(f"ccsup stopped (state {client.state_dir})")
 
 
