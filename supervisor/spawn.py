@@ -34,7 +34,7 @@ from guardd import procs
 from guardd.guard import EXIT_GUARD_FAILURE
 from guardd.launch import guard_command
 from guardd.record import record_path
-from guardd.zygote import Zygote, ZygoteGone
+from guardd.zygote_handle import Zygote, ZygoteGone
 
 log = logging.getLogger("ccsup.spawn")
 

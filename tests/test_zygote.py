@@ -16,7 +16,7 @@ import pytest
 from conftest import PYTHON, wait_until
 
 from guardd import procs
-from guardd.zygote import Zygote, ZygoteGone
+from guardd.zygote_handle import Zygote, ZygoteGone
 from supervisor import spawn
 
 READY_THEN_READ = ["sh", "-c", "echo ready; read line; exit 7"]
@@ -319,7 +319,7 @@ def test_the_zygote_exits_when_its_supervisor_is_killed(tmp_path):
     holder = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from guardd.zygote import Zygote
+        from guardd.zygote_handle import Zygote
         z = Zygote.start()
         print(z.pid, flush=True)
         time.sleep(60)

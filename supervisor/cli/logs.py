@@ -32,7 +32,7 @@ def _turn_active(ps: dict, turn_id: str) -> bool:
 @click.pass_context
 def logs(ctx, turn_id: str, follow: bool, use_stderr: bool) -> None:
     """Print a turn's output log (exact bytes)."""
-    from ..client import is_terminal
+    from ..subscription import is_terminal
 
     options = where(ctx)
     stream = "stderr" if use_stderr else "stdout"

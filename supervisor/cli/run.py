@@ -197,7 +197,7 @@ class _TurnRunner:
                 return done
 
     def on_event(self, topic: str, body: dict) -> int | None:
-        from ..client import is_terminal
+        from ..subscription import is_terminal
 
         kind = topic.rsplit(".", 1)[-1]
         if self.as_json:
