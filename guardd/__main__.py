@@ -17,6 +17,10 @@ import sys
 from guardd.durations import parse_duration
 from guardd.guard import EXIT_GUARD_FAILURE, Options, run_guard
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
     " -- CMD [ARG...]"
@@ -45,7 +49,7 @@ def _duration(text: str, what: str) -> float:
     return seconds
 
 
-def _env_ms(env: dict, name: str, default_ms: int) -> float:
+def _env_ms(env: Mapping[str, str], name: str, default_ms: int) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default_ms / 1000.0
@@ -58,7 +62,7 @@ def _env_ms(env: dict, name: str, default_ms: int) -> float:
     return ms / 1000.0
 
 
-def parse_args(args: list[str], env: dict | None = None) -> Options:
+def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options:
     env = os.environ if env is None else env
     values: dict[str, str] = {}
     i = 0

@@ -38,9 +38,9 @@ class _Value:
     9-13 ms of every start. Subclasses name their fields in `__slots__`, in order.
     """
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object) -> None:
         names = self.__slots__
         if len(args) > len(names):
             raise TypeError(
@@ -89,7 +89,7 @@ class Stat(_Value):
     (field 20) and start (field 22: clock ticks since boot)."""
 
     __slots__ = ("pid", "state", "ppid", "pgid", "sid", "threads", "start")
-    __match_args__ = __slots__
+    __match_args__ = ("pid", "state", "ppid", "pgid", "sid", "threads", "start")
     pid: int
     state: str
     ppid: int
@@ -120,7 +120,7 @@ class Identity(_Value):
     """One process: pid plus start ticks."""
 
     __slots__ = ("pid", "start")
-    __match_args__ = __slots__
+    __match_args__ = ("pid", "start")
     pid: int
     start: int
 
@@ -136,7 +136,7 @@ class Group(_Value):
     """One process group: pgid plus the leader's start ticks (None: leader gone when first seen)."""
 
     __slots__ = ("pgid", "leader_start")
-    __match_args__ = __slots__
+    __match_args__ = ("pgid", "leader_start")
     pgid: int
     leader_start: int | None
 

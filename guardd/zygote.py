@@ -66,6 +66,10 @@ import sys
 from guardd import linux, procs
 from guardd.guard import EXIT_GUARD_FAILURE
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 _HEADER = struct.Struct(">I")
 MAX_MESSAGE = 16 << 20  # a request larger than this goes the old way (the caller decides)
 _MAX_FDS = 8  # ancillary room per read; a request carries 3, an answer 1
@@ -128,7 +132,7 @@ class Inbox:
         self.fds = []
 
 
-def _send(sock: socket.socket, message: tuple, fds: list[int] = ()) -> None:
+def _send(sock: socket.socket, message: tuple, fds: Sequence[int] = ()) -> None:
     data = encode(message)
     sent = socket.send_fds(sock, [data], fds) if fds else sock.send(data)
     if sent < len(data):
@@ -178,7 +182,8 @@ class _Zygote:
                         raise OSError(
                             f"unable to serve the zygote socket: unknown request {message[0]!r}"
                         )
-                    self._spawn(*message[1:], self.inbox.take_fds(3))
+                    _, args, cwd, env = message
+                    self._spawn(args, cwd, env, self.inbox.take_fds(3))
 
     def _reap(self) -> None:
         while True:
