@@ -46,7 +46,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -56,6 +56,9 @@ from . import protocol
 from .errors import CcsupError, ConfigError, NotRunning, UsageError, exit_code_for
 from .paths import StatePaths, ipc_path
 from .subscription import Subscription
+
+if TYPE_CHECKING:
+    from .config import CurveKeys, Endpoints
 
 LINGER_MS = 100
 CLIENT_KEY_ENV = "CCSUP_CLIENT_SECRET_KEY"
@@ -130,23 +133,19 @@ class Client:
         self,
         state_dir: Path,
         *,
-        endpoints: Any = None,
+        endpoints: Endpoints | None = None,
         timeout: float = 5.0,
         client_secret_key: str | None = None,
     ):
         self.state_dir = Path(state_dir)
         self.paths = StatePaths(self.state_dir)
         self.timeout = timeout
-        if endpoints is None:
-            self.control_endpoint = self.paths.endpoint("control")
-            self.bus_in_endpoint = self.paths.endpoint("bus-in")
-            self.bus_out_endpoint = self.paths.endpoint("bus-out")
-            self._curve = None
-        else:
-            self.control_endpoint = endpoints.control
-            self.bus_in_endpoint = endpoints.bus_in
-            self.bus_out_endpoint = endpoints.bus_out
-            self._curve = getattr(endpoints, "curve", None)
+        # An endpoint not given is the state directory's default.
+        self.control_endpoint = (endpoints and endpoints.control) or self.paths.endpoint("control")
+        self.bus_in_endpoint = (endpoints and endpoints.bus_in) or self.paths.endpoint("bus-in")
+        self.bus_out_endpoint = (endpoints and endpoints.bus_out) or self.paths.endpoint("bus-out")
+        self._curve: CurveKeys | None = endpoints.curve if endpoints else None
+        self._client_key: tuple[str, str] | None  # (secret key, where it came from)
         if client_secret_key is not None:
             self._client_key = (client_secret_key, "the client_secret_key argument")
         elif os.environ.get(CLIENT_KEY_ENV):

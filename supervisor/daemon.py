@@ -102,21 +102,22 @@ class Daemon:
         self.config_path = config_path
         self.caps_override = caps_override or {}
         endpoints = config.endpoints.resolve(paths.root)
+        control, bus_in, bus_out = endpoints.control, endpoints.bus_in, endpoints.bus_out
+        assert control and bus_in and bus_out  # resolve fills in every default
         # Guards publish their hints without keys: over CURVE tcp they get a private ipc bus-in.
-        self._bus_in = (
-            endpoints.bus_in
-            if ipc_path(endpoints.bus_in) is not None
-            else paths.endpoint("guard-bus")
-        )
-        guard_bus = None if self._bus_in == endpoints.bus_in else self._bus_in
-        self.server = Server(
-            endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve, guard_bus
-        )
+        self._bus_in = bus_in if ipc_path(bus_in) is not None else paths.endpoint("guard-bus")
+        guard_bus = None if self._bus_in == bus_in else self._bus_in
+        self.server = Server(control, bus_in, bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
-        self.manager: Manager | None = None
+        self._manager: Manager | None = None  # made by run(), on the event loop
         self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
+
+    @property
+    def manager(self) -> Manager:
+        assert self._manager is not None, "the daemon is not running"
+        return self._manager
 
     def _settings(self, config: Config) -> Settings:
         return Settings(
@@ -129,7 +130,7 @@ class Daemon:
 
     async def run(self) -> int:
         self.server.bind()
-        self.manager = Manager(
+        self._manager = Manager(
             paths=self.paths,
             gate=self.gate,
             publish=self.server.publish,

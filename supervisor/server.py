@@ -129,10 +129,12 @@ def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
     pyzmq's asyncio socket completes a NOBLOCK send at once and puts any error in the future.
     """
     future = sock.send_multipart(frames, flags=zmq.NOBLOCK)
-    if future.done() and future.exception() is not None:
-        if isinstance(future.exception(), zmq.Again):
+    assert isinstance(future, asyncio.Future)  # pyzmq's asyncio sockets return one
+    error = future.exception() if future.done() else None
+    if error is not None:
+        if isinstance(error, zmq.Again):
             return False
-        raise future.exception()
+        raise error
     return True
 
 
@@ -158,7 +160,7 @@ class Server:
         self.allowed_clients = frozenset(
             z85.decode(key.encode()) for key in (curve["client_keys"] if curve else ())
         )
-        self.zap = None
+        self.zap: zmq.asyncio.Socket | None = None
         self.refused_clients: set[bytes] = set()
         self.ctx = zmq.asyncio.Context()
         self.seq = 0
@@ -183,7 +185,7 @@ class Server:
         ):
             sock.setsockopt(zmq.LINGER, 500)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
-            if name in self.secured:
+            if name in self.secured and self.curve is not None:  # check_endpoint: it is there
                 sock.curve_secretkey = self.curve["secret_key"].encode()
                 sock.curve_publickey = self.curve["public_key"].encode()
                 sock.curve_server = True
@@ -231,8 +233,10 @@ class Server:
 
     async def _serve_zap(self) -> None:
         """Answer libzmq's ZAP requests for the tcp:// sockets' CURVE handshakes."""
+        zap = self.zap
+        assert zap is not None  # served only when bound
         while True:
-            frames = await self.zap.recv_multipart()
+            frames = await zap.recv_multipart()
             try:
                 reply, refused = zap_answer(frames, self.allowed_clients)
             except (
@@ -250,7 +254,7 @@ class Server:
                     ],
                     None,
                 )
-            await self.zap.send_multipart(reply)
+            await zap.send_multipart(reply)
             if refused is not None and refused not in self.refused_clients:
                 if len(self.refused_clients) < MAX_LOGGED_REFUSALS:
                     self.refused_clients.add(refused)
