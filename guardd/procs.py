@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 
 _GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)
 
@@ -275,6 +274,8 @@ def signal_process(ident: Identity, sig: int) -> bool:
         # The pidfd pins the process: if the start matches now, the signal reaches this one.
         if start_ticks(ident.pid) != ident.start:
             return False
+        import signal  # here: `ccsup ps` reads /proc through this module and sends no signal
+
         signal.pidfd_send_signal(fd, sig)
         return True
     except ProcessLookupError:

@@ -55,10 +55,10 @@ from guardd import procs
 from . import protocol
 from .errors import CcsupError, ConfigError, NotRunning, UsageError, exit_code_for
 from .paths import StatePaths, ipc_path
-from .subscription import Subscription
 
 if TYPE_CHECKING:
     from .config import CurveKeys, Endpoints
+    from .subscription import Subscription
 
 LINGER_MS = 100
 CLIENT_KEY_ENV = "CCSUP_CLIENT_SECRET_KEY"
@@ -322,6 +322,8 @@ class Client:
         self.check_running()
         sock = self._socket(zmq.SUB, self.bus_out_endpoint)
         sock.rcvhwm = 0  # a slow reader queues rather than loses; seq still reveals any loss
+        from .subscription import Subscription  # here: `ccsup ps` and `status` subscribe to nothing
+
         sub = Subscription(sock, list(prefixes), on_gap=on_gap)
         try:
             sub.handshake(self.timeout if timeout is None else timeout)

@@ -137,7 +137,7 @@ def test_bad_config_file_exits_2_naming_key_and_line(runner, state_dir):
     "args, loaded",
     [
         (["--version"], []),
-        (["ps", "--help"], ["formats", "ps"]),
+        (["ps", "--help"], ["ps"]),
         (["reload", "--help"], ["reload"]),
         (["config", "--help"], ["config"]),
     ],

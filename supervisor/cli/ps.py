@@ -6,7 +6,6 @@ import time
 
 import click
 
-from .formats import format_ps
 from .where import emit_json, where
 
 
@@ -20,5 +19,7 @@ def ps(ctx, as_json: bool) -> None:
     if as_json:
         emit_json(result)
         return
+    from .formats import format_ps  # not for --json
+
     for line in format_ps(result, time.time()):
         click.echo(line)

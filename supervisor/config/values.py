@@ -11,8 +11,6 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from guardd.durations import parse_duration
-
 from ..caps import check_cap
 from ..errors import ConfigError, UsageError
 from .schema import kind
@@ -31,6 +29,8 @@ def duration(value: object, *, where: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str):
+        from guardd.durations import parse_duration  # a config of defaults parses no text
+
         try:
             seconds = parse_duration(value)
         except ValueError:
