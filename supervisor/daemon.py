@@ -30,7 +30,7 @@ import socket
 import sys
 from pathlib import Path
 
-from . import protocol, restore, spawn, store
+from . import protocol, restore, spawn, store, views
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -232,7 +232,7 @@ class Daemon:
             ) from None
 
     async def cmd_status(self, args: dict) -> dict:
-        result = self.manager.status()
+        result = views.status(self.manager)
         result["caps"] = dict(self.gate.caps.caps)
         result["default_cap"] = self.gate.caps.default_cap
         result["bus_rejected"] = self.server.rejected_bus_messages
@@ -251,7 +251,7 @@ class Daemon:
         return self.manager.send(protocol.parse_send(args))
 
     async def cmd_ps(self, args: dict) -> dict:
-        return self.manager.ps()
+        return views.ps(self.manager)
 
     async def cmd_reap(self, args: dict) -> dict:
         return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}

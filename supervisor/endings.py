@@ -30,11 +30,10 @@ import logging
 import os
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from guardd import procs
-from guardd.procs import Group, Identity
+from guardd.procs import Group
 from guardd.record import RecordError, read_json, record_groups
 
 from .errors import CcsupError
@@ -43,6 +42,7 @@ from .ledger import Ledger
 from .paths import StatePaths
 from .spawn import STATUS_UNKNOWN
 from .turns import Event, IllegalTransition, Item, Outcome, Reservation, State, Turn
+from .world import GuardSettings, StartGuard
 
 log = logging.getLogger("ccsup.endings")
 
@@ -158,54 +158,6 @@ def outcome_of(record: dict[str, Any] | None, returncode: int | None) -> Outcome
     if returncode is not None:
         return {"code": None, "signal": None, "reason": "guard_lost"}
     return None
-
-
-class Guard(Protocol):
-    """What the endings use of a running guard (supervisor.spawn.Guard; a fake in tests)."""
-
-    identity: Identity
-    record_path: Path
-    returncode: int | None
-
-    def attach(
-        self,
-        loop: Any,
-        log_dir: Path,
-        on_output: Callable[[str, int, bytes], None],
-        on_exit: Callable[[], None],
-    ) -> None: ...
-    def terminate(self) -> bool: ...
-    def terminate_if_pending(self) -> None: ...
-    def reap(self) -> int | None: ...
-    def close(self) -> None: ...
-    def drain(self) -> None: ...
-    def write_stdin(self, data: bytes, eof: bool = False) -> int: ...
-
-
-class StartGuard(Protocol):
-    def __call__(
-        self,
-        turn_id: str,
-        argv: list[str],
-        *,
-        cwd: str | None,
-        env: dict[str, str | None],
-        record_dir: Path,
-        grace: float,
-        scan: float,
-        bus: str | None,
-    ) -> Any: ...
-
-
-class GuardSettings(Protocol):
-    """The settings a guard is started with (read at each start: a reload changes them)."""
-
-    @property
-    def grace(self) -> float: ...
-    @property
-    def scan(self) -> float: ...
-    @property
-    def bus_in(self) -> str | None: ...
 
 
 class Endings:

@@ -22,12 +22,13 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from . import store
 from .finished import FinishedIds
 from .turns import Event, Item, Reservation, State, Turn
 from .waits import Queue, WaitQueue
+from .world import Timer, Timers
 
 log = logging.getLogger("ccsup.ledger")
 
@@ -37,21 +38,6 @@ PERSISTED = frozenset(
 )
 
 Publish = Callable[[str, dict[str, Any]], None]
-
-
-class Timer(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Timers(Protocol):
-    """When to call back: the event loop in the daemon, a scripted clock in tests."""
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...
-
-
-class LoopTimers:
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
-        return asyncio.get_running_loop().call_later(delay, callback)
 
 
 class Ledger:

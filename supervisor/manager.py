@@ -33,23 +33,24 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from guardd import procs
 
-from . import __version__, spawn
+from . import spawn
 from .admission import Admission, AdmitAll
-from .endings import Endings, StartGuard, What
+from .endings import Endings, What
 from .errors import CcsupError
 from .finished import FinishedIds
 from .gone import Probe
-from .ledger import Ledger, LoopTimers, Publish, Timers
+from .ledger import Ledger, Publish
 from .paths import StatePaths
 from .protocol import ProtocolError, ReserveArgs, SendArgs, TurnArgs
 from .requesters import Requesters
-from .slots import Slot, SlotGate, SlotView
+from .slots import SlotGate
 from .turns import Event, Item, Reservation, State, Turn
 from .waits import Queue
+from .world import Gate, LoopTimers, StartGuard, Timers
 
 log = logging.getLogger("ccsup.manager")
 
@@ -63,20 +64,6 @@ class Settings:
     bus_in: str | None
     config_source: str
     reservation_ttl: float = 60.0
-
-
-class Gate(Protocol):
-    """What the manager uses of the slot gate (supervisor.slots.SlotGate; a fake in tests)."""
-
-    def try_acquire(
-        self,
-        key: str,
-        holder: Any,
-        *,
-        turn: str | None = None,
-        reservation: dict[str, Any] | None = None,
-    ) -> Slot | None: ...
-    def inspect_all(self) -> list[SlotView]: ...
 
 
 class Manager:
@@ -406,37 +393,6 @@ class Manager:
         if self.queue:
             self.grant_waiters()
         self.endings.tick()
-
-    def ps(self) -> dict[str, Any]:
-        slots = [view.to_json() for view in self.gate.inspect_all()]
-        waits = []
-        for waiter in self.queue.all():
-            item = self.ledger.get(waiter.id)
-            assert item is not None
-            waits.append(
-                {
-                    "id": waiter.id,
-                    "key": waiter.key,
-                    "position": self.queue.position(waiter.id),
-                    "since": waiter.requested_at,
-                    "holder": item.holder.to_json(),
-                    "reservation": isinstance(item, Reservation),
-                }
-            )
-        return {"slots": slots, "waits": waits}
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "pid": os.getpid(),
-            "version": __version__,
-            "state_dir": str(self.paths.root),
-            "started_at": self.started_at,
-            "config": self.settings.config_source,
-            "turns": sum(1 for t in self.turns.values() if t.state is not State.QUEUED),
-            "waits": len(self.queue),
-            "reservations": sum(1 for r in self.reservations.values() if r.state is State.GRANTED),
-            "stopping": self.stopping,
-        }
 
     def begin_stop(self) -> None:
         """No new grants; every waiter cancelled, every reservation released, every turn stopped."""
