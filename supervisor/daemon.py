@@ -177,7 +177,7 @@ class Daemon:
         restored = {
             "waiting": len(self.manager.queue),
             "reservations": len(self.manager.reservations),
-            "lost": len(self.manager.lost_running),
+            "lost": len(self.manager.ledger.lost_running),
             "problems": len(problems),
         }
         self.server.publish("supervisor.restored", restored)
@@ -210,7 +210,7 @@ class Daemon:
         for view in reaped:
             self.server.publish(f"slot.{view.key}.reaped", view.to_json())
         if reaped:
-            if self.manager.lost_running:
+            if self.manager.ledger.lost_running:
                 restore.settle_lost(self.manager, self.gate.inspect_all())
             self.manager.grant_waiters()
         return [view.to_json() for view in reaped]

@@ -2,14 +2,8 @@
 
 Design note. The manager is honcho's manager: it takes requests (turn, reserve, cancel, send),
 answers them, and grants the head of each key's queue when a slot is free. Everything else is a
-collaborator with one job, made in the constructor so a test can replace the outside world:
-
-- supervisor.ledger: the items, the wait queue, timers, queue.json, and the order events leave in;
-- supervisor.endings: the table of what happens to an item after its grant, or when cancelled, and
-  the one function that applies it (guards started and followed, confirmed gone, released);
-- supervisor.requesters: the requesters' pids, watched; their death cancels their items;
-- supervisor.restore: queue.json taken back after a restart, replayed through the same tables;
-- supervisor.finished: the ids that finished, remembered ten minutes.
+collaborator with one job (ledger, endings, requesters, finished; restore drives them after a
+restart), made in the constructor, where a test replaces the outside world (supervisor.world).
 
 Grants: keys are taken oldest head first; for each, `Admission.refusal` may hold the head back
 (reason and until when), then the gate is asked for a slot; a new request never jumps older
@@ -33,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from guardd import procs
@@ -111,17 +106,15 @@ class Manager:
             on_capacity=self.grant_waiters,
             probe=probe or Probe(),
         )
-        self.requesters = requesters(self._requester_gone)
+        self.requesters = requesters(
+            partial(self.endings.happen_to, what=What.CANCEL, reason="requester_gone")
+        )
         self.ledger.on_finished.append(
             lambda item: self.requesters.unwatch(item.requester, item.id)
         )
         self.queue = self.ledger.queue
         self.turns = self.ledger.turns
         self.reservations = self.ledger.reservations
-
-    @property
-    def lost_running(self) -> list[dict[str, str]]:
-        return self.ledger.lost_running
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -206,10 +199,8 @@ class Manager:
             self.ledger.deadlines.setdefault(item.id, item.requested_at + item.wait_timeout)
         deadline = self.ledger.deadlines.get(item.id)
         if deadline is not None:
-            self.ledger.call_later(item.id, deadline - self.clock(), self._wait_timed_out)
-
-    def _wait_timed_out(self, item_id: str) -> None:
-        self.endings.happen_to(item_id, What.WAIT_TIMEOUT, reason="timeout")
+            timed_out = partial(self.endings.happen_to, what=What.WAIT_TIMEOUT, reason="timeout")
+            self.ledger.call_later(item.id, deadline - self.clock(), timed_out)
 
     def _answer(self, turn: Turn) -> dict[str, Any]:
         return {"id": turn.id, "state": turn.state.value, "position": self.queue.position(turn.id)}
@@ -322,9 +313,6 @@ class Manager:
         else:
             self.cancel(item.id, reason="requester_gone")
 
-    def _requester_gone(self, item_id: str) -> None:
-        self.endings.happen_to(item_id, What.CANCEL, reason="requester_gone")
-
     # -- grants ----------------------------------------------------------------------------------
 
     def grant_waiters(self) -> None:
@@ -381,10 +369,8 @@ class Manager:
         self.ledger.apply(
             reservation, Event.GRANTED, replay=replay, index=reservation.slot.index, until=until
         )
-        self.ledger.call_later(reservation.id, until - self.clock(), self._reservation_expired)
-
-    def _reservation_expired(self, res_id: str) -> None:
-        self.endings.happen_to(res_id, What.EXPIRED, reason="expired")
+        expired = partial(self.endings.happen_to, what=What.EXPIRED, reason="expired")
+        self.ledger.call_later(reservation.id, until - self.clock(), expired)
 
     # -- periodic, views, stopping ---------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from .holder import Holder
 
 if TYPE_CHECKING:
     from .slots import Slot
-    from .spawn import Guard
+    from .world import Guard
 
 
 class State(enum.Enum):

@@ -872,12 +872,12 @@ async def test_a_lost_turn_whose_slot_still_shows_work_waits_for_settle_lost(h):
     saved = h.saved()
     m = h.new_manager()
     restore.restore(m, saved, h.gate.inspect_all())  # the old work still holds the slot
-    assert h.events() == [] and m.lost_running == [{"id": "busy", "key": "codex"}]
+    assert h.events() == [] and m.ledger.lost_running == [{"id": "busy", "key": "codex"}]
     assert h.saved()["running"] == [{"id": "busy", "key": "codex"}]
     h.gate.held.clear()  # reaped
     restore.settle_lost(m, h.gate.inspect_all())
     assert h.events("busy") == END
-    assert m.lost_running == [] and h.saved()["running"] == []
+    assert m.ledger.lost_running == [] and h.saved()["running"] == []
 
 
 @scenario()
