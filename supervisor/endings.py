@@ -13,10 +13,12 @@ Capacity comes back in one place, `_release` (after `confirm_gone`, supervisor.g
 reservation's in `_release_reservation`; both then call `on_capacity` (the manager grants the next
 waiter). A turn's terminal event is published from there, through the ledger's `_finish`.
 
-Starting a guard: its log directory is made before the guard starts, so a turn whose logs cannot be
-opened never leaves a guard behind. If following the guard (its pipes, its exit) or recording its
-work in the slot fails once it runs, the turn is started and at once stopped through CANCEL: the
-guard ends its work, and the slot is released only when that work is confirmed gone.
+Starting a guard: its log directory is made before the guard starts, so a turn whose directory
+cannot be made (the common failure) never leaves a guard behind. If following the guard (opening
+its logs, watching its pipes and exit) or recording its work in the slot fails once it runs, the
+turn is started and at once stopped through CANCEL: the guard ends its work, `tick` watches for
+the guard's end when its exit could not be followed, and the slot is released only when that work
+is confirmed gone. Never a running guard that nobody watches.
 
 Knows items' phases, guards (supervisor.spawn's interface), slots' `release`/`record_work`, and
 guard records; nothing of queue order, grants or sockets.
@@ -178,6 +180,21 @@ class Endings:
         self.on_capacity = on_capacity
         self.probe = probe
         self._confirming: set[str] = set()
+        self._run: dict[Action, Callable[..., None]] = {
+            Action.DEQUEUE: self._dequeue,
+            Action.RELEASE_RESERVATION: self._release_reservation,
+            Action.STOP_WHEN_STARTED: self._stop_when_started,
+            Action.START: self._start,
+            Action.FAIL_START: self._fail_start,
+            Action.STOP: self._stop,
+            Action.STOP_AGAIN: self._stop_again,
+            Action.PUBLISH_GROUPS: self._publish_groups,
+            Action.PUBLISH_EXIT: self._publish_exit,
+            Action.CONFIRM: self._confirm,
+            Action.REAPED: self._reaped,
+            Action.RELEASE: self._release,
+            Action.DROP_RECORD: self._drop_record,
+        }
 
     def happen(
         self,
@@ -197,7 +214,7 @@ class Endings:
             return
         if isinstance(item, Reservation):
             assert action in (Action.DEQUEUE, Action.RELEASE_RESERVATION), action
-        getattr(self, f"_{action.value}")(item, reason=reason, record=record, returncode=returncode)
+        self._run[action](item, reason=reason, record=record, returncode=returncode)
 
     def happen_to(self, item_id: str, what: What, reason: str | None = None) -> None:
         """For timers and watchers that hold an id: the item may have finished since."""

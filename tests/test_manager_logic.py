@@ -23,7 +23,7 @@ import pytest
 
 from guardd.procs import Group, Identity
 from supervisor import restore, store
-from supervisor.endings import ACTIONS, Phase, What
+from supervisor.endings import ACTIONS, Action, Phase, What
 from supervisor.holder import Holder
 from supervisor.manager import Manager, Settings
 from supervisor.paths import StatePaths
@@ -980,10 +980,16 @@ async def test_restore_names_each_malformed_entry_and_keeps_the_rest(h):
 
 def test_every_phase_says_what_a_cancel_does_and_an_illegal_pair_raises(tmp_path):
     assert {phase for phase, what in ACTIONS if what is What.CANCEL} == set(Phase)
+    assert {phase for phase, what in ACTIONS if what is What.GUARD_ENDED} == set(Phase) - {
+        Phase.WAITING,
+        Phase.HELD,
+        Phase.STARTING,
+    }
 
     async def body(h):
         h.turn("t1")
         turn = h.manager.turns["t1"]
+        assert set(h.manager.endings._run) == set(Action) - {Action.NOTHING}
         with pytest.raises(IllegalTransition, match="t1 in phase running cannot take start_failed"):
             h.manager.endings.happen(turn, What.START_FAILED, reason="x")
 
