@@ -33,7 +33,7 @@ from typing import Any
 from guardd import procs
 
 from . import spawn
-from .admission import Admission, AdmitAll
+from .admission import Admission, AdmitAll, Refusal
 from .endings import Endings, What
 from .errors import CcsupError
 from .finished import FinishedIds
@@ -83,6 +83,7 @@ class Manager:
         self.settings = settings
         self.clock = clock
         self.admission: Admission = admission or AdmitAll()
+        self.refused: dict[str, Refusal] = {}  # key -> why its head was last held back
         self.stopping = False
         self.started_at = clock()
         me = me or procs.identity_of(os.getpid())
@@ -325,8 +326,11 @@ class Manager:
                 while (head := self.queue.head(key)) is not None:
                     item = self.ledger.get(head)
                     assert item is not None, head
-                    if self.admission.refusal(item, self.clock()) is not None:
+                    refusal = self.admission.refusal(item, self.clock())
+                    if refusal is not None:
+                        self.refused[key] = refusal  # what ps can say of the key's waiters
                         break
+                    self.refused.pop(key, None)
                     if not self._grant(item):
                         break
                     if isinstance(item, Turn):

@@ -996,6 +996,26 @@ def test_every_phase_says_what_a_cancel_does_and_an_illegal_pair_raises(tmp_path
     asyncio.run(body(Harness(tmp_path)))
 
 
+@scenario(caps={"codex": 1, "claude": 1})
+async def test_an_admission_policy_holds_a_key_back_and_others_go_on(h):
+    from supervisor.admission import Refusal
+
+    class PauseCodex:
+        paused = True
+
+        def refusal(self, item, now):
+            return Refusal("paused", now + 5) if self.paused and item.key == "codex" else None
+
+    h.manager.admission = policy = PauseCodex()
+    h.turn("t1")
+    h.turn("c1", key="claude")
+    assert h.events("t1") == ["queued"] and h.events("c1") == RUN
+    assert h.manager.refused == {"codex": Refusal("paused", h.clock.now + 5)}
+    policy.paused = False
+    h.manager.tick()
+    assert h.events("t1") == RUN and h.manager.refused == {}
+
+
 @scenario()
 async def test_send_writes_to_a_running_turn_only(h):
     from supervisor.protocol import parse_send
