@@ -42,7 +42,6 @@ from .ledger import Ledger, Publish
 from .paths import StatePaths
 from .protocol import ProtocolError, ReserveArgs, SendArgs, TurnArgs
 from .requesters import Requesters
-from .slots import SlotGate
 from .turns import Event, Item, Reservation, State, Turn
 from .waits import Queue
 from .world import Gate, LoopTimers, StartGuard, Timers
@@ -66,7 +65,7 @@ class Manager:
         self,
         *,
         paths: StatePaths,
-        gate: SlotGate | Gate,
+        gate: Gate,
         publish: Publish,
         settings: Settings,
         clock: Callable[[], float] = time.time,

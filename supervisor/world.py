@@ -57,6 +57,8 @@ class Guard(Protocol):
 
 
 class StartGuard(Protocol):
+    """Starts a turn's guard (supervisor.spawn.start_guard, or the Launcher's); OSError if it cannot."""
+
     def __call__(
         self,
         turn_id: str,
@@ -68,7 +70,7 @@ class StartGuard(Protocol):
         grace: float,
         scan: float,
         bus: str | None,
-    ) -> Any: ...
+    ) -> Guard: ...
 
 
 class GuardSettings(Protocol):
