@@ -153,13 +153,13 @@ class Manager:
                     self.ledger.apply(reservation, Event.CANCELLED, reason="bound", turn=turn.id)
                 else:
                     self.queue.add(turn.key, turn_id, turn.requested_at)
+                self.wait_limit(turn)  # before the save, so queue.json has the deadline
                 self.ledger.apply(
                     turn,
                     Event.QUEUED,
                     position=self.queue.position(turn_id),
                     holder=turn.holder.to_json(),
                 )
-            self.wait_limit(turn)
         if requester is not None:
             self.watch_requester(requester, turn)
         self.grant_waiters()
@@ -253,13 +253,13 @@ class Manager:
         requester = self.requesters.identify(args.holder)
         self.ledger.add(reservation)
         self.queue.add(reservation.key, reservation.id, reservation.requested_at)
+        self.wait_limit(reservation)  # before the save, so queue.json has the deadline
         self.ledger.apply(
             reservation,
             Event.QUEUED,
             position=self.queue.position(reservation.id),
             holder=reservation.holder.to_json(),
         )
-        self.wait_limit(reservation)
         if requester is not None:
             self.watch_requester(requester, reservation)
         self.grant_waiters()

@@ -959,6 +959,27 @@ async def test_restore_requeues_a_waiting_reservation_and_remembers_finished_ids
 
 
 @scenario()
+async def test_restore_keeps_a_waiters_deadline_and_cancels_it_when_passed(h):
+    h.turn("busy")
+    h.turn("soon", wait_timeout=10)
+    h.turn("later", wait_timeout=100)
+    saved = h.saved()
+    assert {w["id"]: w["wait_deadline"] for w in saved["waiting"]} == {
+        "soon": h.clock.now + 10,
+        "later": h.clock.now + 100,
+    }
+    h.clock.advance(20)  # the supervisor was down for 20 s
+    m = h.new_manager()
+    restore.restore(m, saved, h.gate.inspect_all())
+    h.clock.advance(0)
+    assert h.events("soon") == ["cancelled"]
+    assert h.body("turn.soon.cancelled")["reason"] == "timeout"
+    assert [w.id for w in m.queue.all()] == ["later"]
+    h.clock.advance(80)
+    assert h.events("later") == ["cancelled"]
+
+
+@scenario()
 async def test_restore_names_each_malformed_entry_and_keeps_the_rest(h):
     h.turn("busy")
     h.turn("good")
