@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import heapq
 import itertools
 import json
 import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 from guardd.procs import Group, Identity
@@ -30,6 +30,15 @@ from supervisor.paths import StatePaths
 from supervisor.protocol import ProtocolError, parse_reserve, parse_turn
 from supervisor.slots import SlotView
 from supervisor.turns import IllegalTransition
+
+
+@pytest.fixture(autouse=True)
+def no_process_left():
+    """These histories start no process at all: instead of conftest's sweep of every process's
+    environment (most of this file's time on a loaded machine), check that none was started."""
+    yield
+    assert psutil.Process().children(recursive=True) == []
+
 
 DEAD_PID = 4_000_000  # above any pid_max here: never a running process
 HOLDER = {"session": "s1", "agent": "a1"}
@@ -301,7 +310,7 @@ class Harness:
             probe=self.probe,
             me=Identity(os.getpid(), 1),
         )
-        self.requesters: FakeRequesters = manager.requesters  # type: ignore[assignment]
+        self.requesters: FakeRequesters = manager.requesters
         self.requesters.alive = self.alive  # processes outlive a supervisor
         return manager
 
@@ -357,18 +366,16 @@ def _exit(status):
 
 
 def scenario(**options):
-    """Run an async test body with a fresh harness on its own event loop."""
+    """Run an async test body with a fresh harness (options: caps, ttl) on its own event loop."""
 
     def wrap(body):
-        @functools.wraps(body)
         def test(tmp_path):
             async def main():
                 await body(Harness(tmp_path, **options))
 
             asyncio.run(main())
 
-        test.__signature__ = None  # type: ignore[attr-defined]
-        del test.__wrapped__
+        test.__name__, test.__doc__ = body.__name__, body.__doc__
         return test
 
     return wrap
