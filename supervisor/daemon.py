@@ -12,7 +12,7 @@ bad file is moved aside and each problem is a `supervisor.error` event and a log
 restored waiters are granted what is free; only then do the sockets serve requests, so no new
 request can jump what was waiting before. After that, orphaned slots the last supervisor left
 are reaped (`slot.<key>.orphaned`, `slot.<key>.reaped`; their work ends in a thread, so requests
-are served meanwhile), the turns it was running are settled once their slots are free, and
+are served meanwhile), the turns it was running are settled as their slots come free, and
 waiters are granted again; then READY for systemd, and the periodic tick (retries, reaping).
 Stopping half-way (SIGKILL): the guards see their parent gone and end their work; the next start
 reaps whatever is left.
