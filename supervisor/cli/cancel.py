@@ -12,7 +12,7 @@ from .where import emit_json, where
 @click.argument("turn_id", metavar="ID", callback=turn_id_argument)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def cancel(ctx, turn_id: str, as_json: bool) -> None:
+def cancel(ctx: click.Context, turn_id: str, as_json: bool) -> None:
     """Cancel a turn in any state (a running one is stopped and released once gone)."""
     with where(ctx).client() as client:
         result = client.cancel(turn_id)

@@ -11,7 +11,7 @@ from .where import emit_json, where
 @click.argument("prefix", required=False, default="")
 @click.option("--json", "as_json", is_flag=True, help='Print {"topic","body"} JSON lines.')
 @click.pass_context
-def events(ctx, prefix: str, as_json: bool) -> None:
+def events(ctx: click.Context, prefix: str, as_json: bool) -> None:
     """Follow the bus: print `topic body` lines until Ctrl-C."""
 
     def gap(first: int, got: int) -> None:

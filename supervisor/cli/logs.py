@@ -30,7 +30,7 @@ def _turn_active(ps: dict, turn_id: str) -> bool:
     "--stderr", "use_stderr", is_flag=True, help="The turn's stderr instead of its stdout."
 )
 @click.pass_context
-def logs(ctx, turn_id: str, follow: bool, use_stderr: bool) -> None:
+def logs(ctx: click.Context, turn_id: str, follow: bool, use_stderr: bool) -> None:
     """Print a turn's output log (exact bytes)."""
     from ..subscription import is_terminal
 

@@ -12,7 +12,7 @@ from .where import emit_json, where
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print exactly the ps result as JSON.")
 @click.pass_context
-def ps(ctx, as_json: bool) -> None:
+def ps(ctx: click.Context, as_json: bool) -> None:
     """Slots by key (state, turn, holder, pid, groups, age), then the waiters in order."""
     with where(ctx).client() as client:
         result = client.ps()

@@ -16,7 +16,7 @@ from .where import emit_json, where
 )
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def reap(ctx, key: str | None, as_json: bool) -> None:
+def reap(ctx: click.Context, key: str | None, as_json: bool) -> None:
     """End the work of orphaned slots, confirm it gone, and free them."""
     with where(ctx).client(timeout=60.0) as client:
         result = client.reap(key)

@@ -10,7 +10,7 @@ from .where import emit_json, where
 @click.command()
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def reload(ctx, as_json: bool) -> None:
+def reload(ctx: click.Context, as_json: bool) -> None:
     """Re-read the configuration (caps and graces; endpoints need a restart)."""
     with where(ctx).client() as client:
         result = client.reload()

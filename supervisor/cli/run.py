@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 WAIT_NOTICE = 0.25  # seconds a turn waits before `ccsup run` says so
 
 
-def env_option(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
+def env_option(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
     env = {}
     for item in values:
         name, sep, value = item.partition("=")
@@ -80,13 +82,23 @@ def turn_exit_status(exited: dict | None) -> int:
 )
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def run(ctx, key, session, agent, cwd, env, wait_timeout, as_json, cmd) -> None:
+def run(
+    ctx: click.Context,
+    key: str,
+    session: str | None,
+    agent: str | None,
+    cwd: str | None,
+    env: dict[str, str],
+    wait_timeout: float | None,
+    as_json: bool,
+    cmd: tuple[str, ...],
+) -> None:
     """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status."""
     import uuid
 
     from guardd.procs import start_ticks
 
-    holder = {"pid": os.getpid(), "start": start_ticks(os.getpid())}
+    holder: dict[str, int | str | None] = {"pid": os.getpid(), "start": start_ticks(os.getpid())}
     if session:
         holder["session"] = session
     if agent:

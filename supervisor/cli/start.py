@@ -23,7 +23,9 @@ START_WAIT = 10.0  # seconds `ccsup start` waits for a detached supervisor to an
 STDERR_FILE = "ccsup.stderr"
 
 
-def _caps_option(ctx, param, value: str | None) -> dict[str, int] | None:
+def _caps_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> dict[str, int] | None:
     if value is None:
         return None
     from ..caps import parse_caps_option
@@ -102,7 +104,7 @@ def _pid_of(client: Client) -> str:
         return ""
 
 
-def _spawn_detached(argv: list[str], stderr_path: Path):
+def _spawn_detached(argv: list[str], stderr_path: Path) -> subprocess.Popen[bytes]:
     import subprocess
 
     try:

@@ -13,7 +13,7 @@ from .where import emit_json, where
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @click.pass_context
-def status(ctx, as_json: bool) -> None:
+def status(ctx: click.Context, as_json: bool) -> None:
     """Whether the supervisor runs, and what it does."""
     with where(ctx).client() as client:
         result = client.status()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     help="Seconds to wait.",
 )
 @click.pass_context
-def stop(ctx, timeout: float) -> None:
+def stop(ctx: click.Context, timeout: float) -> None:
     """Stop the supervisor: every turn ended and confirmed gone first."""
     from ..client import RemoteError, lock_held
 
