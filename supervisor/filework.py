@@ -34,6 +34,7 @@ class FileWorker(threading.Thread):
         self._unlink: list[str] = []
         self._cond = threading.Condition()
         self._stopping = False
+        self._busy = False  # a batch taken from the sets is being worked on
 
     def sync_soon(self, path: str | Path) -> None:
         self._want(lambda: self._sync.add(os.fspath(path)))
@@ -56,6 +57,7 @@ class FileWorker(threading.Thread):
                 sync, self._sync = self._sync, set()
                 unlink, self._unlink = self._unlink, []
                 stopping = self._stopping
+                self._busy = True
             for path in sync:
                 try:
                     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -72,8 +74,19 @@ class FileWorker(threading.Thread):
                     pass
                 except OSError as e:
                     log.warning("unable to remove %s: %s", path, e.strerror)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
             if stopping and not (self._sync or self._unlink):
                 return
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until everything asked so far is done (for tests and orderly ends)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not (self._sync or self._unlink or self._busy) or not self.is_alive(),
+                timeout,
+            )
 
     def stop(self, timeout: float = 10.0) -> None:
         """Do what is pending, then end the thread."""

@@ -45,10 +45,11 @@ from guardd import procs
 from guardd.procs import Group, Identity
 from guardd.record import RecordError, read_json, record_groups, write_json
 
+from .holder import LABELS, Holder  # noqa: F401  (re-exported: slot records hold a Holder)
+
 SLOT_VERSION = 1
 FREE, RESERVED, HELD, ORPHANED, UNREADABLE = "free", "reserved", "held", "orphaned", "unreadable"
 TAKEN = (RESERVED, HELD, ORPHANED, UNREADABLE)
-LABELS = ("session", "agent", "harness", "model", "effort", "mode")
 _PAGE = 4096
 _READ_TRIES = 3  # a reader without the lock that meets a torn record reads again this often
 
@@ -78,39 +79,6 @@ def boot_time() -> float:
             else:
                 raise RecordError("unable to read the boot time from /proc/stat: no btime line")
     return _boot_time
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a slot: a process (pid + start ticks) and the labels it was asked with."""
-
-    pid: int
-    start: int
-    session: str | None = None
-    agent: str | None = None
-    harness: str | None = None
-    model: str | None = None
-    effort: str | None = None
-    mode: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"pid": self.pid, "start": self.start}
-        data.update((name, getattr(self, name)) for name in LABELS)
-        return data
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Holder:
-        return cls(int(d["pid"]), int(d["start"]), **{name: d.get(name) for name in LABELS})
-
-    @classmethod
-    def this_process(cls, **labels: str | None) -> Holder:
-        from .errors import CcsupError
-
-        pid = os.getpid()
-        start = procs.start_ticks(pid)
-        if start is None:
-            raise CcsupError(f"unable to read the start time of this process ({pid}) from /proc")
-        return cls(pid, start, **labels)
 
 
 @dataclass

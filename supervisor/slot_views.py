@@ -13,6 +13,7 @@ import fcntl
 import os
 from collections.abc import Callable, Container
 
+from guardd.procs import file_key, held_locks
 from guardd.record import RecordError
 
 from .caps import MACHINE_KEY, Caps, check_key, key_problem
@@ -41,21 +42,6 @@ _LOCK_RETRIES = 3  # a lock file replaced under us this many times in a row: tre
 # ---- locks ---------------------------------------------------------------------------------
 
 
-def held_locks() -> set[tuple[int, int, int]]:
-    """(major, minor, inode) of every file with a granted flock, from /proc/locks, in one read."""
-    with open("/proc/locks", "rb") as f:
-        data = f.read()
-    held = set()
-    for line in data.splitlines():
-        # "1: FLOCK  ADVISORY  WRITE 3236 fe:00:2146412 0 EOF"; a blocked waiter has "->" second.
-        parts = line.split()
-        if len(parts) < 6 or parts[1] != b"FLOCK":
-            continue
-        major, minor, inode = parts[5].split(b":")
-        held.add((int(major, 16), int(minor, 16), int(inode)))
-    return held
-
-
 class LazyLocks:
     """held_locks(), read at the first question only (a view of this gate's own slots asks none)."""
 
@@ -66,10 +52,6 @@ class LazyLocks:
         if self._held is None:
             self._held = held_locks()
         return file_key in self._held
-
-
-def _file_key(st: os.stat_result) -> tuple[int, int, int]:
-    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
 
 
 def _try_lock(path: str) -> int | None:
@@ -180,7 +162,7 @@ class SlotReader:
             return self._judge(key, index, cap, own, True, "")
         directory = self._dir(key)
         try:
-            locked = _file_key(os.stat(f"{directory}/slot-{index}.lock")) in locks
+            locked = file_key(os.stat(f"{directory}/slot-{index}.lock")) in locks
         except FileNotFoundError:
             locked = False
         except OSError as e:

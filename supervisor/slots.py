@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from guardd.procs import Group, Identity
+from guardd.procs import Group, Identity, available_memory
 from guardd.record import RecordError
 
 from .caps import MACHINE_KEY, Caps, check_key
@@ -94,15 +94,6 @@ from .slot_views import SlotReader, _indices, held_locks  # noqa: F401  (held_lo
 
 _RACY_NS = 50_000_000  # a directory changed this recently may change again within its mtime tick
 _FILL_MAX = 4096  # caps above this get no files made ahead (their listing is read at every grant)
-
-
-def available_memory() -> int:
-    """MemAvailable from /proc/meminfo, in bytes."""
-    with open("/proc/meminfo", "rb") as f:
-        for line in f:
-            if line.startswith(b"MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise CcsupError("unable to read available memory from /proc/meminfo: no MemAvailable line")
 
 
 # ---- the gate ------------------------------------------------------------------------------
