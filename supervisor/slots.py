@@ -27,7 +27,7 @@ lock file's device and inode, parsed once per call.
 The cap: try_acquire tries indices below the cap; each index is one lock, so holders below the cap
 can never exceed it. A grant costs O(1), not O(cap): the gate tries only the indices it does not
 hold itself (its own lock would refuse it anyway), and reads the key's directory listing again
-only when the directory changed (so every index below the cap gets its files once, up front). After a lowered cap, holders above it may remain: every slot file present is
+only when the directory changed (it changes only when an index is used for the first time). After a lowered cap, holders above it may remain: every slot file present is
 then counted (held, reserved, orphaned and unreadable all count), before any lock is touched and
 again after one is taken, so no grant happens until the count is under the cap. With a machine cap,
 the `_machine` key is a slot key of its own, locked before the key's slot and unlocked again when
@@ -93,7 +93,6 @@ from .slot_record import (  # noqa: F401  (re-exported: the gate's public names 
 from .slot_views import SlotReader, _indices, held_locks  # noqa: F401  (held_locks: re-exported)
 
 _RACY_NS = 50_000_000  # a directory changed this recently may change again within its mtime tick
-_FILL_MAX = 4096  # caps above this get no files made ahead (their listing is read at every grant)
 
 
 # ---- the gate ------------------------------------------------------------------------------
@@ -233,7 +232,7 @@ class SlotGate(SlotReader):
         self._unheld: dict[
             str, tuple[int, set[int]]
         ] = {}  # key -> (cap, indices below it not held)
-        self._listings: dict[str, tuple[tuple[int, int], list[int], bool]] = {}
+        self._listings: dict[str, tuple[tuple[int, int], list[int]]] = {}
 
     # -- acquiring
 
@@ -350,7 +349,7 @@ class SlotGate(SlotReader):
     def _claim(self, key: str, cap: int) -> tuple[int, int, dict | None]:
         """Lock a free slot of key: (index, fd, the old unreleased record taken over or None)."""
         directory = self._dir(key)
-        indices, complete = self._listing(key, directory, cap)
+        indices = self._listing(key, directory)
         higher = [i for i in indices if i >= cap]
         unreadable = False
         if higher:
@@ -360,8 +359,6 @@ class SlotGate(SlotReader):
             taken = [v for v in views if v.state in TAKEN]
             if len(taken) >= cap:
                 raise _Full(UNREADABLE if any(v.state == UNREADABLE for v in taken) else "full")
-        if not complete:
-            self._fill(key, directory, cap)
         for index in self._unheld_of(key, cap):  # not changed in this loop: it returns first
             fd = self._lock(directory, index)
             if fd is None:
@@ -392,63 +389,34 @@ class SlotGate(SlotReader):
             return index, fd, took_over
         raise _Full(UNREADABLE if unreadable else "full")
 
-    def _listing(self, key: str, directory: str, cap: int) -> tuple[list[int], bool]:
-        """(indices with files in the key's directory, whether every index below cap has a record).
+    def _listing(self, key: str, directory: str) -> list[int]:
+        """The indices with files in the key's directory; _Full(UNREADABLE) when it cannot be read.
 
         Cached while the directory's mtime is unchanged and old enough that a change within the
-        same timestamp tick cannot hide (records are written in place, so a directory whose
-        slots all have files does not change). _Full(UNREADABLE) when it cannot be read.
+        same timestamp tick cannot hide. Records are written in place, so the directory changes
+        only when an index is used for the first time: after that, a grant lists nothing.
         """
         try:
             st = os.stat(directory)
         except FileNotFoundError:
-            return [], False
+            return []
         except OSError:
             raise _Full(UNREADABLE) from None
         stamp = (st.st_ino, st.st_mtime_ns)
         cached = self._listings.get(key)
         if cached is not None and cached[0] == stamp:
-            return cached[1], cached[2]
+            return cached[1]
         listed_at = time.time_ns()
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
-            return [], False
+            return []
         except OSError:
             raise _Full(UNREADABLE) from None
         indices = _indices(names)
-        names_set = set(names)
-        complete = all(f"slot-{i}.json" in names_set for i in range(cap))
         if st.st_mtime_ns < listed_at - _RACY_NS:
-            self._listings[key] = (stamp, indices, complete)
-        return indices, complete
-
-    def _fill(self, key: str, directory: str, cap: int) -> None:
-        """Give every free index below cap its lock file and a released record, once.
-
-        Then the directory stops changing at every first use of an index, and its listing can be
-        cached (_listing). Only indices whose lock is free and which have no record are written,
-        as any holder would. Skipped for huge caps (thousands of files for nothing).
-        """
-        if cap > _FILL_MAX:
-            return
-        for index in range(cap):
-            path = f"{directory}/slot-{index}.json"
-            if os.path.exists(path):
-                continue
-            fd = self._lock(directory, index)
-            if fd is None:
-                continue
-            try:
-                if not os.path.exists(path):
-                    record = {"v": SLOT_VERSION, "key": key, "index": index, "cap": cap}
-                    record.update(holder=None, turn=None, reservation=None, work=None)
-                    record.update(released=True, updated_at=None)
-                    write_slot_record(path, record)
-            except OSError as e:
-                raise os_failure("write slot record", path, e) from None
-            finally:
-                os.close(fd)
+            self._listings[key] = (stamp, indices)
+        return indices
 
     def _under_cap_with(self, key: str, cap: int, index: int, indices: list[int]) -> bool:
         """Holding `index`, is the key's count (every slot present, any index) still within the cap?"""

@@ -500,11 +500,12 @@ def test_a_grant_tries_only_what_it_does_not_hold_and_lists_the_directory_once(
     gate = SlotGate(state_dir, Caps(caps={"wide": 300}))
     held = [gate.try_acquire("wide", ME) for _ in range(299)]
     assert sorted(s.index for s in held) == list(range(299))
+    gate.try_acquire("wide", ME).release()  # index 299's first use makes its files
     tries, listings = [], []
     real_try_lock, real_listdir = slot_views._try_lock, os.listdir
     monkeypatch.setattr(slot_views, "_try_lock", lambda p: tries.append(p) or real_try_lock(p))
     monkeypatch.setattr(os, "listdir", lambda p: listings.append(p) or real_listdir(p))
-    time.sleep(0.06)  # the directory's last change is now older than a timestamp tick
+    time.sleep(0.06)  # the directory's last change (a first use) is older than a timestamp tick
     for _ in range(3):
         last = gate.try_acquire("wide", ME)
         assert last.index == 299
