@@ -21,11 +21,26 @@ Knows pauses, rates and the gate's refusal words; nothing of turns, files or soc
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TypedDict
 
-from .pauses import PauseBook
-from .rates import RateTable, StartWindows
+from .pause_on import PauseRule
+from .pauses import DEFAULT_MAX_PAUSE, PauseBook
+from .rates import Rate, RateTable, StartWindows
+from .runtime_limits import DEFAULT_EXPIRING_NOTICE
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """What the configuration says about admission (`[slots]` and `[pause_on.<key>]`)."""
+
+    max_pause: float = DEFAULT_MAX_PAUSE
+    rates: Mapping[str, Rate] = field(default_factory=dict)
+    max_runtime: Mapping[str, float] = field(default_factory=dict)
+    expiring_notice: float = DEFAULT_EXPIRING_NOTICE
+    fairness: str = "fifo"
+    pause_on: Mapping[str, PauseRule] = field(default_factory=dict)
 
 
 class WaitReason(enum.Enum):
@@ -36,6 +51,7 @@ class WaitReason(enum.Enum):
     MACHINE_CAP = "machine_cap"
     MEMORY_FLOOR = "memory_floor"
     UNREADABLE = "unreadable"  # a slot record that cannot be read counts as taken
+    CHECKING_OUTPUT = "checking_output"  # an ended turn's stderr is being matched (pause_on)
 
 
 # The slot gate's `last_refusal` words.
@@ -127,6 +143,10 @@ class Admission:
             opens = self.starts.next_allowed(key, now)
             times += [t for t in (until, opens) if t is not None]
         return min(times, default=None)
+
+    def note(self, key: str, why: Why) -> Why:
+        """Remember why the head of `key` waits (for a hold decided by the caller)."""
+        return self._note(key, why)
 
     def _note(self, key: str, why: Why) -> Why:
         self._why[key] = why

@@ -419,7 +419,7 @@ class Client:
         """
         topic = f"request.{kind}"
         if topic not in protocol.REQUEST_TOPICS:
-            raise UsageError(f"unknown bus request {kind!r}; known: turn, reserve, cancel")
+            raise UsageError(f"unknown bus request {kind!r}; known: turn, reserve, cancel, pause")
         if not isinstance(body.get("id"), str):
             raise UsageError("a bus request carries a client-made 'id' (a string)")
         sub = self.subscribe([prefix or f"turn.{body['id']}."], timeout=timeout)
@@ -447,6 +447,49 @@ class Client:
             raise
         finally:
             pub.close()
+
+    # -- admission: pause and resume a key (supervisor.keyctl) --------------------------------
+
+    def pause(
+        self,
+        key: str,
+        *,
+        for_: float | None = None,
+        until: float | None = None,
+        reason: str | None = None,
+        id: str | None = None,
+    ) -> dict:
+        """Pause KEY for `for_` seconds or until `until` (epoch seconds); a bare harness name
+        pauses all its keys. Answers the key's pause: {"key","until","reason","by","since",
+        "changed","capped","id"} (the end is capped at now + [slots] max_pause)."""
+        return self.call("pause", **_pause_args(key, for_, until, reason, id))
+
+    def resume(self, key: str, *, reason: str | None = None) -> dict:
+        """End KEY's pause now (a bare harness name: its keys' too). Answers {"key","resumed",
+        "still_paused"} (a key stays paused while its harness is)."""
+        return self.call("resume", key=key, **({} if reason is None else {"reason": reason}))
+
+    def publish_pause(
+        self,
+        key: str,
+        *,
+        id: str,
+        for_: float | None = None,
+        until: float | None = None,
+        reason: str | None = None,
+    ) -> Subscription:
+        """Publish `request.pause` on the bus (as a sidecar that saw a 429 does); the returned
+        subscription's first event is `key.<key>.paused` (a repeated id is answered once)."""
+        body = _pause_args(key, for_, until, reason, id)
+        return self.publish_request("pause", body, prefix=f"key.{key}.paused")
+
+
+def _pause_args(key, for_, until, reason, id) -> dict:
+    args: dict[str, Any] = {"key": key}
+    for name, value in (("for", for_), ("until", until), ("reason", reason), ("id", id)):
+        if value is not None:
+            args[name] = value
+    return args
 
 
 def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> dict:

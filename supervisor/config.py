@@ -35,7 +35,9 @@ from typing import NamedTuple
 # importlib.resources are imported where they are needed, regular expressions used only for an
 # error, a size or a CURVE key are compiled on first use (re caches them), and the line map of a
 # file is built only when there is a problem to place.
+from .admission import AdmissionSettings
 from .caps import Caps, check_cap, key_problem
+from .config_admission import SLOTS_KEYS, parse_admission
 from .errors import ConfigError, UsageError
 
 DEFAULT_GRACE = 5.0
@@ -113,6 +115,7 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config_admission
 
     def __post_init__(self):
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -452,6 +455,8 @@ _KNOWN = {
     ("endpoints", "curve"): {k.name for k in _SECTIONS[4].keys},
     ("harness", "*"): {k.name for k in _SECTIONS[5].keys},
 }
+_KNOWN[()] |= {"pause_on"}  # supervisor.config_admission
+_KNOWN[("slots",)] |= SLOTS_KEYS
 
 
 # ----------------------------------------------------------------------------- parse
@@ -617,6 +622,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
 
     endpoints = _parse_endpoints(c, top)
     harness = _parse_harness(c, top)
+    admission = parse_admission(c, top, slots, parse_duration)
 
     if TTL_ENV in env:
         raw = env[TTL_ENV]
@@ -653,6 +659,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=scan,
         endpoints=endpoints,
         harness=harness,
+        admission=admission,
     )
 
 

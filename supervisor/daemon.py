@@ -30,6 +30,7 @@ from pathlib import Path
 from . import protocol, spawn, store
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
+from .keyctl import KeyControl, admission_settings
 from .manager import RETRY_INTERVAL, Manager, Settings
 from .paths import StatePaths
 from .protocol import ProtocolError, Request
@@ -136,6 +137,7 @@ class Daemon:
             settings=self._settings(self.config),
             start_guard=self.launcher.start_guard,
         )
+        self.keyctl = self._key_control(self.manager)
         self.server.publish(
             "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
         )
@@ -162,14 +164,31 @@ class Daemon:
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
+        self.keyctl.close()
         self.launcher.close()
         self.server.close()
         log.info("stopped")
         return 0
 
+    def _key_control(self, manager: Manager) -> KeyControl:
+        """Admission (pauses, rates, runtime limits, fairness) hooked into the manager."""
+        keyctl = KeyControl(
+            admission_settings(self.config),
+            self.paths.root,
+            publish=self.server.publish,
+            emit=manager.emit,
+            grant=manager.grant_waiters,
+            cancel=manager.cancel,
+            clock=manager.clock,
+        )
+        manager.admission = keyctl
+        manager.queue.reorder(keyctl.ordering())
+        return keyctl
+
     def restore(self) -> None:
         saved, problem = store.load(self.paths.queue)
         problems = [problem] if problem else []
+        problems += self.keyctl.restore()  # pauses first: nothing restored is granted past one
         problems += self.manager.restore(saved, self.gate.inspect_all())
         for text in problems:
             log.error("%s", text)
@@ -261,6 +280,12 @@ class Daemon:
     async def cmd_reload(self, args: dict) -> dict:
         return self.reload()
 
+    async def cmd_pause(self, args: dict) -> dict:
+        return self.keyctl.pause(protocol.parse_pause(args), by="control")
+
+    async def cmd_resume(self, args: dict) -> dict:
+        return self.keyctl.resume(protocol.parse_resume(args))
+
     async def cmd_quit(self, args: dict) -> dict:
         asyncio.get_running_loop().call_soon(self.quit)
         return {"stopping": True}
@@ -270,6 +295,7 @@ class Daemon:
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
         self.manager.settings = self._settings(config)
+        self.keyctl.retune(admission_settings(config))
         self.server.publish("supervisor.reloaded", {"config": config.source})
         log.info("reloaded %s", config.source)
         self.manager.grant_waiters()  # a raised cap may admit waiters now
@@ -297,6 +323,8 @@ class Daemon:
                 self.manager.request_turn(protocol.parse_turn(body))
             elif kind == "cancel":
                 self.manager.cancel(protocol.parse_cancel(body), reason="cancelled")
+            elif kind == "pause":
+                self.keyctl.pause(protocol.parse_pause(body), by="bus")
             else:
                 self.manager.reserve(protocol.parse_reserve(body))
         except (ProtocolError, CcsupError) as e:

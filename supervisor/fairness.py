@@ -37,6 +37,8 @@ class Ordering(Protocol):
 
     def removed(self, item_id: str) -> None: ...
 
+    def renamed(self, old_id: str, new_id: str) -> None: ...
+
 
 class FifoOrdering:
     """Request time, then id: the order of requests."""
@@ -48,6 +50,9 @@ class FifoOrdering:
         pass
 
     def removed(self, item_id: str) -> None:
+        pass
+
+    def renamed(self, old_id: str, new_id: str) -> None:
         pass
 
 
@@ -82,6 +87,11 @@ class SessionOrdering:
 
     def removed(self, item_id: str) -> None:
         self._items.pop(item_id, None)
+
+    def renamed(self, old_id: str, new_id: str) -> None:
+        """A turn took the place of the reservation it binds."""
+        if old_id in self._items:
+            self._items[new_id] = self._items.pop(old_id)
 
 
 def make_ordering(fairness: str) -> Ordering:

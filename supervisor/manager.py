@@ -47,6 +47,7 @@ from guardd import procs
 from guardd.record import RecordError, read_json, record_groups
 
 from . import __version__, reaper, spawn, store
+from .keyctl import AdmissionHooks
 from .paths import StatePaths
 from .protocol import HolderInfo, ProtocolError, ReserveArgs, SendArgs, TurnArgs, parse_holder
 from .slots import Holder, SlotGate
@@ -107,6 +108,7 @@ class Manager:
         self.reservations: dict[str, Reservation] = {}
         self.finished: dict[str, tuple[str, float]] = {}
         self.queue = WaitQueue()
+        self.admission = AdmissionHooks()  # pauses, rates, runtime limits (supervisor.keyctl)
         self.stopping = False
         self.lost_running: list[dict] = []  # a dead supervisor's turns whose work is not yet gone
         self.started_at = clock()
@@ -132,6 +134,10 @@ class Manager:
             self._finish(item)
         self._must_save |= event in PERSISTED
         self._emit(f"turn.{item.id}.{event.value}", {**item.fields(), **fields})
+
+    def emit(self, topic: str, body: dict) -> None:
+        """Publish an event in order with the turns' own (held back while a batch is saved)."""
+        self._emit(topic, body)
 
     def _emit(self, topic: str, body: dict) -> None:
         self._pending.append((topic, body))
@@ -166,6 +172,7 @@ class Manager:
         self._cancel_timer(item.id)
         self._deadlines.pop(item.id, None)
         self._unwatch_requester(item)
+        self.admission.turn_finished(item.id)
         self._remember_finished(item.id, item.state.value, self.clock())
         if not self.turns and not self.reservations:
             self._idle.set()
@@ -236,6 +243,7 @@ class Manager:
             requested_at=self.clock(),
             wait_timeout=args.wait_timeout,
             reservation=args.reservation,
+            timeout=args.timeout,
         )
         self.turns[turn_id] = turn
         self._idle.clear()
@@ -248,7 +256,8 @@ class Manager:
                     self.queue.replace(reservation.id, turn.id)
                     self._apply(reservation, Event.CANCELLED, reason="bound", turn=turn.id)
                 else:
-                    self.queue.add(turn.key, turn_id, turn.requested_at)
+                    session = self.admission.session_of(turn.holder, turn_id)
+                    self.queue.add(turn.key, turn_id, turn.requested_at, session)
                 self._apply(
                     turn,
                     Event.QUEUED,
@@ -352,7 +361,8 @@ class Manager:
         if reservation.holder_key:
             self._holders[reservation.holder_key] = reservation.id
         self._idle.clear()
-        self.queue.add(reservation.key, reservation.id, reservation.requested_at)
+        session = self.admission.session_of(reservation.holder, reservation.id)
+        self.queue.add(reservation.key, reservation.id, reservation.requested_at, session)
         if announce:
             self._apply(
                 reservation,
@@ -493,12 +503,15 @@ class Manager:
         granted: list[Turn] = []
         with self._batch():
             self._grant_heads(granted)
+        self.admission.after_grants(self.queue)
         for turn in granted:  # their grants are saved: a crash now cannot run them twice
             self._spawn(turn)
 
     def _grant_heads(self, granted: list) -> None:
         for key in self.queue.keys_by_age():
             while (head := self.queue.head(key)) is not None:
+                if self.admission.hold(key) is not None:
+                    break  # paused, or the rate window is shut: everyone behind waits too
                 item = self.turns.get(head) or self.reservations[head]
                 holder = Holder(self.me.pid, self.me.start, **item.holder.labels())
                 if isinstance(item, Reservation):
@@ -509,8 +522,10 @@ class Manager:
                 else:
                     slot = self.gate.try_acquire(key, holder, turn=item.id)
                 if slot is None:
+                    self.admission.refused(key, self.gate.last_refusal)
                     break
-                self.queue.remove(head)
+                self.admission.granted(key, head)
+                self.queue.remove(head, granted=True)
                 self._cancel_timer(head)
                 self._deadlines.pop(head, None)
                 item.slot = slot
@@ -565,8 +580,10 @@ class Manager:
         )
         turn.slot.record_work(guard.identity, str(guard.record_path), [])
         self._apply(turn, Event.STARTED, guard=guard.identity.to_json())
+        self.admission.turn_started(turn)
 
     def _on_output(self, turn: Turn, stream: str, offset: int, data: bytes) -> None:
+        self.admission.turn_output(turn, stream, data)
         self._emit(
             f"turn.{turn.id}.{stream}",
             {"id": turn.id, "offset": offset, "data": data.decode("utf-8", errors="replace")},
@@ -596,7 +613,10 @@ class Manager:
             turn.exit = {"code": None, "signal": None, "reason": "guard_lost"}
         else:
             return
+        if turn.stop_reason == "timeout":  # stopped at its runtime limit (supervisor.keyctl)
+            turn.exit["reason"] = "timeout"
         self._apply(turn, Event.EXITED, **turn.exit)
+        self.admission.turn_exited(turn)
 
     def _on_guard_exit(self, turn: Turn) -> None:
         returncode = turn.guard.reap()
@@ -851,6 +871,7 @@ class Manager:
             args.holder,
             requested_at=float(entry["requested_at"]),
             reservation=args.reservation,
+            timeout=args.timeout,
             state=State.QUEUED,
         )
         if entry.get("wait_deadline") is not None:
@@ -861,7 +882,8 @@ class Manager:
 
     def _requeue(self, item: Turn | Reservation, requester: procs.Identity | None | bool) -> None:
         """A restored waiter back in the queue at its old place, unless its requester is gone."""
-        self.queue.add(item.key, item.id, item.requested_at)
+        session = self.admission.session_of(item.holder, item.id)
+        self.queue.add(item.key, item.id, item.requested_at, session)
         if requester is False:
             self.cancel(item.id, reason="requester_gone")
             return
@@ -901,9 +923,15 @@ class Manager:
                     "since": waiter.requested_at,
                     "holder": item.holder.to_json(),
                     "reservation": isinstance(item, Reservation),
+                    "why": self.admission.why_waiting(waiter.key, self.queue.position(waiter.id)),
                 }
             )
-        return {"slots": slots, "waits": waits}
+        return {"slots": slots, "waits": waits, **self.admission_view()}
+
+    def admission_view(self) -> dict:
+        """Paused keys, rate windows and why each key's head waits (supervisor.keyctl)."""
+        keys_view = getattr(self.admission, "keys_view", None)
+        return {"keys": keys_view(self.queue.keys_by_age()) if keys_view else []}
 
     def status(self) -> dict:
         return {
@@ -916,6 +944,7 @@ class Manager:
             "waits": len(self.queue),
             "reservations": sum(1 for r in self.reservations.values() if r.state is State.GRANTED),
             "stopping": self.stopping,
+            **self.admission_view(),
         }
 
     # -- stopping --------------------------------------------------------------------------------
@@ -946,6 +975,6 @@ def protocol_turn_args(entry: dict) -> TurnArgs:
     return parse_turn(
         {
             name: entry.get(name)
-            for name in ("id", "key", "argv", "cwd", "env", "holder", "reservation")
+            for name in ("id", "key", "argv", "cwd", "env", "holder", "reservation", "timeout")
         }
     )

@@ -99,6 +99,16 @@ class StartWindows:
             self._times[key] = times
         times.append(at)
 
+    def restamp(self, key: str, granted_at: float, started_at: float) -> None:
+        """A grant counted at `granted_at` is counted from `started_at` instead (its work started
+        then): the window is judged on when work starts, which is what a provider sees."""
+        times = self._times.get(key)
+        if times is None or granted_at not in times or started_at <= granted_at:
+            return
+        moved = list(times)
+        moved[moved.index(granted_at)] = started_at
+        self._times[key] = deque(sorted(moved), maxlen=times.maxlen)
+
     def retune(self, table: RateTable) -> None:
         """New rates (a reload): keys keep their recent grant times, trimmed to the new counts."""
         self.table = table

@@ -103,6 +103,7 @@ class Turn:
     requested_at: float = field(default_factory=time.time)
     wait_timeout: float | None = None
     reservation: str | None = None
+    timeout: float | None = None  # its own runtime limit (supervisor.runtime_limits)
     state: State = State.NEW
     exit: dict | None = None  # {"code","signal","reason"} once known
     stop_reason: str | None = None
@@ -131,6 +132,7 @@ class Turn:
             "requested_at": self.requested_at,
             "wait_deadline": wait_deadline,
             "reservation": self.reservation,
+            "timeout": self.timeout,
         }
 
 

@@ -1,4 +1,5 @@
-"""The fair wait queue: per cap key, oldest first (request time, then id).
+"""The fair wait queue: per cap key, in the order of supervisor.fairness (default: oldest first,
+request time then id; with `fairness = "session"`, round-robin across sessions).
 
 A new request never jumps older waiters of its key, even when it sees a free slot: the caller
 grants only the head of a key. Keys are independent: a full key blocks only its own waiters.
@@ -11,20 +12,25 @@ In memory only; the daemon persists what it must. Knows ordering, nothing of slo
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .fairness import FifoOrdering, Ordering
 
 
 @dataclass(frozen=True, order=True)
 class Waiter:
-    requested_at: float
-    id: str
-    key: str
+    rank: tuple  # supervisor.fairness: what the key's waiters are sorted by
+    requested_at: float = field(compare=False)
+    id: str = field(compare=False)
+    key: str = field(compare=False)
+    session: str = field(compare=False, default="")
 
 
 class WaitQueue:
-    def __init__(self) -> None:
+    def __init__(self, ordering: Ordering | None = None) -> None:
         self._by_key: dict[str, list[Waiter]] = {}
         self._by_id: dict[str, Waiter] = {}
+        self.ordering: Ordering = ordering or FifoOrdering()
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -32,11 +38,13 @@ class WaitQueue:
     def __contains__(self, item_id: str) -> bool:
         return item_id in self._by_id
 
-    def add(self, key: str, item_id: str, requested_at: float) -> int:
-        """Queue an item; returns its position (1 = next)."""
+    def add(self, key: str, item_id: str, requested_at: float, session: str = "") -> int:
+        """Queue an item; returns its position (1 = next). `session`: see supervisor.fairness."""
         if item_id in self._by_id:
             raise ValueError(f"{item_id} is already waiting")
-        waiter = Waiter(requested_at, item_id, key)
+        session = session or f"i:{item_id}"
+        rank = self.ordering.rank(key, item_id, session, requested_at)
+        waiter = Waiter(rank, requested_at, item_id, key, session)
         bisect.insort(self._by_key.setdefault(key, []), waiter)
         self._by_id[item_id] = waiter
         return self.position(item_id)
@@ -45,15 +53,20 @@ class WaitQueue:
         """new_id takes old_id's place (a turn binding a reservation that still waits)."""
         old = self._by_id.pop(old_id)
         waiters = self._by_key[old.key]
-        new = Waiter(old.requested_at, new_id, old.key)
+        new = Waiter(old.rank, old.requested_at, new_id, old.key, old.session)
+        self.ordering.renamed(old_id, new_id)
         waiters[waiters.index(old)] = new
         waiters.sort()
         self._by_id[new_id] = new
 
-    def remove(self, item_id: str) -> bool:
+    def remove(self, item_id: str, *, granted: bool = False) -> bool:
         waiter = self._by_id.pop(item_id, None)
         if waiter is None:
             return False
+        if granted:
+            self.ordering.granted(item_id)
+        else:
+            self.ordering.removed(item_id)
         waiters = self._by_key[waiter.key]
         waiters.remove(waiter)
         if not waiters:
@@ -71,7 +84,18 @@ class WaitQueue:
         return bisect.bisect_left(self._by_key[waiter.key], waiter) + 1
 
     def keys_by_age(self) -> list[str]:
-        return sorted(self._by_key, key=lambda k: self._by_key[k][0])
+        def age(key: str) -> tuple[float, str]:
+            head = self._by_key[key][0]
+            return (head.requested_at, head.id)
+
+        return sorted(self._by_key, key=age)
+
+    def reorder(self, ordering: Ordering) -> None:
+        """A new fairness (a reload): every waiter ranked again, in its current order."""
+        waiters = self.all()
+        self._by_key, self._by_id, self.ordering = {}, {}, ordering
+        for w in waiters:
+            self.add(w.key, w.id, w.requested_at, w.session)
 
     def waiting(self, key: str) -> list[Waiter]:
         return list(self._by_key.get(key, ()))

@@ -288,3 +288,13 @@ def test_a_paused_or_rate_held_head_holds_everyone_behind_it():
         ("w0", 3.0), ("w1", 3.0), ("w2", 8.0), ("w3", 8.0), ("w4", 13.0), ("w5", 13.0),
         ("w6", 18.0),
     ]  # fmt: skip
+
+
+def test_a_grant_is_counted_from_when_its_work_started():
+    windows = StartWindows(RateTable({"k": Rate(2, 10)}))
+    windows.record("k", T0)
+    windows.record("k", T0 + 1)
+    windows.restamp("k", T0, T0 + 3)  # the first grant's work started late
+    assert windows.next_allowed("k", T0 + 5) == T0 + 11
+    windows.restamp("k", T0 + 99, T0 + 100)  # unknown: nothing changes
+    assert windows.next_allowed("k", T0 + 5) == T0 + 11

@@ -438,8 +438,8 @@ def test_ps_json_shape(daemon):
     done = ccsup("ps", "--json", state_dir=state_dir, timeout=10)
     assert done.returncode == 0, done.stderr
     ps = json.loads(done.stdout)
-    assert set(ps) == {"slots", "waits"}
-    assert ps["waits"] == []
+    assert set(ps) == {"slots", "waits", "keys"}  # keys: paused and rate-held (issue 12)
+    assert ps["waits"] == [] and ps["keys"] == []
     mine = sorted(
         (s["key"], s["index"], s["cap"], s["state"])
         for s in ps["slots"]

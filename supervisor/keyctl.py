@@ -1,0 +1,375 @@
+"""Key control: the daemon's side of admission — pauses and rate windows on the bus, their timers
+and their file, runtime deadlines, and `[pause_on.<key>]`.
+
+The decisions are supervisor.admission's (pure); this module applies them in the running
+supervisor. The manager calls the hooks of `AdmissionHooks` (a no-op base, so a manager without
+admission behaves as before): `hold`/`refused`/`granted` around each grant of a key's head,
+`after_grants` to set one timer for the next moment a hold ends, and `turn_started`,
+`turn_output`, `turn_exited`, `turn_finished` along a turn's life. The daemon calls `pause`,
+`resume`, `restore` and `retune` for the control commands, the bus and a reload.
+
+Events: `key.<key>.paused {key, until, reason, by, since}` when a pause starts or lasts longer;
+`key.<key>.resumed {key, reason}` ("expired", or the reason given to resume, "resumed" by
+default); `turn.<id>.expiring {id, key, stop_at, limit, source}` before a runtime limit, then the
+turn is cancelled with reason "timeout" (its `exited` says `reason: "timeout"`).
+
+A turn whose key has a `pause_on` stderr rule is scanned off the loop (supervisor.pause_on). The
+key's next grant waits until what an ended turn wrote has been scanned (`checking_output`, usually
+well under a millisecond), so a turn that prints a 429 and exits cannot hand its slot to a waiter
+before its pause lands.
+
+State: pauses and the current rate windows go to admission.json (supervisor.admission_state) at
+every change; `restore` takes them back at start. Runtime deadlines are not saved: a restarted
+supervisor does not run the old turns (their guards end with it).
+Knows timers, events and the file; nothing of slots or sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypedDict, cast
+
+from . import admission_state
+from .admission import Admission, AdmissionSettings, WaitReason, Why, WhyJSON
+from .fairness import Ordering, make_ordering, session_of
+from .pause_on import PauseRule, PauseRules, StderrScanner
+from .pauses import PauseBook, PauseJSON
+from .protocol import HolderInfo, PauseArgs, ResumeArgs
+from .rates import RateTable, StartWindows
+from .runtime_limits import RuntimeLimits
+from .turns import State, Turn
+from .waits import WaitQueue
+
+log = logging.getLogger("ccsup.keyctl")
+
+
+def admission_settings(config: object) -> AdmissionSettings:
+    """The config's admission settings (`Config.admission`), else the defaults."""
+    settings = getattr(config, "admission", None)
+    return settings if isinstance(settings, AdmissionSettings) else AdmissionSettings()
+
+
+class KeyViewJSON(TypedDict):
+    key: str
+    paused: PauseJSON | None
+    next_grant: float | None  # when the rate window lets the next grant through (None: now)
+    waiting: WhyJSON | None  # why the key's head waits
+
+
+class AdmissionHooks:
+    """What the manager asks at each grant and along a turn's life; this base admits everything."""
+
+    def hold(self, key: str) -> Why | None:
+        return None
+
+    def refused(self, key: str, refusal: str | None) -> None:
+        pass
+
+    def granted(self, key: str, item_id: str) -> None:
+        pass
+
+    def after_grants(self, queue: WaitQueue) -> None:
+        pass
+
+    def session_of(self, holder: HolderInfo, item_id: str) -> str:
+        return ""
+
+    def why_waiting(self, key: str, position: int | None) -> WhyJSON | None:
+        return None
+
+    def turn_started(self, turn: Turn) -> None:
+        pass
+
+    def turn_output(self, turn: Turn, stream: str, data: bytes) -> None:
+        pass
+
+    def turn_exited(self, turn: Turn) -> None:
+        pass
+
+    def turn_finished(self, item_id: str) -> None:
+        pass
+
+
+class KeyControl(AdmissionHooks):
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        state_dir: Path,
+        *,
+        publish: Callable[[str, dict], None],
+        emit: Callable[[str, dict], None],
+        grant: Callable[[], None],
+        cancel: Callable[..., dict],
+        clock: Callable[[], float],
+    ):
+        self.settings = settings
+        self.path = admission_state.path_in(state_dir)
+        self.publish = publish  # key.* events
+        self.emit = emit  # turn.<id>.* events, in order with the manager's
+        self.grant = grant
+        self.cancel = cancel
+        self.clock = clock
+        self.policy = Admission(
+            PauseBook(settings.max_pause), StartWindows(RateTable(settings.rates))
+        )
+        self.limits = RuntimeLimits(settings.max_runtime, settings.expiring_notice)
+        self.rules = PauseRules(settings.pause_on)
+        self._scanner: StderrScanner | None = None
+        self._checking: Counter[str] = Counter()  # key -> ended turns whose stderr is unscanned
+        self._wake: asyncio.TimerHandle | None = None
+        self._wake_at: float | None = None
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self._paused_by_turn: set[str] = set()
+        self._granted_at: dict[str, float] = {}  # rate-limited grants not yet started
+        self._waiting_keys: list[str] = []
+
+    def ordering(self) -> Ordering:
+        return make_ordering(self.settings.fairness)
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def pause(self, args: PauseArgs, by: str | None = None) -> dict:
+        now = self.clock()
+        answer = self.policy.pauses.pause(
+            args.key,
+            args.end(now),
+            now,
+            reason=args.reason,
+            by=args.by or by,
+            request_id=args.id,
+        )
+        if answer.changed:
+            self._save()
+            self.publish(f"key.{args.key}.paused", dict(answer.pause.to_json()))
+            log.info("key %s paused until %.3f (%s)", args.key, answer.pause.until, args.reason)
+            self._arm()
+        return {
+            **answer.pause.to_json(),
+            "changed": answer.changed,
+            "capped": answer.capped,
+            "id": args.id,
+        }
+
+    def resume(self, args: ResumeArgs) -> dict:
+        ended = self.policy.pauses.resume(args.key)
+        reason = args.reason or "resumed"
+        if ended:
+            self._save()
+            for pause in ended:
+                self.publish(f"key.{pause.key}.resumed", {"key": pause.key, "reason": reason})
+            self._arm()
+            self.grant()
+        still = self.policy.pauses.covering(args.key, self.clock())
+        return {
+            "key": args.key,
+            "resumed": [p.key for p in ended],
+            "still_paused": still.to_json() if still else None,
+        }
+
+    def restore(self) -> list[str]:
+        """Take back admission.json (call before the first grant). Returns the problems found."""
+        data, problem = admission_state.load(self.path)
+        now = self.clock()
+        problems = [problem] if problem else []
+        problems += self.policy.pauses.from_json(data["pauses"], now)
+        problems += self.policy.starts.from_json(data["starts"], now)
+        self._save()  # what ended meanwhile is gone from the file too
+        self._arm()
+        return problems
+
+    def retune(self, settings: AdmissionSettings) -> None:
+        """A reload: new rates, limits, rules and max_pause (live pauses keep their ends)."""
+        self.settings = settings
+        self.policy.pauses.max_pause = settings.max_pause
+        self.policy.starts.retune(RateTable(settings.rates))
+        self.limits = RuntimeLimits(settings.max_runtime, settings.expiring_notice)
+        self.rules = PauseRules(settings.pause_on)
+        self._arm()
+
+    def paused_keys(self) -> list[PauseJSON]:
+        return [p.to_json() for p in self.policy.pauses.active(self.clock())]
+
+    def keys_view(self, keys: list[str]) -> list[KeyViewJSON]:
+        """Every key that is paused, rate-held or has waiters, for ps and status."""
+        now = self.clock()
+        names = set(keys) | {p.key for p in self.policy.pauses.active(now)}
+        names |= set(self.policy.starts.to_json())
+        view: list[KeyViewJSON] = []
+        for key in sorted(names):
+            pause = self.policy.pauses.covering(key, now)
+            why = self.policy.why(key) if key in keys else None
+            view.append(
+                {
+                    "key": key,
+                    "paused": pause.to_json() if pause else None,
+                    "next_grant": self.policy.starts.next_allowed(key, now),
+                    "waiting": why.to_json() if why else None,
+                }
+            )
+        return view
+
+    def close(self) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
+        for timer in self._deadlines.values():
+            timer.cancel()
+        self._deadlines.clear()
+        if self._scanner is not None:
+            self._scanner.close()
+
+    # -- hooks of the grant ----------------------------------------------------------------------
+
+    def hold(self, key: str) -> Why | None:
+        if self._checking[key]:
+            detail = "the stderr of an ended turn is being checked against pause_on"
+            return self.policy.note(key, Why(WaitReason.CHECKING_OUTPUT, None, detail))
+        return self.policy.hold(key, self.clock())
+
+    def refused(self, key: str, refusal: str | None) -> None:
+        self.policy.refused(key, refusal)
+
+    def granted(self, key: str, item_id: str) -> None:
+        now = self.clock()
+        self.policy.granted(key, now)
+        if self.policy.starts.table.rate_for(key) is not None:
+            self._granted_at[item_id] = now
+            self._save()  # the grants of the current window survive a restart
+
+    def after_grants(self, queue: WaitQueue) -> None:
+        self._waiting_keys = queue.keys_by_age()
+        self._arm()
+
+    def session_of(self, holder: HolderInfo, item_id: str) -> str:
+        return session_of(holder.session, holder.pid, item_id)
+
+    def why_waiting(self, key: str, position: int | None) -> WhyJSON | None:
+        if position is not None and position > 1:
+            return self.policy.behind(key, position).to_json()
+        why = self.policy.why(key)
+        return why.to_json() if why else None
+
+    # -- timers ----------------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        """One timer for the next moment a pause ends or a waiting key's rate window opens."""
+        now = self.clock()
+        times = [self.policy.pauses.next_expiry()]
+        times.append(self.policy.next_wake(self._waiting_keys, now))
+        at = min((t for t in times if t is not None), default=None)
+        if at == self._wake_at and self._wake is not None:
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        self._wake_at = at
+        if at is not None:
+            self._wake = asyncio.get_running_loop().call_later(max(at - now, 0.0), self._on_wake)
+
+    def _on_wake(self) -> None:
+        self._wake = None
+        self._wake_at = None
+        ended = self.policy.pauses.expire(self.clock())
+        if ended:
+            self._save()
+            for pause in ended:
+                self.publish(f"key.{pause.key}.resumed", {"key": pause.key, "reason": "expired"})
+        self.policy.starts.forget_old(self.clock())
+        self.grant()  # calls after_grants, which arms the next wake
+        self._arm()
+
+    def _save(self) -> None:
+        try:
+            admission_state.save(
+                self.path,
+                pauses=self.policy.pauses.to_json(),
+                starts=self.policy.starts.to_json(),
+            )
+        except OSError as e:
+            log.error("unable to save %s: %s (kept in memory)", self.path, e.strerror)
+
+    # -- a turn's life ---------------------------------------------------------------------------
+
+    def turn_started(self, turn: Turn) -> None:
+        now = self.clock()
+        granted_at = self._granted_at.pop(turn.id, None)
+        if granted_at is not None:  # the rate window counts from when the work started
+            self.policy.starts.restamp(turn.key, granted_at, now)
+            self._save()
+        deadline = self.limits.deadline(turn.key, turn.timeout, now)
+        if deadline is not None:
+            loop = asyncio.get_running_loop()
+
+            def warn() -> None:
+                self._expiring(turn, deadline.stop_at, deadline.limit, deadline.source)
+
+            self._deadlines[turn.id] = loop.call_later(max(deadline.warn_at - now, 0.0), warn)
+        rule = self.rules.rule_for(turn.key)
+        if rule is not None and rule.stderr is not None:
+            if self._scanner is None:
+                loop = asyncio.get_running_loop()
+                self._scanner = StderrScanner(
+                    self._stderr_matched, self._stderr_done, loop.call_soon_threadsafe
+                )
+            self._scanner.watch(turn.id, rule.stderr, (turn.key, rule))
+
+    def _expiring(self, turn: Turn, stop_at: float, limit: float, source: str) -> None:
+        if turn.state is not State.RUNNING:
+            return
+        self.emit(
+            f"turn.{turn.id}.expiring",
+            {"id": turn.id, "key": turn.key, "stop_at": stop_at, "limit": limit, "source": source},
+        )
+        self._deadlines[turn.id] = asyncio.get_running_loop().call_later(
+            max(stop_at - self.clock(), 0.0), self._time_up, turn
+        )
+
+    def _time_up(self, turn: Turn) -> None:
+        self._deadlines.pop(turn.id, None)
+        if turn.state is State.RUNNING:
+            log.info("turn %s ran past its limit: stopping it", turn.id)
+            self.cancel(turn.id, reason="timeout")
+
+    def turn_output(self, turn: Turn, stream: str, data: bytes) -> None:
+        if stream == "stderr" and self._scanner is not None:
+            self._scanner.feed(turn.id, data)
+
+    def turn_exited(self, turn: Turn) -> None:
+        if self._scanner is not None and self._scanner.finish(turn.id):
+            self._checking[turn.key] += 1
+        rule = self.rules.rule_for(turn.key)
+        code = (turn.exit or {}).get("code")
+        if rule is not None and code in rule.exit_codes:
+            self._pause_for(turn.id, turn.key, rule, None, f"exit code {code}")
+
+    def turn_finished(self, item_id: str) -> None:
+        self._paused_by_turn.discard(item_id)
+        self._granted_at.pop(item_id, None)
+        timer = self._deadlines.pop(item_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _stderr_matched(self, turn_id: str, context: object, seconds: float | None) -> None:
+        key, rule = cast(tuple[str, PauseRule], context)
+        self._pause_for(turn_id, key, rule, seconds, "stderr matched")
+
+    def _stderr_done(self, turn_id: str, context: object) -> None:
+        key, _ = cast(tuple[str, PauseRule], context)
+        self._paused_by_turn.discard(turn_id)
+        self._checking[key] -= 1
+        if self._checking[key] <= 0:
+            del self._checking[key]
+            self.grant()
+
+    def _pause_for(
+        self, turn_id: str, key: str, rule: PauseRule, seconds: float | None, what: str
+    ) -> None:
+        if turn_id in self._paused_by_turn:
+            return  # a turn pauses its key once
+        self._paused_by_turn.add(turn_id)
+        length = seconds if seconds is not None and seconds > 0 else rule.for_
+        reason = f"pause_on: {what}" + (f" (Retry-After: {seconds:g})" if seconds else "")
+        self.pause(PauseArgs(None, key, length, None, reason, f"pause_on:{turn_id}"))
