@@ -132,7 +132,7 @@ class KeyControl(AdmissionHooks):
 
     # -- commands --------------------------------------------------------------------------------
 
-    def pause(self, args: PauseArgs, by: str | None = None) -> dict:
+    def pause(self, args: PauseArgs, by: str | None = None, *, refine: bool = False) -> dict:
         now = self.clock()
         answer = self.policy.pauses.pause(
             args.key,
@@ -141,6 +141,7 @@ class KeyControl(AdmissionHooks):
             reason=args.reason,
             by=args.by or by,
             request_id=args.id,
+            refine=refine,
         )
         if answer.changed:
             self._save()
@@ -352,9 +353,16 @@ class KeyControl(AdmissionHooks):
         if timer is not None:
             timer.cancel()
 
-    def _stderr_matched(self, turn_id: str, context: object, seconds: float | None) -> None:
+    def _stderr_matched(
+        self, turn_id: str, context: object, seconds: float | None, refine: bool
+    ) -> None:
         key, rule = cast(tuple[str, PauseRule], context)
-        self._pause_for(turn_id, key, rule, seconds, "stderr matched")
+        if refine and seconds:  # the Retry-After came after the line that paused the key
+            reason = f"pause_on: stderr matched (Retry-After: {seconds:g})"
+            by = f"pause_on:{turn_id}"
+            self.pause(PauseArgs(None, key, seconds, None, reason, by), refine=True)
+        elif not refine:
+            self._pause_for(turn_id, key, rule, seconds, "stderr matched")
 
     def _stderr_done(self, turn_id: str, context: object) -> None:
         key, _ = cast(tuple[str, PauseRule], context)

@@ -88,14 +88,24 @@ class PauseBook:
         reason: str | None = None,
         by: str | None = None,
         request_id: str | None = None,
+        refine: bool = False,
     ) -> PauseAnswer:
-        """Pause `key` until `until` (merged with a pause it has; capped at now + max_pause)."""
+        """Pause `key` until `until` (merged with a pause it has; capped at now + max_pause).
+
+        `refine`: the one who set the key's current pause (same `by`) sets its end anew, sooner
+        too (a Retry-After that came after the line that paused the key)."""
         if request_id is not None and request_id in self._answers:
             return PauseAnswer(self._answers[request_id][1], changed=False, capped=False)
         limit = now + self.max_pause
         capped = until > limit
         until = min(until, limit)
         current = self._pauses.get(key)
+        if refine and current is not None and current.by == by and current.until > now:
+            if until <= now:
+                return PauseAnswer(current, changed=False, capped=capped)
+            pause = Pause(key, until, reason, by, current.since)
+            self._pauses[key] = pause
+            return PauseAnswer(pause, changed=pause != current, capped=capped)
         if current is not None and current.until > now and current.until >= until:
             answer = PauseAnswer(current, changed=False, capped=capped)
         elif until <= now:
