@@ -50,6 +50,7 @@ class CcsupGroup(click.Group):
     Commands in LAZY_COMMANDS are listed with the others but imported only when used."""
 
     LAZY_COMMANDS = {"config": ("supervisor.cli_config", "config_group")}
+    LAZY_COMMANDS |= {c: ("supervisor.cli_pause", c) for c in ("pause", "resume")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY_COMMANDS})
@@ -370,6 +371,8 @@ def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def format_ps(ps: dict, now: float) -> list[str]:
+    from .cli_pause import format_keys, format_why
+
     slots = ps.get("slots", [])
     waits = ps.get("waits", [])
     lines = []
@@ -402,13 +405,15 @@ def format_ps(ps: dict, now: float) -> list[str]:
                 w.get("key", "?"),
                 format_holder(w.get("holder")),
                 _age(w.get("since"), now),
+                format_why(w.get("why"), now),
             ]
             for w in waits
         ]
-        lines += format_table(["POS", "ID", "KEY", "HOLDER", "WAITING"], rows)
+        lines += format_table(["POS", "ID", "KEY", "HOLDER", "WAITING", "WHY"], rows)
     else:
         lines.append("no one waiting")
-    return lines
+    keys = format_keys(ps, now)  # paused keys and rate windows (supervisor.cli_pause)
+    return lines + ([""] + keys if keys else [])
 
 
 @main.command()
@@ -416,6 +421,8 @@ def format_ps(ps: dict, now: float) -> list[str]:
 @click.pass_context
 def status(ctx, as_json: bool) -> None:
     """Whether the supervisor runs, and what it does."""
+    from .cli_pause import format_keys
+
     with _where(ctx).client() as client:
         result = client.status()
     if as_json:
@@ -430,6 +437,8 @@ def status(ctx, as_json: bool) -> None:
     if "config" in result:
         click.echo(f"config  {result['config']}")
     click.echo(f"turns   {result['turns']} active, {result['waits']} waiting")
+    for line in format_keys(result):  # paused keys and rate windows (supervisor.cli_pause)
+        click.echo(f"keys    {line}")
 
 
 @main.command()

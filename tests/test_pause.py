@@ -260,3 +260,36 @@ def test_a_slow_pattern_runs_off_the_loop_and_the_key_waits_for_its_verdict(daem
         assert "turn.next.granted" not in log.topics()
         client.resume("codex")
         log.wait_for("turn.next.released")
+
+
+def test_ccsup_pause_and_resume_from_the_shell(daemon, state_dir):
+    import subprocess
+    import sys
+
+    d = daemon(caps="codex = 1")
+
+    def ccsup(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+
+    done = ccsup("pause", "codex", "--for", "90s", "--reason", "429", "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["key"] == "codex" and answer["reason"] == "429" and answer["changed"]
+    until = ccsup("pause", "opencode", "--until", "2099-12-01T10:00")
+    assert until.returncode == 0 and "capped by max_pause" in until.stdout
+    assert ccsup("pause", "codex").returncode == 2  # neither --for nor --until
+    assert ccsup("pause", "codex", "--for", "soon").returncode == 2
+    assert ccsup("pause", "_machine", "--for", "1s").returncode == 2
+    with d.client() as client:
+        client.turn("codex", ["true"], id="w")
+    ps = ccsup("ps")
+    assert "codex paused until" in ps.stdout and "paused until" in ps.stdout.splitlines()[4]
+    assert "codex paused until" in ccsup("status").stdout
+    resumed = ccsup("resume", "codex")
+    assert resumed.returncode == 0 and resumed.stdout == "resumed codex\n"
+    assert ccsup("resume", "codex").stdout == "codex was not paused\n"
