@@ -8,7 +8,8 @@ admission behaves as before): `hold`/`refused`/`granted` around each grant of a 
 `turn_output`, `turn_exited`, `turn_finished` along a turn's life. The daemon calls `pause`,
 `resume`, `restore` and `retune` for the control commands, the bus and a reload.
 
-Events: `key.<key>.paused {key, until, reason, by, since}` when a pause starts or lasts longer;
+Events: `key.<key>.paused {key, until, reason, by, since, id, changed}` when a pause starts or
+lasts longer, and once for each new request id (the answer to a bus `request.pause`);
 `key.<key>.resumed {key, reason}` ("expired", or the reason given to resume, "resumed" by
 default); `turn.<id>.expiring {id, key, stop_at, limit, source}` before a runtime limit, then the
 turn is cancelled with reason "timeout" (its `exited` says `reason: "timeout"`).
@@ -145,9 +146,13 @@ class KeyControl(AdmissionHooks):
         )
         if answer.changed:
             self._save()
-            self.publish(f"key.{args.key}.paused", dict(answer.pause.to_json()))
             log.info("key %s paused until %.3f (%s)", args.key, answer.pause.until, args.reason)
             self._arm()
+        if answer.changed or (args.id is not None and not answer.repeat):
+            # A bus request is answered by this event (once per id), even when the key was
+            # already paused longer: it then says until when.
+            body = {**answer.pause.to_json(), "id": args.id, "changed": answer.changed}
+            self.publish(f"key.{args.key}.paused", body)
         return {
             **answer.pause.to_json(),
             "changed": answer.changed,

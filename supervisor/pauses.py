@@ -65,6 +65,7 @@ class PauseAnswer:
     pause: Pause
     changed: bool  # False for a repeat of a known id, or a pause already ending later
     capped: bool  # the asked `until` was beyond now + max_pause
+    repeat: bool = False  # a request id already answered
 
 
 def harness_of(key: str) -> str:
@@ -95,7 +96,9 @@ class PauseBook:
         `refine`: the one who set the key's current pause (same `by`) sets its end anew, sooner
         too (a Retry-After that came after the line that paused the key)."""
         if request_id is not None and request_id in self._answers:
-            return PauseAnswer(self._answers[request_id][1], changed=False, capped=False)
+            return PauseAnswer(
+                self._answers[request_id][1], changed=False, capped=False, repeat=True
+            )
         limit = now + self.max_pause
         capped = until > limit
         until = min(until, limit)
