@@ -2,8 +2,8 @@
 
 Exit codes: 0 ok, 1 failure, 2 usage (click's own usage errors and ccsup's UsageError family),
 3 no supervisor running on the state directory. `ccsup run` exits with its command's status
-instead (128+N for a signal), 125 when the turn's guard was lost, 1 when the turn was cancelled or
-rejected. Only CcsupError is caught at the top ("ccsup: <message>" on stderr); anything else is a
+instead (128+N for a signal), 125 when the turn's guard was lost, and the codes of
+supervisor.run_exit (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled, 65 rejected). Only CcsupError is caught at the top ("ccsup: <message>" on stderr); anything else is a
 bug and shows its traceback.
 
 State: the CLI keeps none. `ccsup start` (without --foreground) re-executes itself as a detached
@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
 import click
@@ -347,15 +348,6 @@ def _age(since, now: float) -> str:
     return format_age(now - since) if isinstance(since, (int, float)) else "-"
 
 
-def format_holder(holder) -> str:
-    if not isinstance(holder, dict):
-        return "-"
-    names = [str(holder[k]) for k in ("session", "agent") if holder.get(k)]
-    if names:
-        return "/".join(names)
-    return f"pid {holder['pid']}" if holder.get("pid") else "-"
-
-
 def format_groups(groups) -> str:
     if not groups:
         return "-"
@@ -372,6 +364,7 @@ def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def format_ps(ps: dict, now: float) -> list[str]:
     from .cli_pause import format_keys, format_why
+    from .requesters import describe
 
     slots = ps.get("slots", [])
     waits = ps.get("waits", [])
@@ -384,7 +377,7 @@ def format_ps(ps: dict, now: float) -> list[str]:
                 str(s.get("cap", "?")),
                 s.get("state", "?"),
                 s.get("turn") or "-",
-                format_holder(s.get("holder")),
+                describe(s.get("holder"), s.get("requester")),
                 str(s.get("pid") or "-"),
                 format_groups(s.get("groups")),
                 _age(s.get("since"), now),
@@ -403,7 +396,7 @@ def format_ps(ps: dict, now: float) -> list[str]:
                 str(w.get("position", "?")),
                 w.get("id", "?"),
                 w.get("key", "?"),
-                format_holder(w.get("holder")),
+                describe(w.get("holder"), w.get("requester")),
                 _age(w.get("since"), now),
                 format_why(w.get("why"), now),
             ]
@@ -458,9 +451,13 @@ def ps(ctx, as_json: bool) -> None:
 # -- run -------------------------------------------------------------------------------------------
 
 
-def _key_option(ctx, param, value: str) -> str:
+def _key_option(ctx, param, value: str | None) -> str:
     from .caps import check_key
 
+    if value is None:  # `ccsup run` without --key (supervisor.run_exit)
+        from .run_exit import default_key
+
+        value = default_key(os.environ)
     try:
         return check_key(value)
     except UsageError as e:
@@ -534,19 +531,33 @@ class OutputFollower:
 
 def turn_exit_status(exited: dict | None) -> int:
     """`ccsup run`'s status from a turn's `exited` event: CMD's code, 128+signal, 125 guard lost."""
-    if exited is None:
-        return 125
-    if exited.get("reason") == "guard_lost":
-        return 125
-    if exited.get("signal"):
-        return 128 + int(exited["signal"])
-    code = exited.get("code")
-    return int(code) if isinstance(code, int) else 125
+    from .run_exit import command_status
+
+    return command_status(exited)
 
 
-@main.command(context_settings={"allow_interspersed_args": False})
+def _timeout_option(ctx, param, value: str | None) -> float | None:
+    if value is None:
+        return None
+    from .config import parse_duration
+
+    try:
+        return parse_duration(value, where="--timeout")
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+
+
+def _run_epilog() -> str:
+    from .run_exit import EXIT_CODES_HELP  # pure and tiny: no start-up cost
+
+    return EXIT_CODES_HELP
+
+
+@main.command(context_settings={"allow_interspersed_args": False}, epilog=_run_epilog())
 @click.option(
-    "--key", required=True, callback=_key_option, help="The cap key, e.g. codex or opencode:xai."
+    "--key",
+    callback=_key_option,
+    help="The cap key, e.g. codex or opencode:xai (default: $CCSUP_KEY, else `default`).",
 )
 @click.option("--session", help="The holder's session label.")
 @click.option("--agent", help="The holder's agent label.")
@@ -567,6 +578,12 @@ def turn_exit_status(exited: dict | None) -> int:
     help="Give up after waiting this many seconds for a slot.",
 )
 @click.option(
+    "--timeout",
+    callback=_timeout_option,
+    metavar="D",
+    help='Stop the turn after it ran this long ("30m", "90s"); it then exits 124.',
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -574,8 +591,10 @@ def turn_exit_status(exited: dict | None) -> int:
 )
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
-def run(ctx, key, session, agent, cwd, env, wait_timeout, as_json, cmd) -> None:
-    """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status."""
+def run(ctx, key, session, agent, cwd, env, wait_timeout, timeout, as_json, cmd) -> None:
+    """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status.
+
+    This process's stdin is forwarded to CMD, end of input included."""
     import uuid
 
     from guardd.procs import start_ticks
@@ -588,10 +607,12 @@ def run(ctx, key, session, agent, cwd, env, wait_timeout, as_json, cmd) -> None:
     turn_id = uuid.uuid4().hex
     with _where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         runner = _TurnRunner(client, turn_id, key, as_json)
-        with _sigint_queued() as interrupts:
-            reply = client.turn(
+        runner.forward_stdin = _where(ctx).client  # supervisor.stdin_forward, once started
+        with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
+            reply = client.turn_limited(
                 key,
                 list(cmd),
+                timeout=timeout,
                 id=turn_id,
                 cwd=os.path.abspath(cwd or os.getcwd()),
                 env=env or None,
@@ -602,6 +623,26 @@ def run(ctx, key, session, agent, cwd, env, wait_timeout, as_json, cmd) -> None:
                 runner.waiting(reply.get("position"))
             code = runner.follow(sub, interrupts)
     ctx.exit(code)
+
+
+class _rejected_exits:
+    """A turn request the supervisor refuses ends `ccsup run` with EXIT_REJECTED (65), saying why."""
+
+    def __init__(self, ctx: click.Context, turn_id: str):
+        self.ctx = ctx
+        self.turn_id = turn_id
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind, error, tb) -> bool:
+        from .client import RemoteError
+        from .run_exit import EXIT_REJECTED
+
+        if isinstance(error, RemoteError) and error.code in ("bad_request", "conflict", "stopping"):
+            click.echo(f"ccsup: turn {self.turn_id} rejected: {error.message}", err=True)
+            self.ctx.exit(EXIT_REJECTED)
+        return False
 
 
 class _sigint_queued:
@@ -629,6 +670,10 @@ class _TurnRunner:
         self.key = key
         self.as_json = as_json
         self.exited: dict | None = None
+        self.stop_reason: str | None = None  # of its `stopping` event
+        self.interrupted = False  # Ctrl-C cancelled it from here
+        # a Client factory: forward our stdin once the turn started (supervisor.stdin_forward)
+        self.forward_stdin: Callable[..., Client] | None = None
         self._shown_position = None
         self._waiting: tuple | None = None
         self.granted = False
@@ -662,6 +707,7 @@ class _TurnRunner:
         while True:
             if interrupts and not cancel_sent:
                 cancel_sent = True
+                self.interrupted = True
                 click.echo(
                     f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)",
                     err=True,
@@ -703,6 +749,13 @@ class _TurnRunner:
             self.waiting(body.get("position"))
         elif kind in ("granted", "started"):
             self.granted = True
+            if kind == "started" and self.forward_stdin is not None:
+                from .stdin_forward import StdinForwarder
+
+                StdinForwarder(self.forward_stdin, self.turn_id).start()
+                self.forward_stdin = None
+        elif kind == "stopping":
+            self.stop_reason = body.get("reason")
         elif kind == "exited":
             self.exited = body
         if not is_terminal(topic):
@@ -711,18 +764,23 @@ class _TurnRunner:
             for follower in self.outputs.values():
                 follower.drain()
                 follower.close()
+        from .run_exit import run_exit_status
+
         if kind == "released":
             if self.exited is None and not self.as_json:
                 click.echo(
                     f"ccsup: turn {self.turn_id} was released without an exit status", err=True
                 )
-            return turn_exit_status(self.exited)
-        if not self.as_json:
+            elif self.stop_reason and not self.as_json:
+                click.echo(f"ccsup: turn {self.turn_id} stopped: {self.stop_reason}", err=True)
+        elif not self.as_json:
             click.echo(
                 f"ccsup: turn {self.turn_id} {kind}: {body.get('reason') or 'no reason given'}",
                 err=True,
             )
-        return 1
+        return run_exit_status(
+            kind, body, self.exited, self.stop_reason, interrupted=self.interrupted
+        )
 
 
 # -- cancel / events / logs / reap / reload ----------------------------------------------------------

@@ -450,6 +450,25 @@ class Client:
 
     # -- admission: pause and resume a key (supervisor.keyctl) --------------------------------
 
+    def turn_limited(self, key: str, argv: list[str], *, timeout: float | None, **kw: Any) -> dict:
+        """`turn` with a runtime limit: stopped after `timeout` seconds of running (exited
+        `reason: "timeout"`), or the key's max_runtime if that is smaller."""
+        args = _turn_args(
+            key,
+            argv,
+            kw.pop("id", None),
+            kw.pop("cwd", None),
+            kw.pop("env", None),
+            kw.pop("holder", None),
+            kw.pop("reservation", None),
+            kw.pop("wait_timeout", None),
+        )
+        if kw:
+            raise TypeError(f"unexpected arguments: {sorted(kw)}")
+        if timeout is not None:
+            args["timeout"] = timeout
+        return self.call("turn", **args)
+
     def pause(
         self,
         key: str,

@@ -46,7 +46,7 @@ from functools import partial
 from guardd import procs
 from guardd.record import RecordError, read_json, record_groups
 
-from . import __version__, reaper, spawn, store
+from . import __version__, reaper, requesters, spawn, store
 from .keyctl import AdmissionHooks
 from .paths import StatePaths
 from .protocol import HolderInfo, ProtocolError, ReserveArgs, SendArgs, TurnArgs, parse_holder
@@ -429,7 +429,7 @@ class Manager:
             raise ProtocolError(
                 "failed", f"unable to write to the stdin of turn {args.id}: {e}"
             ) from None
-        return {"id": args.id, "written": written}
+        return {"id": args.id, "written": written, "pending": turn.guard.stdin_pending}
 
     def _wait_timed_out(self, item_id: str) -> None:
         self._timers.pop(item_id, None)
@@ -912,6 +912,11 @@ class Manager:
 
     def ps(self) -> dict:
         slots = [view.to_json() for view in self.gate.inspect_all()]
+        for slot in slots:  # who asked for the turn, beside the lock holder (the supervisor)
+            asking = self.turns.get(slot.get("turn") or "") or self.reservations.get(
+                slot.get("turn") or ""
+            )
+            slot["requester"] = requesters.requester(asking.holder.pid) if asking else None
         waits = []
         for waiter in self.queue.all():
             item = self.turns.get(waiter.id) or self.reservations[waiter.id]
@@ -922,6 +927,7 @@ class Manager:
                     "position": self.queue.position(waiter.id),
                     "since": waiter.requested_at,
                     "holder": item.holder.to_json(),
+                    "requester": requesters.requester(item.holder.pid),
                     "reservation": isinstance(item, Reservation),
                     "why": self.admission.why_waiting(waiter.key, self.queue.position(waiter.id)),
                 }

@@ -383,14 +383,31 @@ class SendArgs:
 
 
 def parse_send(args: dict) -> SendArgs:
-    _reject_unknown(args, {"id", "data", "eof"}, "a send request")
+    _reject_unknown(args, {"id", "data", "data_b64", "eof"}, "a send request")
     data = args.get("data", "")
     if not isinstance(data, str):
         raise _bad("'data' must be a string (written as UTF-8)")
+    raw = data.encode()
+    if args.get("data_b64") is not None:  # bytes that are not UTF-8 (`ccsup run` forwarding stdin)
+        if data:
+            raise _bad("a send request takes 'data' or 'data_b64', not both")
+        raw = _base64(args["data_b64"])
     eof = args.get("eof", False)
     if not isinstance(eof, bool):
         raise _bad("'eof' must be true or false")
-    return SendArgs(check_id(args.get("id")), data.encode(), eof)
+    return SendArgs(check_id(args.get("id")), raw, eof)
+
+
+def _base64(value: Any) -> bytes:
+    import base64
+    import binascii
+
+    if not isinstance(value, str):
+        raise _bad("'data_b64' must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise _bad("'data_b64' is not valid base64") from None
 
 
 def parse_reap(args: dict) -> str | None:
