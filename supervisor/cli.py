@@ -635,14 +635,13 @@ class _rejected_exits:
     def __enter__(self) -> None:
         pass
 
-    def __exit__(self, kind, error, tb) -> bool:
+    def __exit__(self, kind, error, tb) -> None:
         from .client import RemoteError
         from .run_exit import EXIT_REJECTED
 
         if isinstance(error, RemoteError) and error.code in ("bad_request", "conflict", "stopping"):
             click.echo(f"ccsup: turn {self.turn_id} rejected: {error.message}", err=True)
             self.ctx.exit(EXIT_REJECTED)
-        return False
 
 
 class _sigint_queued:

@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 from guardd import procs
 from guardd.record import RecordError, read_json, record_groups
@@ -429,7 +430,8 @@ class Manager:
             raise ProtocolError(
                 "failed", f"unable to write to the stdin of turn {args.id}: {e}"
             ) from None
-        return {"id": args.id, "written": written, "pending": turn.guard.stdin_pending}
+        pending = cast(spawn.Guard, turn.guard).stdin_pending  # back-pressure for the writer
+        return {"id": args.id, "written": written, "pending": pending}
 
     def _wait_timed_out(self, item_id: str) -> None:
         self._timers.pop(item_id, None)
