@@ -364,7 +364,7 @@ def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def format_ps(ps: dict, now: float) -> list[str]:
     from .cli_pause import format_keys, format_why
-    from .requesters import describe
+    from .requester_names import describe
 
     slots = ps.get("slots", [])
     waits = ps.get("waits", [])

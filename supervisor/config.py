@@ -35,7 +35,7 @@ from typing import NamedTuple
 # importlib.resources are imported where they are needed, regular expressions used only for an
 # error, a size or a CURVE key are compiled on first use (re caches them), and the line map of a
 # file is built only when there is a problem to place.
-from .admission import AdmissionSettings
+from .admission_policy import AdmissionSettings
 from .caps import Caps, check_cap, key_problem
 from .config_admission import SLOTS_KEYS, parse_admission
 from .errors import ConfigError, UsageError

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .admission import AdmissionSettings
+from .admission_policy import AdmissionSettings
 from .caps import key_problem
 from .errors import ConfigError
 from .fairness import FAIRNESS

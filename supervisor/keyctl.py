@@ -1,7 +1,7 @@
 """Key control: the daemon's side of admission — pauses and rate windows on the bus, their timers
 and their file, runtime deadlines, and `[pause_on.<key>]`.
 
-The decisions are supervisor.admission's (pure); this module applies them in the running
+The decisions are supervisor.admission_policy's (pure); this module applies them in the running
 supervisor. The manager calls the hooks of `AdmissionHooks` (a no-op base, so a manager without
 admission behaves as before): `hold`/`refused`/`granted` around each grant of a key's head,
 `after_grants` to set one timer for the next moment a hold ends, and `turn_started`,
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TypedDict, cast
 
 from . import admission_state
-from .admission import Admission, AdmissionSettings, WaitReason, Why, WhyJSON
+from .admission_policy import Admission, AdmissionSettings, WaitReason, Why, WhyJSON
 from .fairness import Ordering, make_ordering, session_of
 from .pause_on import PauseRule, PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON

@@ -47,7 +47,7 @@ from typing import cast
 from guardd import procs
 from guardd.record import RecordError, read_json, record_groups
 
-from . import __version__, reaper, requesters, spawn, store
+from . import __version__, reaper, requester_names, spawn, store
 from .keyctl import AdmissionHooks
 from .paths import StatePaths
 from .protocol import HolderInfo, ProtocolError, ReserveArgs, SendArgs, TurnArgs, parse_holder
@@ -918,7 +918,7 @@ class Manager:
             asking = self.turns.get(slot.get("turn") or "") or self.reservations.get(
                 slot.get("turn") or ""
             )
-            slot["requester"] = requesters.requester(asking.holder.pid) if asking else None
+            slot["requester"] = requester_names.requester(asking.holder.pid) if asking else None
         waits = []
         for waiter in self.queue.all():
             item = self.turns.get(waiter.id) or self.reservations[waiter.id]
@@ -929,7 +929,7 @@ class Manager:
                     "position": self.queue.position(waiter.id),
                     "since": waiter.requested_at,
                     "holder": item.holder.to_json(),
-                    "requester": requesters.requester(item.holder.pid),
+                    "requester": requester_names.requester(item.holder.pid),
                     "reservation": isinstance(item, Reservation),
                     "why": self.admission.why_waiting(waiter.key, self.queue.position(waiter.id)),
                 }

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from supervisor.admission import Admission, WaitReason
+from supervisor.admission_policy import Admission, WaitReason
 from supervisor.fairness import FifoOrdering, SessionOrdering, make_ordering, session_of
 from supervisor.pauses import PauseBook
 from supervisor.rates import Rate, RateTable, StartWindows, parse_rate
