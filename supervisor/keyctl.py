@@ -2,11 +2,14 @@
 and their file, runtime deadlines, and `[pause_on.<key>]`.
 
 The decisions are supervisor.admission_policy's (pure); this module applies them in the running
-supervisor. The manager calls the hooks of `AdmissionHooks` (a no-op base, so a manager without
-admission behaves as before): `hold`/`refused`/`granted` around each grant of a key's head,
-`after_grants` to set one timer for the next moment a hold ends, and `turn_started`,
-`turn_output`, `turn_exited`, `turn_finished` along a turn's life. The daemon calls `pause`,
-`resume`, `restore` and `retune` for the control commands, the bus and a reload.
+supervisor through the manager's seams: it is the manager's `Admission` (supervisor.admission:
+`refusal(item, now)` for the head of each key, before the slot gate), it makes the manager's wait
+queue (`make_queue`: the fairness), and it observes the ledger's events as they are emitted
+(`attach`): a grant counts in the key's rate window before the next head is asked; `started` sets
+the runtime deadline and the stderr watch; `stderr` chunks go to the pause_on scanner; `exited`
+checks pause_on's exit codes; a finished item drops its timers. One timer wakes the grants when a
+pause ends or a waiting key's rate window opens. The daemon calls `pause`, `resume`, `restore` and
+`retune` for the control commands, the bus and a reload; `views` asks `waits_why` and `keys_view`.
 
 Events: `key.<key>.paused {key, until, reason, by, since, id, changed}` when a pause starts or
 lasts longer, and once for each new request id (the answer to a bus `request.pause`);
@@ -32,18 +35,24 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from . import admission_state
+from .admission import Refusal
 from .admission_policy import Admission, AdmissionSettings, WaitReason, Why, WhyJSON
 from .fairness import Ordering, make_ordering, session_of
 from .pause_on import PauseRule, PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
-from .protocol import HolderInfo, PauseArgs, ResumeArgs
+from .protocol import PauseArgs, ResumeArgs
 from .rates import RateTable, StartWindows
 from .runtime_limits import RuntimeLimits
-from .turns import State, Turn
+from .turns import Item, State, Turn
 from .waits import WaitQueue
+
+if TYPE_CHECKING:
+    from .manager import Manager
+
+_GATE_WORDS = ("key_full", "machine_full", "low_memory", "unreadable")  # SlotGate.last_refusal
 
 log = logging.getLogger("ccsup.keyctl")
 
@@ -61,59 +70,25 @@ class KeyViewJSON(TypedDict):
     waiting: WhyJSON | None  # why the key's head waits
 
 
-class AdmissionHooks:
-    """What the manager asks at each grant and along a turn's life; this base admits everything."""
-
-    def hold(self, key: str) -> Why | None:
-        return None
-
-    def refused(self, key: str, refusal: str | None) -> None:
-        pass
-
-    def granted(self, key: str, item_id: str) -> None:
-        pass
-
-    def after_grants(self, queue: WaitQueue) -> None:
-        pass
-
-    def session_of(self, holder: HolderInfo, item_id: str) -> str:
-        return ""
-
-    def why_waiting(self, key: str, position: int | None) -> WhyJSON | None:
-        return None
-
-    def turn_started(self, turn: Turn) -> None:
-        pass
-
-    def turn_output(self, turn: Turn, stream: str, data: bytes) -> None:
-        pass
-
-    def turn_exited(self, turn: Turn) -> None:
-        pass
-
-    def turn_finished(self, item_id: str) -> None:
-        pass
-
-
-class KeyControl(AdmissionHooks):
+class KeyControl:
     def __init__(
         self,
         settings: AdmissionSettings,
         state_dir: Path,
         *,
         publish: Callable[[str, dict], None],
-        emit: Callable[[str, dict], None],
-        grant: Callable[[], None],
-        cancel: Callable[..., dict],
         clock: Callable[[], float],
     ):
         self.settings = settings
         self.path = admission_state.path_in(state_dir)
         self.publish = publish  # key.* events
-        self.emit = emit  # turn.<id>.* events, in order with the manager's
-        self.grant = grant
-        self.cancel = cancel
         self.clock = clock
+        # Set by attach(manager): the manager's ledger and commands.
+        self.emit: Callable[[str, dict], None] = publish  # turn.<id>.*, in order with the ledger's
+        self.grant: Callable[[], None] = lambda: None
+        self.cancel: Callable[..., dict] = lambda item_id, reason: {}
+        self.lookup: Callable[[str], Item | None] = lambda item_id: None
+        self.queue: WaitQueue | None = None
         self.policy = Admission(
             PauseBook(settings.max_pause), StartWindows(RateTable(settings.rates))
         )
@@ -125,11 +100,66 @@ class KeyControl(AdmissionHooks):
         self._wake_at: float | None = None
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._paused_by_turn: set[str] = set()
+        self._arm_soon = False
         self._granted_at: dict[str, float] = {}  # rate-limited grants not yet started
         self._waiting_keys: list[str] = []
 
     def ordering(self) -> Ordering:
         return make_ordering(self.settings.fairness)
+
+    def make_queue(self) -> WaitQueue:
+        """The manager's wait queue, ordered by `[slots] fairness`."""
+        self.queue = WaitQueue(self.ordering(), session_of=self._session_of)
+        return self.queue
+
+    def attach(self, manager: Manager) -> None:
+        """Follow the manager's ledger and use its commands (call once, before any request)."""
+        self.emit = manager.ledger.emit
+        self.grant = manager.grant_waiters
+        self.cancel = manager.cancel
+        self.lookup = manager.ledger.get
+        manager.ledger.observers.append(self._observe)
+        manager.ledger.on_finished.append(lambda item: self._finished(item.id))
+
+    def _session_of(self, item_id: str) -> str:
+        item = self.lookup(item_id)
+        if item is None:
+            return f"i:{item_id}"
+        return session_of(item.holder.session, item.holder.pid, item_id)
+
+    # -- the manager's Admission (supervisor.admission) ------------------------------------------
+
+    def refusal(self, item: Item, now: float) -> Refusal | None:
+        why = self.hold(item.key)
+        self._waiting_keys_changed()
+        return None if why is None else Refusal(why.reason.value, why.until)
+
+    def _observe(self, topic: str, body: dict) -> None:
+        """Every event the ledger emits (see attach): quick, and never emits itself."""
+        parts = topic.split(".")
+        if len(parts) != 3 or parts[0] != "turn":
+            return
+        kind = parts[2]
+        if kind == "stderr":
+            if self._scanner is not None and isinstance(body.get("data"), str):
+                self._scanner.feed(parts[1], body["data"].encode())
+            return
+        if kind not in ("granted", "started", "exited"):
+            return
+        item = self.lookup(parts[1])
+        if kind == "granted" and item is not None:
+            self.granted(item.key, item.id)
+            if self.queue is not None:
+                self.queue.ordering.granted(item.id)
+        elif isinstance(item, Turn) and kind == "started":
+            self.turn_started(item)
+        elif isinstance(item, Turn):
+            self.turn_exited(item)  # before its release: the key's next grant waits for pause_on
+
+    def _finished(self, item_id: str) -> None:
+        if self.queue is not None:
+            self.queue.ordering.removed(item_id)
+        self.turn_finished(item_id)
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -188,7 +218,10 @@ class KeyControl(AdmissionHooks):
         return problems
 
     def retune(self, settings: AdmissionSettings) -> None:
-        """A reload: new rates, limits, rules and max_pause (live pauses keep their ends)."""
+        """A reload: new rates, limits, rules, fairness and max_pause (live pauses keep their
+        ends; the waiters are ranked again, in their current order, by a new fairness)."""
+        if settings.fairness != self.settings.fairness and self.queue is not None:
+            self.queue.reorder(make_ordering(settings.fairness))
         self.settings = settings
         self.policy.pauses.max_pause = settings.max_pause
         self.policy.starts.retune(RateTable(settings.rates))
@@ -245,14 +278,23 @@ class KeyControl(AdmissionHooks):
             self._granted_at[item_id] = now
             self._save()  # the grants of the current window survive a restart
 
-    def after_grants(self, queue: WaitQueue) -> None:
-        self._waiting_keys = queue.keys_by_age()
+    def _waiting_keys_changed(self) -> None:
+        """After a refusal: re-arm the wake-up for the keys that wait (at the end of the round)."""
+        if not self._arm_soon:
+            self._arm_soon = True
+            asyncio.get_running_loop().call_soon(self._arm_now)
+
+    def _arm_now(self) -> None:
+        self._arm_soon = False
+        self._waiting_keys = self.queue.keys_by_age() if self.queue is not None else []
         self._arm()
 
-    def session_of(self, holder: HolderInfo, item_id: str) -> str:
-        return session_of(holder.session, holder.pid, item_id)
-
-    def why_waiting(self, key: str, position: int | None) -> WhyJSON | None:
+    def waits_why(self, key: str, position: int | None, gate: Refusal | None) -> WhyJSON | None:
+        """Why a waiter of `key` at `position` waits; `gate` is the manager's last refusal."""
+        if gate is not None and gate.reason in _GATE_WORDS:
+            self.policy.refused(key, gate.reason)
+        elif gate is None:
+            self.policy.forget(key)
         if position is not None and position > 1:
             return self.policy.behind(key, position).to_json()
         why = self.policy.why(key)
@@ -339,15 +381,11 @@ class KeyControl(AdmissionHooks):
             log.info("turn %s ran past its limit: stopping it", turn.id)
             self.cancel(turn.id, reason="timeout")
 
-    def turn_output(self, turn: Turn, stream: str, data: bytes) -> None:
-        if stream == "stderr" and self._scanner is not None:
-            self._scanner.feed(turn.id, data)
-
     def turn_exited(self, turn: Turn) -> None:
         if self._scanner is not None and self._scanner.finish(turn.id):
             self._checking[turn.key] += 1
         rule = self.rules.rule_for(turn.key)
-        code = (turn.exit or {}).get("code")
+        code = turn.exit["code"] if turn.exit is not None else None
         if rule is not None and code in rule.exit_codes:
             self._pause_for(turn.id, turn.key, rule, None, f"exit code {code}")
 

@@ -1,5 +1,5 @@
-"""The fair wait queue: per cap key, in the order of supervisor.fairness (default: oldest first,
-request time then id; with `fairness = "session"`, round-robin across sessions).
+"""The fair wait queue: per cap key, in the order of supervisor.fairness (by default oldest first,
+request time then id; with `[slots] fairness = "session"`, round-robin across sessions).
 
 A new request never jumps older waiters of its key, even when it sees a free slot: the caller
 grants only the head of a key. Keys are independent: a full key blocks only its own waiters.
@@ -7,30 +7,55 @@ grants only the head of a key. Keys are independent: a full key blocks only its 
 the oldest waiter of any key.
 
 In memory only; the daemon persists what it must. Knows ordering, nothing of slots or processes.
+The ordering is replaceable: the manager takes any `Queue` in its constructor (a fairness across
+sessions, say, orders each key's waiters differently behind the same methods).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .fairness import FifoOrdering, Ordering
 
 
 @dataclass(frozen=True, order=True)
 class Waiter:
-    rank: tuple  # supervisor.fairness: what the key's waiters are sorted by
+    rank: tuple  # supervisor.fairness: what a key's waiters are sorted by
     requested_at: float = field(compare=False)
     id: str = field(compare=False)
     key: str = field(compare=False)
     session: str = field(compare=False, default="")
 
 
+class Queue(Protocol):
+    """What the manager, the ledger and restore use of a wait queue."""
+
+    def __len__(self) -> int: ...
+    def __contains__(self, item_id: str) -> bool: ...
+    def add(self, key: str, item_id: str, requested_at: float) -> int: ...
+    def replace(self, old_id: str, new_id: str) -> None: ...
+    def remove(self, item_id: str) -> bool: ...
+    def head(self, key: str) -> str | None: ...
+    def position(self, item_id: str) -> int | None: ...
+    def keys_by_age(self) -> list[str]: ...
+    def all(self) -> list[Waiter]: ...
+
+
 class WaitQueue:
-    def __init__(self, ordering: Ordering | None = None) -> None:
+    def __init__(
+        self,
+        ordering: Ordering | None = None,
+        session_of: Callable[[str], str] | None = None,
+    ) -> None:
+        """`ordering` ranks each key's waiters (default FIFO); `session_of(item_id)` names the
+        session a waiter counts in (supervisor.fairness.session_of), asked when it is added."""
         self._by_key: dict[str, list[Waiter]] = {}
         self._by_id: dict[str, Waiter] = {}
         self.ordering: Ordering = ordering or FifoOrdering()
+        self.session_of = session_of or (lambda item_id: f"i:{item_id}")
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -38,16 +63,16 @@ class WaitQueue:
     def __contains__(self, item_id: str) -> bool:
         return item_id in self._by_id
 
-    def add(self, key: str, item_id: str, requested_at: float, session: str = "") -> int:
-        """Queue an item; returns its position (1 = next). `session`: see supervisor.fairness."""
+    def add(self, key: str, item_id: str, requested_at: float) -> int:
+        """Queue an item; returns its position (1 = next)."""
         if item_id in self._by_id:
             raise ValueError(f"{item_id} is already waiting")
-        session = session or f"i:{item_id}"
+        session = self.session_of(item_id)
         rank = self.ordering.rank(key, item_id, session, requested_at)
         waiter = Waiter(rank, requested_at, item_id, key, session)
         bisect.insort(self._by_key.setdefault(key, []), waiter)
         self._by_id[item_id] = waiter
-        return self.position(item_id)
+        return bisect.bisect_left(self._by_key[key], waiter) + 1
 
     def replace(self, old_id: str, new_id: str) -> None:
         """new_id takes old_id's place (a turn binding a reservation that still waits)."""
@@ -59,14 +84,10 @@ class WaitQueue:
         waiters.sort()
         self._by_id[new_id] = new
 
-    def remove(self, item_id: str, *, granted: bool = False) -> bool:
+    def remove(self, item_id: str) -> bool:
         waiter = self._by_id.pop(item_id, None)
         if waiter is None:
             return False
-        if granted:
-            self.ordering.granted(item_id)
-        else:
-            self.ordering.removed(item_id)
         waiters = self._by_key[waiter.key]
         waiters.remove(waiter)
         if not waiters:
@@ -95,10 +116,7 @@ class WaitQueue:
         waiters = self.all()
         self._by_key, self._by_id, self.ordering = {}, {}, ordering
         for w in waiters:
-            self.add(w.key, w.id, w.requested_at, w.session)
-
-    def waiting(self, key: str) -> list[Waiter]:
-        return list(self._by_key.get(key, ()))
+            self.add(w.key, w.id, w.requested_at)
 
     def all(self) -> list[Waiter]:
         """Every waiter, keys in order of their heads' age, each key oldest first."""
