@@ -293,3 +293,27 @@ def test_ccsup_pause_and_resume_from_the_shell(daemon, state_dir):
     resumed = ccsup("resume", "codex")
     assert resumed.returncode == 0 and resumed.stdout == "resumed codex\n"
     assert ccsup("resume", "codex").stdout == "codex was not paused\n"
+
+
+def test_session_fairness_gives_a_late_session_no_credit_for_rounds_it_missed(
+    daemon, event_log, state_dir
+):
+    d = daemon(caps="codex = 1", extra='fairness = "session"')
+    log = event_log(d)
+    go1, go2 = state_dir / "go1", state_dir / "go2"
+    a, b = {"session": "A"}, {"session": "B"}
+    with d.client() as client:
+        client.turn("codex", hold_until(go1), id="a1", holder=a)
+        client.turn("codex", hold_until(go2), id="a2", holder=a)
+        client.turn("codex", ["true"], id="a3", holder=a)
+        client.turn("codex", ["true"], id="a4", holder=a)
+        go1.touch()
+        log.wait_for("turn.a2.started")  # round 1 is being served when B arrives
+        client.turn("codex", ["true"], id="b1", holder=b)
+        client.turn("codex", ["true"], id="b2", holder=b)
+        assert [w["id"] for w in client.ps()["waits"]] == ["b1", "a3", "b2", "a4"]
+        go2.touch()
+        for turn_id in ("a3", "a4", "b1", "b2"):
+            log.wait_for(f"turn.{turn_id}.released")
+    ids = {"a1", "a2", "a3", "a4", "b1", "b2"}
+    assert granted_order(log, ids) == ["a1", "a2", "b1", "a3", "b2", "a4"]
