@@ -148,6 +148,8 @@ class KeyControl:
             return
         item = self.lookup(parts[1])
         if kind == "granted" and item is not None:
+            if isinstance(body.get("reservation"), str):
+                return  # a turn binding a held reservation: that grant was counted already
             self.granted(item.key, item.id)
             if self.queue is not None:
                 self.queue.ordering.granted(item.id)
