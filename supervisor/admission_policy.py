@@ -6,8 +6,7 @@ gate; everything that depends on time is decided here, before the gate is tried:
 gate) or a Why; `refused(key, refusal, now)` turns the gate's refusal into a Why; `granted(key, now)`
 counts the grant in the key's rate window. Only the head of a key's queue is ever asked: when it
 waits, everyone behind it waits too (`behind`), so a rate or a pause never lets a later waiter
-jump ahead. `next_wake(keys, now)` is the earliest moment a time-based hold of one of those keys
-ends, for the caller to set one timer instead of polling.
+jump ahead. A hold's Why says until when, for the caller to set a timer instead of polling.
 
 The Why of each key's head is kept (`why(key)`) so `ps` and `status` can say why each waiter
 waits and, where it can be known, from when a grant is possible: the end of a pause, the opening
@@ -134,15 +133,6 @@ class Admission:
         if head is not None:
             detail += f"; the head waits: {head.detail}"
         return Why(WaitReason.BEHIND, head.until if head else None, detail)
-
-    def next_wake(self, keys: list[str], now: float) -> float | None:
-        """The earliest time a pause or rate window of one of `keys` ends (None: no such hold)."""
-        times = []
-        for key in keys:
-            until = self.pauses.paused_until(key, now)
-            opens = self.starts.next_allowed(key, now)
-            times += [t for t in (until, opens) if t is not None]
-        return min(times, default=None)
 
     def note(self, key: str, why: Why) -> Why:
         """Remember why the head of `key` waits (for a hold decided by the caller)."""

@@ -34,6 +34,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
@@ -48,6 +49,7 @@ from .rates import RateTable, StartWindows
 from .runtime_limits import RuntimeLimits
 from .turns import Item, State, Turn
 from .waits import WaitQueue
+from .world import LoopTimers, Timer, Timers
 
 if TYPE_CHECKING:
     from .manager import Manager
@@ -78,11 +80,13 @@ class KeyControl:
         *,
         publish: Callable[[str, dict], None],
         clock: Callable[[], float],
+        timers: Timers | None = None,
     ):
         self.settings = settings
         self.path = admission_state.path_in(state_dir)
         self.publish = publish  # key.* events
         self.clock = clock
+        self.timers: Timers = timers or LoopTimers()  # a test gives its own (supervisor.world)
         # Set by attach(manager): the manager's ledger and commands.
         self.emit: Callable[[str, dict], None] = publish  # turn.<id>.*, in order with the ledger's
         self.grant: Callable[[], None] = lambda: None
@@ -96,13 +100,11 @@ class KeyControl:
         self.rules = PauseRules(settings.pause_on)
         self._scanner: StderrScanner | None = None
         self._checking: Counter[str] = Counter()  # key -> ended turns whose stderr is unscanned
-        self._wake: asyncio.TimerHandle | None = None
+        self._wake: Timer | None = None
         self._wake_at: float | None = None
-        self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        self._deadlines: dict[str, Timer] = {}
         self._paused_by_turn: set[str] = set()
-        self._arm_soon = False
         self._granted_at: dict[str, float] = {}  # rate-limited grants not yet started
-        self._waiting_keys: list[str] = []
 
     def ordering(self) -> Ordering:
         return make_ordering(self.settings.fairness)
@@ -131,8 +133,11 @@ class KeyControl:
 
     def refusal(self, item: Item, now: float) -> Refusal | None:
         why = self.hold(item.key)
-        self._waiting_keys_changed()
-        return None if why is None else Refusal(why.reason.value, why.until)
+        if why is None:
+            return None
+        if why.until is not None:
+            self._arm(why.until)  # the head is asked again when its hold ends
+        return Refusal(why.reason.value, why.until)
 
     def _observe(self, topic: str, body: dict) -> None:
         """Every event the ledger emits (see attach): quick, and never emits itself."""
@@ -280,17 +285,6 @@ class KeyControl:
             self._granted_at[item_id] = now
             self._save()  # the grants of the current window survive a restart
 
-    def _waiting_keys_changed(self) -> None:
-        """After a refusal: re-arm the wake-up for the keys that wait (at the end of the round)."""
-        if not self._arm_soon:
-            self._arm_soon = True
-            asyncio.get_running_loop().call_soon(self._arm_now)
-
-    def _arm_now(self) -> None:
-        self._arm_soon = False
-        self._waiting_keys = self.queue.keys_by_age() if self.queue is not None else []
-        self._arm()
-
     def waits_why(self, key: str, position: int | None, gate: Refusal | None) -> WhyJSON | None:
         """Why a waiter of `key` at `position` waits; `gate` is the manager's last refusal."""
         if gate is not None and gate.reason in _GATE_WORDS:
@@ -304,11 +298,14 @@ class KeyControl:
 
     # -- timers ----------------------------------------------------------------------------------
 
-    def _arm(self) -> None:
-        """One timer for the next moment a pause ends or a waiting key's rate window opens."""
+    def _arm(self, hold_ends: float | None = None) -> None:
+        """One timer for the next moment something may change: a pause ends (to announce it),
+        or the hold of a refused head ends (`hold_ends`: its pause or rate window). A timer set
+        for a later moment is brought forward, never put off."""
         now = self.clock()
-        times = [self.policy.pauses.next_expiry()]
-        times.append(self.policy.next_wake(self._waiting_keys, now))
+        times = [self.policy.pauses.next_expiry(), hold_ends]
+        if self._wake is not None:
+            times.append(self._wake_at)
         at = min((t for t in times if t is not None), default=None)
         if at == self._wake_at and self._wake is not None:
             return
@@ -317,7 +314,7 @@ class KeyControl:
             self._wake = None
         self._wake_at = at
         if at is not None:
-            self._wake = asyncio.get_running_loop().call_later(max(at - now, 0.0), self._on_wake)
+            self._wake = self.timers.call_later(max(at - now, 0.0), self._on_wake)
 
     def _on_wake(self) -> None:
         self._wake = None
@@ -328,7 +325,7 @@ class KeyControl:
             for pause in ended:
                 self.publish(f"key.{pause.key}.resumed", {"key": pause.key, "reason": "expired"})
         self.policy.starts.forget_old(self.clock())
-        self.grant()  # calls after_grants, which arms the next wake
+        self.grant()  # a head still held is refused again, which arms its own wake
         self._arm()
 
     def _save(self) -> None:
@@ -351,12 +348,13 @@ class KeyControl:
             self._save()
         deadline = self.limits.deadline(turn.key, turn.timeout, now)
         if deadline is not None:
-            loop = asyncio.get_running_loop()
 
             def warn() -> None:
                 self._expiring(turn, deadline.stop_at, deadline.limit, deadline.source)
 
-            self._deadlines[turn.id] = loop.call_later(max(deadline.warn_at - now, 0.0), warn)
+            self._deadlines[turn.id] = self.timers.call_later(
+                max(deadline.warn_at - now, 0.0), warn
+            )
         rule = self.rules.rule_for(turn.key)
         if rule is not None and rule.stderr is not None:
             if self._scanner is None:
@@ -373,8 +371,8 @@ class KeyControl:
             f"turn.{turn.id}.expiring",
             {"id": turn.id, "key": turn.key, "stop_at": stop_at, "limit": limit, "source": source},
         )
-        self._deadlines[turn.id] = asyncio.get_running_loop().call_later(
-            max(stop_at - self.clock(), 0.0), self._time_up, turn
+        self._deadlines[turn.id] = self.timers.call_later(
+            max(stop_at - self.clock(), 0.0), partial(self._time_up, turn)
         )
 
     def _time_up(self, turn: Turn) -> None:
