@@ -54,6 +54,11 @@ from .world import LoopTimers, Timer, Timers
 if TYPE_CHECKING:
     from .manager import Manager
 
+# A started turn's command runs a few milliseconds after its guard started (exec, the program's
+# own start): its grant is counted from its start plus this, so the starts the commands themselves
+# see keep the rate too, unless one lags its guard by more (a machine under heavy load).
+START_SLACK = 0.05
+
 _GATE_WORDS = ("key_full", "machine_full", "low_memory", "unreadable")  # SlotGate.last_refusal
 
 log = logging.getLogger("ccsup.keyctl")
@@ -344,7 +349,7 @@ class KeyControl:
         now = self.clock()
         granted_at = self._granted_at.pop(turn.id, None)
         if granted_at is not None:  # the rate window counts from when the work started
-            self.policy.starts.restamp(turn.key, granted_at, now)
+            self.policy.starts.restamp(turn.key, granted_at, now + START_SLACK)
             self._save()
         deadline = self.limits.deadline(turn.key, turn.timeout, now)
         if deadline is not None:

@@ -297,3 +297,44 @@ def test_a_grant_is_counted_from_when_its_work_started():
     assert windows.next_allowed("k", T0 + 5) == T0 + 11
     windows.restamp("k", T0 + 99, T0 + 100)  # unknown: nothing changes
     assert windows.next_allowed("k", T0 + 5) == T0 + 11
+
+
+# -- the configuration ----------------------------------------------------------------------------
+
+CONFIG_ERRORS = [
+    ('[slots]\nrates = { codex = "20/xx" }', "x:2: slots.rates.codex: 'xx' is not a duration"),
+    ('[slots]\nrates = { codex = "0/min" }', "x:2: slots.rates.codex: the count of rate"),
+    ('[slots]\nrates = { "bad key" = "1/s" }', 'x:2: slots.rates."bad key": bad cap key'),
+    ('[slots]\nfairness = "lottery"', 'x:2: slots.fairness: must be "fifo" or "session"'),
+    ('[slots]\nmax_pause = "-1s"', "x:2: slots.max_pause: '-1s' is not a duration"),
+    ("[slots]\nmax_runtime = { codex = 0 }", "x:2: slots.max_runtime.codex: a duration must be"),
+    ('[pause_on.codex]\nstderr = "("', "x:2: pause_on.codex.stderr: '(' is not a valid regular"),
+    ('[pause_on.codex]\nexit_codes = ["a"]', "x:2: pause_on.codex.exit_codes: must be a list"),
+    ("[pause_on.codex]\nbogus = 1", "x:2: pause_on.codex.bogus: unknown key"),
+    ("[pause_on.codex]\n", "x:1: pause_on.codex: needs `stderr` (a pattern) or `exit_codes`"),
+    ("pause_on = 3", "x:1: pause_on: must be a table of [pause_on.<key>] tables"),
+]
+
+
+@pytest.mark.parametrize("text, message", CONFIG_ERRORS)
+def test_admission_config_errors_name_the_key_and_line(text, message):
+    from supervisor import config
+    from supervisor.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        config.parse(text, "x")
+    assert message in str(err.value)
+
+
+def test_admission_config_defaults_and_values():
+    from supervisor import config
+
+    assert config.parse("", "x").admission.fairness == "fifo"
+    parsed = config.parse(
+        '[slots]\nrates = { opencode = "3/10s" }\nmax_pause = "10m"\nexpiring_notice = "5s"\n'
+        'fairness = "session"\n[pause_on.opencode]\nexit_codes = [75]\nfor = "2m"\n',
+        "x",
+    ).admission
+    assert (parsed.max_pause, parsed.expiring_notice, parsed.fairness) == (600.0, 5.0, "session")
+    assert RateTable(parsed.rates).rate_for("opencode:xai") == Rate(3, 10.0)
+    assert parsed.pause_on["opencode"].for_ == 120.0

@@ -15,8 +15,9 @@ from click.testing import CliRunner
 
 from supervisor import config as cfg
 from supervisor.caps import Caps
-from supervisor.cli_config import config_group
+from supervisor.cli.config import config_group
 from supervisor.errors import ConfigError
+from supervisor.rates import Rate
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = "/etc/x/ccsup.toml"
@@ -55,7 +56,7 @@ def problems_of(text: str, env=None) -> list[cfg.Problem]:
     ],
 )
 def test_parse_duration_accepts(value, seconds):
-    assert cfg.parse_duration(value, where="guard.grace") == seconds
+    assert cfg.duration(value, where="guard.grace") == seconds
 
 
 @pytest.mark.parametrize(
@@ -79,7 +80,7 @@ def test_parse_duration_accepts(value, seconds):
 )
 def test_parse_duration_refuses(value, reason):
     with pytest.raises(ConfigError) as info:
-        cfg.parse_duration(value, where="guard.grace")
+        cfg.duration(value, where="guard.grace")
     assert info.value.message.startswith("guard.grace: ")
     assert reason in info.value.message
 
@@ -105,7 +106,7 @@ def test_parse_duration_refuses(value, reason):
     ],
 )
 def test_parse_size_accepts(value, size):
-    assert cfg.parse_size(value, where="slots.min_free_memory") == size
+    assert cfg.size(value, where="slots.min_free_memory") == size
 
 
 @pytest.mark.parametrize(
@@ -124,7 +125,7 @@ def test_parse_size_accepts(value, size):
 )
 def test_parse_size_refuses(value, reason):
     with pytest.raises(ConfigError) as info:
-        cfg.parse_size(value, where="slots.min_free_memory")
+        cfg.size(value, where="slots.min_free_memory")
     assert info.value.message.startswith("slots.min_free_memory: ")
     assert reason in info.value.message
 
@@ -493,7 +494,7 @@ def test_endpoints_resolve_fills_defaults_in_the_state_dir(tmp_path):
 
 
 def test_embedded_default_is_the_commented_default_text():
-    # supervisor/default.toml is generated from config._SECTIONS; regenerate it with
+    # supervisor/default.toml is generated from config.SECTIONS; regenerate it with
     # .venv/bin/python -c "from supervisor import config; print(config.default_config_text(), end='')" > supervisor/default.toml
     assert cfg.embedded_text() == cfg.default_config_text()
     config = cfg.parse(cfg.default_config_text(), cfg.EMBEDDED_SOURCE)
@@ -520,7 +521,7 @@ def test_commented_examples_in_the_default_are_valid_when_uncommented():
     text = cfg.default_config_text()
     # Uncomment every example except the CURVE placeholders (they are not keys, on purpose).
     uncommented = re.sub(
-        r"^# ((?!\[endpoints\.curve\]|public_key|secret_key|client_keys|client_secret_key)(\[[a-z.]+\]|[a-z_]+ = .*))$",
+        r"^# ((?!\[endpoints\.curve\]|public_key|secret_key|client_keys|client_secret_key)(\[[a-z_.]+\]|[a-z_]+ = .*))$",
         r"\1",
         text,
         flags=re.M,
@@ -533,6 +534,14 @@ def test_commented_examples_in_the_default_are_valid_when_uncommented():
     )
     assert config.harness["codex"].command == ["codex", "app-server"]
     assert config.endpoints.control == "ipc:///run/user/1000/ccsup/control"
+    assert config.admission.rates["opencode:xai"] == Rate(3, 10.0)
+    assert config.admission.max_runtime == {"codex": 7200.0}
+    rule = config.admission.pause_on["codex"]
+    assert (rule.exit_codes, rule.for_, rule.stderr.pattern) == (
+        frozenset({75}),
+        60.0,
+        "(?i)rate.?limit|429",
+    )
 
 
 def test_example_conf_parses():
@@ -777,7 +786,7 @@ def test_init_path_option_and_unwritable_place(cli_env, tmp_path):
 
 
 def test_init_never_overwrites_a_file_that_appears_after_the_check(tmp_path, monkeypatch):
-    from supervisor import cli_config
+    from supervisor.cli import config as cli_config
     from supervisor.errors import CcsupError
 
     target = write(tmp_path / "c.toml", "# a racer's file\n")

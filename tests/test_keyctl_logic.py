@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from test_manager_logic import RUN, Harness, scenario  # noqa: F401 (the harness's fixtures)
 
 from guardd.procs import Identity
 from supervisor.admission_policy import AdmissionSettings
-from supervisor.keyctl import KeyControl
+from supervisor.keyctl import START_SLACK, KeyControl
 from supervisor.manager import Manager, Settings
 from supervisor.protocol import parse_pause, parse_resume
 from supervisor.rates import Rate
@@ -72,11 +74,16 @@ async def test_a_rate_admits_n_per_window_and_its_timer_admits_the_next(h):
     for i in range(4):
         h.turn(f"t{i}")
     assert [h.events(f"t{i}") == RUN for i in range(4)] == [True, True, False, False]
+    # counted from their start (plus START_SLACK for the commands' own exec), not their grant
+    opens = h.clock.now + 10 + START_SLACK
     assert h.manager.refused["codex"].reason == "rate"
-    assert h.manager.refused["codex"].until == h.clock.now + 10
+    assert h.manager.refused["codex"].until == opens
     h.clock.advance(10)
+    assert [h.events(f"t{i}") == RUN for i in range(4)] == [True, True, False, False]
+    h.clock.advance(START_SLACK)
     assert [h.events(f"t{i}") == RUN for i in range(4)] == [True, True, True, True]
-    assert keyctl.policy.starts.next_allowed("codex", h.clock.now) == h.clock.now + 10
+    next_allowed = keyctl.policy.starts.next_allowed("codex", h.clock.now)
+    assert next_allowed == pytest.approx(opens + START_SLACK + 10)
 
 
 @scenario(caps={"codex": 1})

@@ -17,30 +17,82 @@ for = "60s"                                    # or Retry-After: N from the matc
 
 Keys of `rates`, `max_runtime` and `pause_on` are cap keys or bare harness names (which then
 apply to each key of the harness not named itself). Every problem is reported with its dotted
-key and line by the config's checker. Knows these keys; the rest of the config is config.py's.
+key and line by the config's checker. The new `[slots]` keys are `SLOTS_KEYS`, added to
+`slots.SECTION` (so they are known and `config init` documents them); `[pause_on.<key>]` is
+`PAUSE_ON_SECTION`, a table of named tables as `[harness.<name>]` is.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from .admission_policy import AdmissionSettings
-from .caps import key_problem
-from .errors import ConfigError
-from .fairness import FAIRNESS
-from .pause_on import PauseRule
-from .pauses import DEFAULT_MAX_PAUSE
-from .rates import Rate, parse_rate
-from .runtime_limits import DEFAULT_EXPIRING_NOTICE
+from ..admission_policy import AdmissionSettings
+from ..caps import key_problem
+from ..errors import ConfigError
+from ..fairness import FAIRNESS
+from ..pause_on import PauseRule
+from ..pauses import DEFAULT_MAX_PAUSE
+from ..rates import Rate, parse_rate
+from ..runtime_limits import DEFAULT_EXPIRING_NOTICE
+from .schema import Check, Checker, Key, Section, Table, kind
+from .values import duration as parse_duration
 
-SLOTS_KEYS = frozenset({"max_pause", "rates", "max_runtime", "expiring_notice", "fairness"})
-PAUSE_ON_KEYS = frozenset({"stderr", "exit_codes", "for"})
 DEFAULT_PAUSE_ON_FOR = 60.0
 
+SLOTS_KEYS = (
+    Key(
+        "max_pause",
+        "1h",
+        "No pause of a key ends later than now + this (ccsup pause, request.pause, pause_on).",
+    ),
+    Key(
+        "rates",
+        {"codex": "20/min", "opencode:xai": "3/10s"},
+        'Start rates: at most N grants of the key in any window ("N/min", "N/10s"); a bare\n'
+        "harness name gives that rate to each of its keys not named itself.",
+        example=True,
+    ),
+    Key(
+        "max_runtime",
+        {"codex": "2h"},
+        "A turn of the key is stopped past this (as a cancel stops it; exited says\n"
+        'reason "timeout"); a turn\'s own `timeout` wins when smaller.',
+        example=True,
+    ),
+    Key(
+        "expiring_notice",
+        "1m",
+        "turn.<id>.expiring is published this long before a runtime limit stops the turn.",
+    ),
+    Key(
+        "fairness",
+        "fifo",
+        '"fifo": waiters in request order; "session": round-robin across the holders\'\n'
+        "sessions, FIFO within one.",
+    ),
+)
 
-def parse_admission(c: Any, top: dict, slots: dict, parse_duration: Any) -> AdmissionSettings:
-    """`c` is config's checker (add/run/table); `parse_duration(value, where=)` its durations."""
+PAUSE_ON_SECTION = Section(
+    ("pause_on", "*"),
+    "A turn of the key (or of every key of a bare harness name) whose stderr matches `stderr`,\n"
+    "or that exits with one of `exit_codes`, pauses its own key for `for` (or for the\n"
+    "`Retry-After: N` in its stderr).",
+    (
+        Key("stderr", "(?i)rate.?limit|429", "A regular expression (Python's).", example=True),
+        Key("exit_codes", [75], "Exit codes that pause the key.", example=True),
+        Key("for", "60s", "How long, when the stderr gives no Retry-After.", example=True),
+    ),
+    example=True,
+    example_name="codex",
+)
+
+
+def parse_admission(c: Checker, top: Table) -> AdmissionSettings:
+    """The admission keys of `[slots]` (whose table `parse_slots` already checked) and every
+    `[pause_on.<key>]`."""
+    slots = top.get("slots", {})
+    if not isinstance(slots, dict):
+        slots = {}  # reported by parse_slots
     max_pause = c.run(
         ("slots", "max_pause"), parse_duration, slots.get("max_pause", DEFAULT_MAX_PAUSE)
     )
@@ -68,11 +120,11 @@ def parse_admission(c: Any, top: dict, slots: dict, parse_duration: Any) -> Admi
         max_runtime=max_runtime,
         expiring_notice=notice or DEFAULT_EXPIRING_NOTICE,
         fairness=fairness,
-        pause_on=_pause_on(c, top, parse_duration),
+        pause_on=_pause_on(c, top),
     )
 
 
-def _key_table(c: Any, slots: dict, name: str, check: Any) -> dict:
+def _key_table(c: Checker, slots: Table, name: str, check: Check) -> dict:
     table = slots.get(name, {})
     if not isinstance(table, dict):
         c.add(("slots", name), "must be a table of key = value")
@@ -90,10 +142,10 @@ def _key_table(c: Any, slots: dict, name: str, check: Any) -> dict:
     return out
 
 
-def _pause_on(c: Any, top: dict, parse_duration: Any) -> dict[str, PauseRule]:
+def _pause_on(c: Checker, top: Table) -> dict[str, PauseRule]:
     section = top.get("pause_on", {})
     if not isinstance(section, dict):
-        c.add(("pause_on",), "must be a table of [pause_on.<key>] tables")
+        c.add(("pause_on",), f"must be a table of [pause_on.<key>] tables, not {kind(section)}")
         return {}
     rules = {}
     for key, raw in section.items():
@@ -102,7 +154,7 @@ def _pause_on(c: Any, top: dict, parse_duration: Any) -> dict[str, PauseRule]:
         if problem:
             c.add(path, f"bad cap key: {problem}")
             continue
-        table = c.table(section, path, set(PAUSE_ON_KEYS))
+        table = c.table(section, path, schema=PAUSE_ON_SECTION.path)
         if not isinstance(raw, dict):
             continue  # reported by c.table
         pattern = None

@@ -1,0 +1,319 @@
+"""`ccsup run`: one turn from the shell: wait for a slot, stream its output, exit with its status.
+
+Without --key: $CCSUP_KEY, else `default`. Its stdin is forwarded to the turn once it started, end
+of input included (supervisor.stdin_forward). Exit codes a script can tell apart are
+supervisor.run_exit's (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled by someone else, 65
+rejected, 125 guard lost). Ctrl-C cancels the turn and waits for its end; a second Ctrl-C stops
+waiting (exit 130).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import click
+
+from .options import key_option
+from .output import OutputFollower
+from .where import emit_json, where
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+WAIT_NOTICE = 0.25  # seconds a turn waits before `ccsup run` says so
+
+
+def env_option(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    env = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not name:
+            raise click.BadParameter(
+                f"{item!r}: write NAME=VALUE, or NAME to pass this shell's value"
+            )
+        if not sep:
+            if name not in os.environ:
+                raise click.BadParameter(f"{name!r} has no value here; write {name}=VALUE")
+            value = os.environ[name]
+        env[name] = value
+    return env
+
+
+def turn_exit_status(exited: dict | None) -> int:
+    """`ccsup run`'s status from a turn's `exited` event: CMD's code, 128+signal, 125 guard lost."""
+    from ..run_exit import command_status
+
+    return command_status(exited)
+
+
+def run_key_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """--key, else $CCSUP_KEY, else `default` (supervisor.run_exit.default_key)."""
+    if value is None:
+        from ..run_exit import default_key
+
+        value = default_key(os.environ)
+    return key_option(ctx, param, value)
+
+
+def timeout_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    from ..config.values import duration
+    from ..errors import UsageError
+
+    try:
+        return duration(value, where="--timeout")
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+
+
+def _run_epilog() -> str:
+    from ..run_exit import EXIT_CODES_HELP  # pure and tiny: no start-up cost
+
+    return EXIT_CODES_HELP
+
+
+@click.command(context_settings={"allow_interspersed_args": False}, epilog=_run_epilog())
+@click.option(
+    "--key",
+    callback=run_key_option,
+    help="The cap key, e.g. codex or opencode:xai (default: $CCSUP_KEY, else `default`).",
+)
+@click.option("--session", help="The holder's session label.")
+@click.option("--agent", help="The holder's agent label.")
+@click.option(
+    "--cwd", type=click.Path(file_okay=False), help="Working directory (default: this one)."
+)
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    callback=env_option,
+    metavar="NAME=VALUE",
+    help="Set a variable for the command (repeatable); NAME alone passes this shell's value.",
+)
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Give up after waiting this many seconds for a slot.",
+)
+@click.option(
+    "--timeout",
+    callback=timeout_option,
+    metavar="D",
+    help='Stop the turn after it ran this long ("30m", "90s"); it then exits 124.',
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the turn's events as JSON lines instead of its output.",
+)
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    key: str,
+    session: str | None,
+    agent: str | None,
+    cwd: str | None,
+    env: dict[str, str],
+    wait_timeout: float | None,
+    timeout: float | None,
+    as_json: bool,
+    cmd: tuple[str, ...],
+) -> None:
+    """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status.
+
+    This process's stdin is forwarded to CMD, end of input included."""
+    import uuid
+
+    from guardd.procs import start_ticks
+
+    holder: dict[str, int | str | None] = {"pid": os.getpid(), "start": start_ticks(os.getpid())}
+    if session:
+        holder["session"] = session
+    if agent:
+        holder["agent"] = agent
+    turn_id = uuid.uuid4().hex
+    with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
+        runner = _TurnRunner(client, turn_id, key, as_json)
+        runner.forward_stdin = where(ctx).client  # supervisor.stdin_forward, once started
+        with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
+            reply = client.turn_limited(
+                key,
+                list(cmd),
+                timeout=timeout,
+                id=turn_id,
+                cwd=os.path.abspath(cwd or os.getcwd()),
+                env=env or None,
+                holder=holder,
+                wait_timeout=wait_timeout,
+            )
+            if reply.get("state") == "queued":
+                runner.waiting(reply.get("position"))
+            code = runner.follow(sub, interrupts)
+    ctx.exit(code)
+
+
+class _rejected_exits:
+    """A turn request the supervisor refuses ends `ccsup run` with EXIT_REJECTED (65), saying why."""
+
+    def __init__(self, ctx: click.Context, turn_id: str):
+        self.ctx = ctx
+        self.turn_id = turn_id
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind, error, tb) -> None:
+        from ..client import RemoteError
+        from ..run_exit import EXIT_REJECTED
+
+        if isinstance(error, RemoteError) and error.code in ("bad_request", "conflict", "stopping"):
+            click.echo(f"ccsup: turn {self.turn_id} rejected: {error.message}", err=True)
+            self.ctx.exit(EXIT_REJECTED)
+
+
+class _sigint_queued:
+    """While inside: SIGINT only counts (the follow loop acts on it), as trio's handlers do."""
+
+    def __enter__(self) -> list[int]:
+        import signal
+
+        self.count: list[int] = []
+        self._old = signal.signal(signal.SIGINT, lambda signum, frame: self.count.append(signum))
+        return self.count
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        signal.signal(signal.SIGINT, self._old)
+
+
+class _TurnRunner:
+    """Follows one turn's events for `ccsup run` and works out its exit status."""
+
+    def __init__(self, client: Client, turn_id: str, key: str, as_json: bool):
+        self.client = client
+        self.turn_id = turn_id
+        self.key = key
+        self.as_json = as_json
+        self.exited: dict | None = None
+        self.stop_reason: str | None = None  # of its `stopping` event
+        self.interrupted = False  # Ctrl-C cancelled it from here
+        # a Client factory: forward our stdin once the turn started (supervisor.stdin_forward)
+        self.forward_stdin: Callable[..., Client] | None = None
+        self._shown_position = None
+        self._waiting: tuple | None = None
+        self.granted = False
+        paths = client.paths
+        self.outputs = {
+            stream: OutputFollower(paths.output_log(turn_id, stream), getattr(sys, stream).buffer)
+            for stream in ("stdout", "stderr")
+        }
+
+    def waiting(self, position) -> None:
+        """Note that the turn waits; said on stderr only if it still waits WAIT_NOTICE s later
+        (every turn passes through `queued`, and a free slot grants it at once)."""
+        if not self.granted:
+            self._waiting = (position, time.monotonic())
+
+    def _show_waiting(self) -> None:
+        if self._waiting is None or self.granted or self.as_json:
+            return
+        position, since = self._waiting
+        if position == self._shown_position or time.monotonic() - since < WAIT_NOTICE:
+            return
+        self._shown_position = position
+        where = f" (position {position})" if position is not None else ""
+        click.echo(f"ccsup: waiting for a slot of {self.key}{where}", err=True)
+
+    def follow(self, sub, interrupts: list[int]) -> int:
+        from ..client import RemoteError
+
+        cancel_sent = False
+        quiet_since = time.monotonic()
+        while True:
+            if interrupts and not cancel_sent:
+                cancel_sent = True
+                self.interrupted = True
+                click.echo(
+                    f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)",
+                    err=True,
+                )
+                try:
+                    self.client.cancel(self.turn_id)
+                except RemoteError as e:
+                    click.echo(
+                        f"ccsup: unable to cancel turn {self.turn_id}: {e.message}", err=True
+                    )
+            if len(interrupts) >= 2:
+                click.echo(
+                    f"ccsup: turn {self.turn_id} is still being stopped; not waiting for it",
+                    err=True,
+                )
+                return 130
+            event = sub.recv(0.1)
+            self._show_waiting()
+            if event is None:
+                if time.monotonic() - quiet_since > 1.0:
+                    self.client.check_running()  # NotRunning ends the wait: no terminal event will come
+                    quiet_since = time.monotonic()
+                continue
+            quiet_since = time.monotonic()
+            done = self.on_event(*event)
+            if done is not None:
+                return done
+
+    def on_event(self, topic: str, body: dict) -> int | None:
+        from ..subscription import is_terminal
+
+        kind = topic.rsplit(".", 1)[-1]
+        if self.as_json:
+            emit_json({"topic": topic, "body": body})
+        if kind in ("stdout", "stderr"):
+            if not self.as_json:
+                self.outputs[kind].on_event(body)
+        elif kind == "queued":
+            self.waiting(body.get("position"))
+        elif kind in ("granted", "started"):
+            self.granted = True
+            if kind == "started" and self.forward_stdin is not None:
+                from ..stdin_forward import StdinForwarder
+
+                StdinForwarder(self.forward_stdin, self.turn_id).start()
+                self.forward_stdin = None
+        elif kind == "stopping":
+            self.stop_reason = body.get("reason")
+        elif kind == "exited":
+            self.exited = body
+        if not is_terminal(topic):
+            return None
+        if not self.as_json:
+            for follower in self.outputs.values():
+                follower.drain()
+                follower.close()
+        from ..run_exit import run_exit_status
+
+        if kind == "released":
+            if self.exited is None and not self.as_json:
+                click.echo(
+                    f"ccsup: turn {self.turn_id} was released without an exit status", err=True
+                )
+            elif self.stop_reason and not self.as_json:
+                click.echo(f"ccsup: turn {self.turn_id} stopped: {self.stop_reason}", err=True)
+        elif not self.as_json:
+            click.echo(
+                f"ccsup: turn {self.turn_id} {kind}: {body.get('reason') or 'no reason given'}",
+                err=True,
+            )
+        return run_exit_status(
+            kind, body, self.exited, self.stop_reason, interrupted=self.interrupted
+        )
