@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from test_manager_logic import RUN, Harness, scenario  # noqa: F401 (the harness's fixtures)
 
 from guardd.procs import Identity
