@@ -437,11 +437,32 @@ class Client:
         for_: float | None = None,
         until: float | None = None,
         reason: str | None = None,
-    ) -> Subscription:
-        """Publish `request.pause` on the bus (as a sidecar that saw a 429 does); the returned
-        subscription's first event is `key.<key>.paused` (a repeated id is answered once)."""
+    ) -> dict:
+        """Publish `request.pause` on the bus (as a sidecar that saw a 429 does), re-sent (it is
+        idempotent by id) until the supervisor's answer for this id, `key.<key>.paused`, arrives;
+        returns that event's body. Another client's pause of the key is not taken for ours."""
         body = _pause_args(key, for_, until, reason, id)
-        return self.publish_request("pause", body, prefix=f"key.{key}.paused")
+        frames = [
+            b"request.pause",
+            protocol.dumps({"v": protocol.VERSION, "ts": time.time(), **body}),
+        ]
+        with self.subscribe([f"key.{key}.paused"]) as sub:
+            pub = self._socket(zmq.PUB, self.bus_in_endpoint)
+            try:
+                deadline = time.monotonic() + self.timeout
+                interval = 0.02
+                while time.monotonic() < deadline:
+                    pub.send_multipart(frames)
+                    until_next = time.monotonic() + interval
+                    while (left := until_next - time.monotonic()) > 0:
+                        event = sub.recv(left)
+                        if event is not None and event[1].get("id") == id:
+                            return event[1]
+                    interval = min(interval * 2, 0.5)
+            finally:
+                pub.close()
+        self.check_running()
+        raise CcsupError(f"no event answered request.pause {id!r} on {self.state_dir}")
 
 
 def _pause_args(key, for_, until, reason, id) -> dict:

@@ -317,3 +317,14 @@ def test_session_fairness_gives_a_late_session_no_credit_for_rounds_it_missed(
             log.wait_for(f"turn.{turn_id}.released")
     ids = {"a1", "a2", "a3", "a4", "b1", "b2"}
     assert granted_order(log, ids) == ["a1", "a2", "b1", "a3", "b2", "a4"]
+
+
+def test_the_python_client_publishes_a_pause_and_gets_its_own_answer(daemon):
+    d = daemon(caps="codex = 1")
+    with d.client() as client:
+        client.pause("codex", for_=60, reason="someone else's")
+        answer = client.publish_pause("codex", id="mine", for_=5, reason="429")
+        assert answer["id"] == "mine" and answer["changed"] is False
+        assert answer["reason"] == "someone else's"  # the key stays paused by the longer pause
+        longer = client.publish_pause("codex", id="longer", for_=120, reason="429")
+        assert longer["changed"] and longer["reason"] == "429" and longer["by"] == "bus"
