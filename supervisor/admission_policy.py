@@ -102,18 +102,11 @@ class Admission:
         return None
 
     def refused(self, key: str, refusal: str | None, free_by: float | None = None) -> Why:
-        """The gate refused the head of `key` (`SlotGate.last_refusal`)."""
-        reason = _REFUSALS.get(refusal or "key_full", WaitReason.KEY_FULL)
-        detail = {
-            WaitReason.KEY_FULL: "every slot of the key is taken",
-            WaitReason.MACHINE_CAP: "the machine cap is reached",
-            WaitReason.MEMORY_FLOOR: "free memory is below min_free_memory",
-            WaitReason.UNREADABLE: "a slot record cannot be read (it counts as taken)",
-        }[reason]
-        until = free_by if reason is WaitReason.KEY_FULL else None
-        return self._note(key, Why(reason, until, detail))
+        """The gate refused the head of `key` (`SlotGate.last_refusal`): noted, and returned."""
+        return self._note(key, gate_why(refusal, free_by))
 
     def granted(self, key: str, now: float) -> None:
+
         self.starts.record(key, now)
         self._why.pop(key, None)
 
@@ -125,9 +118,10 @@ class Admission:
         """Why the head of `key` waited at its last try (None: not tried, or granted)."""
         return self._why.get(key)
 
-    def behind(self, key: str, position: int) -> Why:
-        """Why a waiter at `position` (> 1) waits: the ones ahead, and no sooner than the head."""
-        head = self._why.get(key)
+    def behind(self, key: str, position: int, head: Why | None = None) -> Why:
+        """Why a waiter at `position` (> 1) waits: the ones ahead, and no sooner than the head
+        (whose Why is `head`, else the one noted for the key)."""
+        head = head if head is not None else self._why.get(key)
         ahead = position - 1
         detail = f"{ahead} waiter{'s' if ahead != 1 else ''} of the key ahead"
         if head is not None:
@@ -141,3 +135,15 @@ class Admission:
     def _note(self, key: str, why: Why) -> Why:
         self._why[key] = why
         return why
+
+
+def gate_why(refusal: str | None, free_by: float | None = None) -> Why:
+    """Why a head waits when the slot gate refused it (`SlotGate.last_refusal`'s word)."""
+    reason = _REFUSALS.get(refusal or "key_full", WaitReason.KEY_FULL)
+    detail = {
+        WaitReason.KEY_FULL: "every slot of the key is taken",
+        WaitReason.MACHINE_CAP: "the machine cap is reached",
+        WaitReason.MEMORY_FLOOR: "free memory is below min_free_memory",
+        WaitReason.UNREADABLE: "a slot record cannot be read (it counts as taken)",
+    }[reason]
+    return Why(reason, free_by if reason is WaitReason.KEY_FULL else None, detail)

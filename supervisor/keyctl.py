@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, TypedDict, cast
 
 from . import admission_state
 from .admission import Refusal
-from .admission_policy import Admission, AdmissionSettings, WaitReason, Why, WhyJSON
+from .admission_policy import Admission, AdmissionSettings, WaitReason, Why, WhyJSON, gate_why
 from .fairness import Ordering, make_ordering, session_of
 from .pause_on import PauseRule, PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
@@ -280,9 +280,6 @@ class KeyControl:
             return self.policy.note(key, Why(WaitReason.CHECKING_OUTPUT, None, detail))
         return self.policy.hold(key, self.clock())
 
-    def refused(self, key: str, refusal: str | None) -> None:
-        self.policy.refused(key, refusal)
-
     def granted(self, key: str, item_id: str) -> None:
         now = self.clock()
         self.policy.granted(key, now)
@@ -291,15 +288,17 @@ class KeyControl:
             self._save()  # the grants of the current window survive a restart
 
     def waits_why(self, key: str, position: int | None, gate: Refusal | None) -> WhyJSON | None:
-        """Why a waiter of `key` at `position` waits; `gate` is the manager's last refusal."""
-        if gate is not None and gate.reason in _GATE_WORDS:
-            self.policy.refused(key, gate.reason)
-        elif gate is None:
-            self.policy.forget(key)
+        """Why a waiter of `key` at `position` waits; `gate` is the manager's last refusal of the
+        key's head (the gate's word, or one of this policy's holds). Changes nothing."""
+        if gate is None:
+            head = None  # not refused at the last round: it is being granted
+        elif gate.reason in _GATE_WORDS:
+            head = gate_why(gate.reason)
+        else:
+            head = self.policy.why(key)
         if position is not None and position > 1:
-            return self.policy.behind(key, position).to_json()
-        why = self.policy.why(key)
-        return why.to_json() if why else None
+            return self.policy.behind(key, position, head).to_json()
+        return head.to_json() if head else None
 
     # -- timers ----------------------------------------------------------------------------------
 

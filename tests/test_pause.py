@@ -189,7 +189,10 @@ def test_session_fairness_grants_a_second_session_before_the_third_of_the_first(
         client.turn("codex", ["true"], id="a2", holder=a)
         client.turn("codex", ["true"], id="a3", holder=a)
         client.turn("codex", ["true"], id="b1", holder={"session": "person"})
-        assert [w["id"] for w in client.ps()["waits"]] == ["b1", "a2", "a3"]
+        waits = client.ps()["waits"]
+        assert [w["id"] for w in waits] == ["b1", "a2", "a3"]
+        assert [w["why"]["reason"] for w in waits] == ["key_full", "behind", "behind"]
+        assert waits[2]["why"]["detail"].startswith("2 waiters of the key ahead; the head waits")
         go.touch()
         for turn_id in ("a2", "a3", "b1"):
             log.wait_for(f"turn.{turn_id}.released")
