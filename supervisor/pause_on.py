@@ -249,7 +249,11 @@ class StderrScanner:
                 tail = watch.tail
             text = tail + b"".join(chunks).decode("utf-8", errors="replace")
             refine = watch.matched
-            answer = self._matcher.search(RETRY_AFTER if refine else watch.pattern, text)
+            try:
+                answer = self._matcher.search(RETRY_AFTER if refine else watch.pattern, text)
+            except Exception:  # noqa: BLE001 - a bug here must not leave a key waiting forever
+                log.exception("turn %s: the pause_on search failed; no match", turn_id)
+                answer = None
             if answer is None and not refine:
                 log.warning(
                     "turn %s: the pause_on pattern %r took over %gs on its stderr; no match",
