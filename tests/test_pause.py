@@ -151,7 +151,10 @@ def test_a_turn_past_its_timeout_is_stopped_with_all_it_started_after_expiring(
     d = daemon(caps="codex = 1", extra='expiring_notice = "500ms"')
     log = event_log(d)
     pids = state_dir / "pids"
-    script = f"sleep 300 & echo $! >> {pids}; (setsid sleep 300 &); echo $$ >> {pids}; wait"
+    script = (
+        f"sleep 300 & echo $! >> {pids}; "
+        f"(setsid sh -c 'echo $$ >> {pids}; exec sleep 300' &); echo $$ >> {pids}; wait"
+    )
     with d.client() as client:
         client.call("turn", key="codex", argv=["sh", "-c", script], id="slow", timeout=1.5)
         expiring = log.wait_for("turn.slow.expiring")
@@ -162,8 +165,10 @@ def test_a_turn_past_its_timeout_is_stopped_with_all_it_started_after_expiring(
     topics = log.topics("turn.slow.")
     assert topics.index("turn.slow.expiring") < topics.index("turn.slow.stopping")
     assert log.find("turn.slow.stopping")[0]["reason"] == "timeout"
-    for pid in map(int, pids.read_text().split()):
-        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read()
+    recorded = list(map(int, pids.read_text().split()))
+    assert len(recorded) == 3  # the shell, its child, and a setsid grandchild in its own session
+    for pid in recorded:
+        assert not os.path.exists(f"/proc/{pid}") or ") Z " in open(f"/proc/{pid}/stat").read()
 
 
 def test_max_runtime_of_the_bare_harness_applies_when_smaller(daemon, event_log):
