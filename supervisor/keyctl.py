@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
@@ -244,21 +244,23 @@ class KeyControl:
     def paused_keys(self) -> list[PauseJSON]:
         return [p.to_json() for p in self.policy.pauses.active(self.clock())]
 
-    def keys_view(self, keys: list[str]) -> list[KeyViewJSON]:
-        """Every key that is paused, rate-held or has waiters, for ps and status."""
+    def keys_view(self, keys: list[str], refused: Mapping[str, Refusal]) -> list[KeyViewJSON]:
+        """Every key that is paused, rate-held or has waiters (`keys`), for ps and status;
+        `refused` is the manager's last refusal of each key's head."""
         now = self.clock()
         names = set(keys) | {p.key for p in self.policy.pauses.active(now)}
-        names |= set(self.policy.starts.to_json())
+        names |= {
+            k for k in self.policy.starts.to_json() if self.policy.starts.next_allowed(k, now)
+        }
         view: list[KeyViewJSON] = []
         for key in sorted(names):
             pause = self.policy.pauses.covering(key, now)
-            why = self.policy.why(key) if key in keys else None
             view.append(
                 {
                     "key": key,
                     "paused": pause.to_json() if pause else None,
                     "next_grant": self.policy.starts.next_allowed(key, now),
-                    "waiting": why.to_json() if why else None,
+                    "waiting": self.waits_why(key, 1, refused.get(key)) if key in keys else None,
                 }
             )
         return view

@@ -48,7 +48,7 @@ def _why(manager: Manager, key: str, position: int | None) -> Any:
 def _keys(manager: Manager) -> list[Any]:
     """Paused keys, rate windows and why each key's head waits (supervisor.keyctl)."""
     keys_view = getattr(manager.admission, "keys_view", None)
-    return keys_view(manager.queue.keys_by_age()) if keys_view else []
+    return keys_view(manager.queue.keys_by_age(), manager.refused) if keys_view else []
 
 
 def status(manager: Manager) -> dict[str, Any]:
