@@ -336,3 +336,23 @@ def test_the_python_client_publishes_a_pause_and_gets_its_own_answer(daemon):
         assert answer["reason"] == "someone else's"  # the key stays paused by the longer pause
         longer = client.publish_pause("codex", id="longer", for_=120, reason="429")
         assert longer["changed"] and longer["reason"] == "429" and longer["by"] == "bus"
+
+
+def test_the_current_rate_window_survives_a_restart(daemon, event_log):
+    d = daemon(caps="codex = 2", extra='rates = { codex = "2/30s" }')
+    log = event_log(d)
+    with d.client() as client:
+        for i in range(2):
+            client.turn("codex", ["true"], id=f"w{i}")
+        for i in range(2):
+            log.wait_for(f"turn.w{i}.released")
+        before = client.ps()["keys"]
+    assert [k["key"] for k in before] == ["codex"] and before[0]["next_grant"] is not None
+    assert d.stop() == 0
+    d.start()
+    with d.client() as client:
+        client.turn("codex", ["true"], id="after")
+        ps = client.ps()
+        assert ps["waits"][0]["why"]["reason"] == "rate"
+        assert ps["waits"][0]["why"]["until"] == before[0]["next_grant"]
+        client.cancel("after")
