@@ -183,3 +183,25 @@ def test_the_exit_codes_are_in_the_help_and_the_readme():
 )
 def test_run_exit_status_table(kind, body, exited, stop, interrupted, status):
     assert run_exit_status(kind, body, exited, stop, interrupted=interrupted) == status
+
+
+def test_run_says_why_it_waits_when_the_key_is_paused(env):
+    subprocess.run(
+        [*CCSUP, "pause", "codex", "--for", "60s", "--reason", "429"], env=env, check=True
+    )
+    proc = subprocess.Popen(
+        [*CCSUP, "run", "--key", "codex", "--", "true"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr.readline() == "ccsup: waiting for a slot of codex (position 1)\n"
+        assert proc.stderr.readline().startswith("ccsup: codex: paused: 429 (until ")
+        subprocess.run([*CCSUP, "resume", "codex"], env=env, check=True, capture_output=True)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -234,6 +234,23 @@ class _TurnRunner:
         self._shown_position = position
         where = f" (position {position})" if position is not None else ""
         click.echo(f"ccsup: waiting for a slot of {self.key}{where}", err=True)
+        why = self._why()
+        if why and why.get("reason") != "key_full" and "slot of the key" not in why["detail"]:
+            from .keys import clock_time
+
+            until = f" (until {clock_time(why['until'])})" if why.get("until") else ""
+            click.echo(f"ccsup: {self.key}: {why['detail']}{until}", err=True)
+
+    def _why(self) -> dict | None:
+        """Why this turn waits, as ps says (a pause, a rate window, the machine cap...)."""
+        from ..errors import CcsupError
+
+        try:
+            waits = self.client.ps().get("waits", [])
+        except CcsupError:
+            return None
+        mine = [w.get("why") for w in waits if w.get("id") == self.turn_id]
+        return mine[0] if mine and isinstance(mine[0], dict) else None
 
     def follow(self, sub, interrupts: list[int]) -> int:
         from ..client import RemoteError
