@@ -368,6 +368,16 @@ export class Sidecar {
   // -- admission: pause and resume a key ------------------------------------------------------
 
   /**
+   * `turn` with a runtime limit: the turn is stopped after `timeout` seconds of running (or the
+   * key's [slots] max_runtime when smaller); `turn.<id>.expiring` comes first, and its `exited`
+   * says `reason: "timeout"`.
+   */
+  turnWithTimeout({ timeout, key, argv, id = newId(), cwd, env, holder = this.holder, reservation, waitTimeout } = {}) {
+    const body = compact({ id, key, argv, cwd, env, holder, reservation, wait_timeout: waitTimeout, timeout });
+    return this._request("turn", body, this._follow(id));
+  }
+
+  /**
    * Pause a key (a bare harness name pauses all its keys) for `seconds` or until `until` (epoch
    * seconds), through the control socket. Resolves with the key's pause: {key, until, reason, by,
    * since, changed, capped}; the supervisor caps the end at now + [slots] max_pause.

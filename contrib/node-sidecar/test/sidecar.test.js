@@ -228,3 +228,12 @@ test("the example sidecar pauses its key on a harness 429 for its Retry-After", 
   assert.equal(ps.keys.find((k) => k.key === "solo").paused.until, pause.until);
   await sidecar.resume({ key: "solo" });
 });
+
+test("a turn with a timeout is warned, then stopped with reason timeout", { timeout: 30000 }, async () => {
+  const turn = await sidecar.turnWithTimeout({ key: "solo", argv: ["sleep", "30"], timeout: 0.5 });
+  const events = await collect(turn);
+  const kinds = events.map((e) => e.kind);
+  assert.ok(kinds.indexOf("expiring") < kinds.indexOf("stopping"), kinds.join(","));
+  assert.equal(events.find((e) => e.kind === "exited").body.reason, "timeout");
+  assert.equal(kinds.at(-1), "released");
+});
