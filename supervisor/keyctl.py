@@ -137,7 +137,7 @@ class KeyControl:
     # -- the manager's Admission (supervisor.admission) ------------------------------------------
 
     def refusal(self, item: Item, now: float) -> Refusal | None:
-        why = self.hold(item.key)
+        why = self.hold(item.key, now)
         if why is None:
             return None
         if why.until is not None:
@@ -276,11 +276,12 @@ class KeyControl:
 
     # -- hooks of the grant ----------------------------------------------------------------------
 
-    def hold(self, key: str) -> Why | None:
+    def hold(self, key: str, now: float) -> Why | None:
+        """Why the head of `key` may not be granted at `now` (None: ask the gate)."""
         if self._checking[key]:
             detail = "the stderr of an ended turn is being checked against pause_on"
             return self.policy.note(key, Why(WaitReason.CHECKING_OUTPUT, None, detail))
-        return self.policy.hold(key, self.clock())
+        return self.policy.hold(key, now)
 
     def granted(self, key: str, item_id: str) -> None:
         now = self.clock()
