@@ -289,6 +289,8 @@ class Endings:
         )
         if outcome is None:
             return
+        if turn.stop_reason == "timeout" and outcome["reason"] is None:
+            outcome = {**outcome, "reason": "timeout"}  # stopped at its runtime limit (keyctl)
         if turn.guard is not None:
             turn.guard.drain()  # output first, then the outcome
         turn.exit = outcome

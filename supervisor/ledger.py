@@ -67,6 +67,10 @@ class Ledger:
         self.deadlines: dict[str, float] = {}  # wait deadlines (epoch), for queue.json
         self.lost_running: list[dict[str, str]] = []  # a dead supervisor's turns not yet gone
         self.on_finished: list[Callable[[Item], None]] = []
+        # Called with every event as it is emitted (before the batch is saved and published), so
+        # an observer (supervisor.keyctl: rate windows, runtime limits, pause_on) sees a grant
+        # before the next head is considered. An observer must be quick and must not emit.
+        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
         self.idle = asyncio.Event()
         self.idle.set()
         self._timers: dict[str, Timer] = {}
@@ -102,6 +106,8 @@ class Ledger:
 
     def emit(self, topic: str, body: dict[str, Any]) -> None:
         self._pending.append((topic, body))
+        for observe in self.observers:
+            observe(topic, body)
         if not self._batch_depth:
             self._flush()
 

@@ -144,6 +144,7 @@ class Manager:
             requested_at=self.clock(),
             wait_timeout=args.wait_timeout,
             reservation=args.reservation,
+            timeout=args.timeout,
         )
         self.ledger.add(turn)
         if reservation is not None and reservation.state is State.GRANTED:
@@ -301,7 +302,8 @@ class Manager:
             raise ProtocolError(
                 "failed", f"unable to write to the stdin of turn {args.id}: {e}"
             ) from None
-        return {"id": args.id, "written": written}
+        # `pending`: what the turn's pipe has not taken yet, so a writer can hold back
+        return {"id": args.id, "written": written, "pending": turn.guard.stdin_pending}
 
     def on_guard_hint(self, topic: str, body: dict[str, Any]) -> None:
         parts = topic.split(".")
@@ -334,6 +336,10 @@ class Manager:
                         break
                     self.refused.pop(key, None)
                     if not self._grant(item):
+                        # the gate's word ("key_full", "machine_full", ...) for why the key waits
+                        self.refused[key] = Refusal(
+                            getattr(self.gate, "last_refusal", None) or "key_full"
+                        )
                         break
                     if isinstance(item, Turn):
                         granted.append(item)

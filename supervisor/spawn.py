@@ -171,6 +171,11 @@ class GuardProcess:
         if log is not None:
             log.close()
 
+    @property
+    def stdin_pending(self) -> int:
+        """Bytes sent to CMD's stdin that the pipe has not taken yet (a writer's back-pressure)."""
+        return len(self._stdin_buffer)
+
     def write_stdin(self, data: bytes, eof: bool = False) -> int:
         """Queue data for CMD's stdin (written as the pipe takes it); eof closes it after."""
         if self._stdin_eof or self.stdin.closed:

@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from ..admission_policy import AdmissionSettings
 from ..caps import Caps
-from . import endpoints, guard, harness, slots, top
+from . import admission, endpoints, guard, harness, slots, top
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -93,6 +94,7 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.SECTION,
     endpoints.CURVE_SECTION,
     harness.SECTION,
+    admission.PAUSE_ON_SECTION,
 )
 
 
@@ -106,6 +108,7 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -124,6 +127,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     guard_settings = guard.parse_guard(c, table)
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
+    admission_settings = admission.parse_admission(c, table)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -146,6 +150,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=guard_settings.scan,
         endpoints=endpoint_settings,
         harness=harnesses,
+        admission=admission_settings,
     )
 
 
