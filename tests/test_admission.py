@@ -338,3 +338,38 @@ def test_admission_config_defaults_and_values():
     assert (parsed.max_pause, parsed.expiring_notice, parsed.fairness) == (600.0, 5.0, "session")
     assert RateTable(parsed.rates).rate_for("opencode:xai") == Rate(3, 10.0)
     assert parsed.pause_on["opencode"].for_ == 120.0
+
+
+# -- the protocol's additions ---------------------------------------------------------------------
+
+
+def test_pause_and_resume_requests_parse_and_refuse_exactly():
+    from supervisor.protocol import ProtocolError, parse_pause, parse_resume, parse_send
+
+    args = parse_pause({"id": "p1", "key": "opencode", "for": 90, "reason": "429", "v": 1})
+    assert (args.id, args.key, args.for_, args.until, args.reason, args.by) == (
+        "p1", "opencode", 90.0, None, "429", None
+    )  # fmt: skip
+    assert args.end(T0) == T0 + 90
+    assert parse_pause({"key": "codex", "until": T0}).end(0.0) == T0
+    assert parse_resume({"key": "codex:o3"}).key == "codex:o3"
+    for bad, message in [
+        ({"key": "codex"}, "exactly one of 'for'"),
+        ({"key": "codex", "for": 1, "until": T0}, "exactly one of 'for'"),
+        ({"key": "codex", "for": 0}, "'for' must be above 0"),
+        ({"key": "codex", "for": True}, "'for' must be a number"),
+        ({"key": "codex", "until": "tomorrow"}, "'until' must be a time"),
+        ({"key": "_machine", "for": 1}, "reserved"),
+        ({"key": "codex", "for": 1, "bogus": 1}, "unknown field 'bogus'"),
+        ({"key": "codex", "for": 1, "id": "a/b"}, "'id' must be"),
+    ]:
+        with pytest.raises(ProtocolError, match=message) as err:
+            parse_pause(bad)
+        assert err.value.code == "bad_request"
+    with pytest.raises(ProtocolError, match="unknown field"):
+        parse_resume({"key": "codex", "for": 1})
+    assert parse_send({"id": "t", "data_b64": "/wA="}).data == b"\xff\x00"
+    with pytest.raises(ProtocolError, match="not both"):
+        parse_send({"id": "t", "data": "x", "data_b64": "eA=="})
+    with pytest.raises(ProtocolError, match="not valid base64"):
+        parse_send({"id": "t", "data_b64": "!!"})
