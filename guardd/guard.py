@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 EXIT_GUARD_FAILURE = 125
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+# The soft RLIMIT_NOFILE to give CMD back: the supervisor raises its own soft limit to the hard one
+# (hundreds of turns need thousands of fds) and says here what it had, so that a turn's tools
+# (select() breaks above 1024) start with what they would have had anyway. Never passed on to CMD.
+NOFILE_ENV = "CCSUP_GUARD_NOFILE"
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _WATCHED_SIGNALS = (signal.SIGCHLD, *_STOP_SIGNALS)
@@ -195,11 +199,16 @@ class Guard:
     def _spawn_cmd(self) -> int | None:
         """Fork and exec CMD in a new group; None when it runs, else the exit code to return."""
         argv = self.opts.argv
-        env = dict(os.environ, CCSUP_TURN=self.turn)
+        env = dict(os.environ)
+        env[record.TURN_ENV] = self.turn
+        scope = record.record_dir_scope(self.opts.record_dir) if self.opts.record_dir else None
+        if scope is not None:
+            env[record.SCOPE_ENV] = scope  # the reaper of this state directory's only
+        nofile = _nofile_limit(env.pop(NOFILE_ENV, None))
         errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
         pid = os.fork()
         if pid == 0:
-            _exec_child(argv, env, errw)  # never returns
+            _exec_child(argv, env, errw, nofile)  # never returns
         os.close(errw)
         try:
             os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
@@ -443,9 +452,23 @@ def _drain(fd: int) -> set[int]:
         sigs.update(data)
 
 
-def _exec_child(argv: list[str], env: dict, errw: int) -> None:
-    """In the forked child: a new group, default dispositions, empty mask, then exec CMD."""
+def _nofile_limit(value: str | None) -> int | None:
+    """The soft RLIMIT_NOFILE CMD gets back ($CCSUP_GUARD_NOFILE); None: leave it as inherited."""
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
+
+
+def _exec_child(argv: list[str], env: dict, errw: int, nofile: int | None = None) -> None:
+    """In the forked child: a new group, default dispositions, empty mask, the soft fd limit the
+    supervisor's caller had (nofile), then exec CMD."""
     try:
+        if nofile is not None:
+            import resource
+
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            if hard == resource.RLIM_INFINITY or nofile <= hard:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         signal.set_wakeup_fd(-1)
         for sig in signal.valid_signals():

@@ -293,27 +293,35 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def environ_has(pid: int, name: str, value: str) -> bool:
-    """Does the process's initial environment hold name=value? False when unreadable or gone."""
+def environ_has(pid: int, name: str, value: str, *more: tuple[str, str]) -> bool:
+    """Does the process's initial environment hold name=value (and each of `more`)? False when
+    unreadable or gone."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             data = f.read()
     except OSError:
         return False
-    return f"{name}={value}".encode() in data.split(b"\0")
+    entries = set(data.split(b"\0"))
+    return all(f"{n}={v}".encode() in entries for n, v in ((name, value), *more))
 
 
 def processes_with_env(
-    name: str, value: str, procs: dict[int, Stat] | None = None
+    name: str,
+    value: str,
+    procs: dict[int, Stat] | None = None,
+    *,
+    also: dict[str, str] | None = None,
 ) -> list[Identity]:
-    """Live processes whose environment carries name=value: escapees found by their marker."""
+    """Live processes whose environment carries name=value (and every pair of `also`): escapees
+    found by their marker."""
     if procs is None:
         procs = snapshot()
     own = os.getpid()
+    more = tuple((also or {}).items())
     return [
         Identity(s.pid, s.start)
         for s in procs.values()
-        if s.pid != own and not s.zombie and environ_has(s.pid, name, value)
+        if s.pid != own and not s.zombie and environ_has(s.pid, name, value, *more)
     ]
 
 

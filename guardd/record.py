@@ -80,6 +80,24 @@ def record_path(record_dir: str | os.PathLike, guard):
     return Path(record_file(record_dir, guard))
 
 
+# A turn's processes carry CCSUP_TURN=<turn> (the turn may read it) and CCSUP_SCOPE=<scope> in their
+# environment, the scope naming the guard record directory (so the state directory) as
+# "<st_dev>:<st_ino>": an escapee is ended only by the supervisor of its own state directory, never
+# by another one (another user, another state directory) whose client chose the same turn id. The
+# device and inode, not the path: one directory has one scope however its path is spelled.
+TURN_ENV = "CCSUP_TURN"
+SCOPE_ENV = "CCSUP_SCOPE"
+
+
+def record_dir_scope(record_dir: str | os.PathLike) -> str | None:
+    """The CCSUP_SCOPE value of a guard record directory; None when it cannot be read."""
+    try:
+        st = os.stat(record_dir)
+    except OSError:
+        return None
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 def record_groups(record: dict) -> list:
     """The groups a guard record names: its own group (when CMD started) and every recorded one."""
     from guardd.procs import Group

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import protocol, restore, spawn, store, views
+from . import fdlimit, protocol, restore, spawn, store, views
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .keyctl import KeyControl, admission_settings
@@ -342,6 +342,7 @@ def serve(
     paths.ensure()
     lock_fd = take_instance_lock(paths)
     setup_logging(paths, foreground)
+    fdlimit.raise_nofile()  # 500 turns need ~5k fds; each turn gets the old limit back
     try:
         daemon = Daemon(config, paths, config_path=config_path, caps_override=caps_override)
         return asyncio.run(daemon.run())

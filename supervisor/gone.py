@@ -10,7 +10,8 @@ thread, with one /proc snapshot, is the next step).
 The rule: after a hint (`guard.<turn>.gone`, guard_done False) the groups the guard recorded must
 all be gone, or nothing happens. After the guard process itself ended (guard_done True), its
 recorded groups are judged; when it did not end its own work (killed outright, or gave up: its
-record is not `gone`), processes still marked `CCSUP_TURN=<turn>` count too; whatever lives is
+record is not `gone`), processes still marked `CCSUP_TURN=<turn>` (in this state directory's
+scope, see supervisor.reaper) count too; whatever lives is
 ended here (SIGTERM, grace, SIGKILL) and must then be confirmed gone.
 
 Knows guard records' groups and /proc (through guardd.procs and supervisor.reaper); nothing of
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from guardd import procs
 from guardd.procs import Group
-from guardd.record import record_groups
+from guardd.record import record_dir_scope, record_groups
 
 from . import reaper
 
@@ -33,17 +35,26 @@ log = logging.getLogger("ccsup.gone")
 
 
 class Probe:
-    """How the judgment looks at the machine (real by default)."""
+    """How the judgment looks at the machine (real by default).
+
+    record_dir: this state directory's guard records, whose scope marks its turns' processes."""
+
+    def __init__(self, record_dir: str | os.PathLike | None = None):
+        self.record_dir = record_dir
+
+    @property
+    def scope(self) -> str | None:
+        return record_dir_scope(self.record_dir) if self.record_dir is not None else None
 
     def groups_alive(self, groups: list[Group]) -> bool:
         return any(procs.group_alive(g) for g in groups)
 
     def escapees(self, turn_id: str) -> bool:
-        return bool(procs.processes_with_env(reaper.TURN_ENV, turn_id))
+        return bool(reaper.marked_processes(turn_id, self.scope))
 
     def end_work(self, groups: list[Group], turn_id: str, grace: float) -> bool:
         """Blocking (waits up to a grace and more): only ever called in a thread."""
-        return reaper.end_work(groups, turn=turn_id, grace=grace)
+        return reaper.end_work(groups, turn=turn_id, scope=self.scope, grace=grace)
 
 
 async def confirm_gone(

@@ -107,7 +107,7 @@ class Manager:
             start_guard=start_guard,
             settings=lambda: self.settings,
             on_capacity=self.grant_waiters,
-            probe=probe or Probe(),
+            probe=probe or Probe(paths.guards),
         )
         self.requesters = requesters(
             partial(self.endings.happen_to, what=What.CANCEL, reason="requester_gone")

@@ -3,8 +3,12 @@
 Given the groups a turn's work was recorded in, its guard's identity and its turn id, end it all:
 SIGTERM (then SIGCONT, so a stopped process sees it) to every live group and to the guard, wait up
 to the grace for them to go, then SIGKILL what is left together with every process that still
-carries the turn's `CCSUP_TURN=<turn>` marker in its environment (an escapee in a group nobody
-recorded), and confirm everything gone within a bounded wait.
+carries the turn's marker in its environment (an escapee in a group nobody recorded), and confirm
+everything gone within a bounded wait. The marker is `CCSUP_TURN=<turn>` together with
+`CCSUP_SCOPE=<scope>` of this state directory's guard records (guardd.record.record_dir_scope):
+turn ids are made by clients, so another supervisor (another user, another state directory) may
+run a turn with the same id, and its processes are never ours to end. Without a scope (the record
+directory cannot be read) no process is ended by its marker alone.
 
 Knows signals and group liveness (from guardd); nothing of slots or records. A group that
 group_alive says is gone is never signalled: its pgid may belong to someone else by now. Holds no
@@ -20,10 +24,10 @@ from collections.abc import Iterable
 
 from guardd import procs
 from guardd.procs import Group, Identity
+from guardd.record import SCOPE_ENV, TURN_ENV
 
 from .polling import wait_until
 
-TURN_ENV = "CCSUP_TURN"
 POLL = 0.01  # seconds between liveness checks while waiting
 CONFIRM_MIN = 2.0  # the least time allowed for SIGKILLed work to be confirmed gone
 
@@ -35,15 +39,18 @@ def end_work(
     *,
     guard: Identity | None = None,
     turn: str | None = None,
+    scope: str | None = None,
     grace: float = 5.0,
 ) -> bool:
-    """End the work; True when it is confirmed gone, False when something still runs."""
+    """End the work; True when it is confirmed gone, False when something still runs.
+
+    turn and scope: the marker of escapees (see above); both or no sweep for them."""
     groups = list(dict.fromkeys(groups))
-    marked = _marked(turn)
+    marked = marked_processes(turn, scope)
     denied = _signal_all(groups, guard, marked, (signal.SIGTERM, signal.SIGCONT))
     _wait_gone(groups, guard, marked, grace)
     # Escapees may have started during the grace: look again before the firm round.
-    marked = list(dict.fromkeys(marked + _marked(turn)))
+    marked = list(dict.fromkeys(marked + marked_processes(turn, scope)))
     if not _all_gone(groups, guard, marked):
         left = _describe(groups, guard, marked)
         log.warning(
@@ -62,8 +69,11 @@ def end_work(
     return False
 
 
-def _marked(turn: str | None) -> list[Identity]:
-    return procs.processes_with_env(TURN_ENV, turn) if turn else []
+def marked_processes(turn: str | None, scope: str | None) -> list[Identity]:
+    """Live processes of this turn of this state directory, found by their marker."""
+    if not turn or not scope:
+        return []
+    return procs.processes_with_env(TURN_ENV, turn, also={SCOPE_ENV: scope})
 
 
 def _signal_all(

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Container
 
 from guardd.procs import file_key, held_locks
-from guardd.record import RecordError
+from guardd.record import RecordError, record_dir_scope
 
 from .caps import MACHINE_KEY, Caps, check_key, key_problem
 from .errors import os_failure
@@ -259,7 +259,15 @@ class SlotReader:
             except RecordError:
                 # The guard record cannot be read: end what the slot record itself names.
                 guard, _, groups = work_parts(work, path)
-            if not end_work(groups, guard=guard, turn=record.get("turn"), grace=grace):
+            # escapees of this state directory only: the scope of the guard record's directory
+            guard_record = work.get("record")
+            scope = (
+                record_dir_scope(os.path.dirname(guard_record))
+                if isinstance(guard_record, str)
+                else None
+            )
+            turn = record.get("turn")
+            if not end_work(groups, guard=guard, turn=turn, scope=scope, grace=grace):
                 return f"unable to end the work of slot {view.key}#{view.index}: still running after SIGKILL"
             record["released"] = True
             record["updated_at"] = self.clock()

@@ -369,3 +369,36 @@ def test_bad_requests_get_clear_errors_and_change_nothing(daemon, event_log):
                 client.call("turn", **args)
             assert words in str(err.value)
         assert client.status()["turns"] == 0 and client.status()["waits"] == 0
+
+
+def test_the_daemon_raises_its_fd_limit_and_a_turn_gets_the_old_one_back(
+    daemon, event_log, state_dir
+):
+    """500 turns need ~5k fds in the supervisor; a turn's tools (select() breaks above 1024)
+    start with the soft limit the daemon was started with."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard open-file limit ({hard}) leaves nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the daemon inherits 256
+    try:
+        d = daemon()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with open(f"/proc/{d.proc.pid}/limits") as f:
+        [line] = [x for x in f if x.startswith("Max open files")]
+    if hard != resource.RLIM_INFINITY:
+        assert line.split()[3:5] == [str(hard), str(hard)]  # soft raised to the hard limit
+    log = event_log(d)
+    out = state_dir / "limit.txt"
+    client = d.client()
+    client.turn(
+        "codex",
+        ["sh", "-c", f'echo "$(ulimit -Sn) ${{CCSUP_GUARD_NOFILE:-unset}}" > {out}'],
+        id="f1",
+    )
+    assert log.wait_for("turn.f1.exited")["code"] == 0
+    log.wait_for("turn.f1.released")
+    assert out.read_text().split() == ["256", "unset"]
+    client.close()

@@ -407,6 +407,18 @@ def test_without_turn_an_id_is_made_and_given_to_cmd(tmp_path):
     assert g.record()["turn"] == words[1]
 
 
+def test_cmd_gets_the_scope_marker_and_the_callers_fd_limit(tmp_path):
+    """CCSUP_SCOPE names the record directory (the reaper of this state directory only ends
+    marked escapees of its own scope); CCSUP_GUARD_NOFILE is CMD's soft RLIMIT_NOFILE back (the
+    supervisor raised its own) and never reaches CMD."""
+    env = dict(os.environ, CCSUP_GUARD_NOFILE="200")
+    script = 'echo "$CCSUP_SCOPE ${CCSUP_GUARD_NOFILE:-unset} $(ulimit -Sn)"'
+    g = GuardRun(tmp_path, ["sh", "-c", script], env=env)
+    words = g.line()
+    assert g.wait() == 0
+    assert words == [record.record_dir_scope(g.record_dir), "unset", "200"]
+
+
 def test_environment_gives_record_dir_and_grace(tmp_path):
     env = dict(
         os.environ,

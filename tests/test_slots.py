@@ -39,7 +39,7 @@ HOLDER = r"""
 import json, os, subprocess, sys
 from pathlib import Path
 from guardd import procs
-from guardd.record import write_json
+from guardd.record import record_dir_scope, write_json
 from supervisor.caps import Caps
 from supervisor.slots import Holder, SlotGate
 
@@ -52,10 +52,11 @@ if slot is None:
     sys.exit(3)
 out = {"index": slot.index}
 
-def start(marker):
+def start(marker, scope=None):
     env = dict(os.environ)
     if marker:
         env["CCSUP_TURN"] = turn
+        env["CCSUP_SCOPE"] = scope or record_dir_scope(state)  # the guard record's directory
     p = subprocess.Popen([sys.executable, "-c", IGNORER], start_new_session=True, stdout=subprocess.PIPE, env=env)
     assert p.stdout.readline() == b"ready\n"
     return p
@@ -63,6 +64,11 @@ def start(marker):
 if mode != "nowork":
     work = start(False)
     escapee = start(True)  # in a session nobody recorded: found only by its CCSUP_TURN marker
+    # The same turn id run by another state directory's supervisor: never ours to end.
+    other = state + ".other"
+    os.makedirs(other, exist_ok=True)
+    foreign = start(True, scope=record_dir_scope(other))
+    out["foreign"] = foreign.pid
     group = procs.Group(work.pid, procs.start_ticks(work.pid))
     me = procs.identity_of(os.getpid())
     guard_record = os.path.join(state, "guard-%d.json" % os.getpid())
@@ -258,6 +264,7 @@ def test_orphaned_work_counts_until_reaped(state_dir, mode, machine_cap):
     proc, line = start_holder(state_dir, "codex", caps, mode, turn)
     work = procs.identity_of(line["work"])
     escapee = procs.identity_of(line["escapee"])
+    foreign = procs.identity_of(line["foreign"])  # same turn id, another state directory
     try:
         [view] = gate.inspect("codex")
         assert (view.state, view.pid, view.turn) == ("held", proc.pid, turn)
@@ -285,6 +292,7 @@ def test_orphaned_work_counts_until_reaped(state_dir, mode, machine_cap):
         assert gate.reap_failures == []
         assert not procs.process_running(work)
         assert not procs.process_running(escapee)  # found by its CCSUP_TURN marker
+        assert procs.process_running(foreign)  # same CCSUP_TURN, another CCSUP_SCOPE: not ours
         assert states(gate, "codex") == [(0, "free")]
         slot = gate.try_acquire("codex", ME)
         assert (
@@ -292,7 +300,7 @@ def test_orphaned_work_counts_until_reaped(state_dir, mode, machine_cap):
         )  # the reaper released it
         slot.release()
     finally:
-        for ident in (work, escapee):
+        for ident in (work, escapee, foreign):
             procs.signal_process(ident, signal.SIGKILL)
 
 
