@@ -18,7 +18,8 @@ lone surrogates included; both ends are the same interpreter, and nobody else ho
                          ("failed", errno, operation) when the child could not be set up;
                          ("exited", pid, returncode) for each spawned child it reaps (Popen's
                          convention: -N for signal N).
-Requests are answered one at a time, in order.
+Requests are answered one at a time, in order; the supervisor may send many before the first
+answer (pipelined: it does not wait, and takes each answer on its event loop when it comes).
 
 One spawn:
 1. The zygote forks. The child puts the three fds on 0-2, closes every other fd but three (its
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
 
 _HEADER = struct.Struct(">I")
 MAX_MESSAGE = 16 << 20  # a request larger than this goes the old way (the caller decides)
-_MAX_FDS = 8  # ancillary room per read; a request carries 3, an answer 1
+_MAX_FDS = 64  # ancillary room per read (a request carries 3, an answer 1; requests are pipelined)
 _READ_SIZE = 1 << 16
 
 

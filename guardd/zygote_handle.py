@@ -11,6 +11,7 @@ import os
 import select
 import socket
 import time
+from collections import deque
 
 from guardd.launch import zygote_command
 from guardd.zygote import Inbox, encode
@@ -29,12 +30,40 @@ class Spawned:
         self.pid, self.start, self.pidfd = pid, start, pidfd
 
 
+class Failed:
+    """The zygote's answer when a guard's child could not be set up: the errno and the step."""
+
+    __slots__ = ("errno", "operation")
+
+    def __init__(self, errno_: int, operation: str):
+        self.errno, self.operation = errno_, operation
+
+    def error(self, cwd: str | None) -> OSError:
+        """The OSError Popen would have raised for the same failure."""
+        if self.operation == "chdir":
+            return OSError(self.errno, os.strerror(self.errno), cwd)
+        return OSError(self.errno, f"{os.strerror(self.errno)} ({self.operation})")
+
+
+class _Outgoing:
+    """A request not wholly sent yet: its bytes left, and the fds that go with its first byte."""
+
+    __slots__ = ("data", "fds")
+
+    def __init__(self, data: memoryview, fds: list[int]):
+        self.data, self.fds = data, fds
+
+
 class Zygote:
     """The supervisor's end: start the zygote, ask it for guards, collect their exit statuses.
 
-    Not thread-safe; one caller (the daemon's event loop). `fileno()` turns readable when reports
-    (or EOF) arrive: then call `poll_reports()`. `spawn` blocks for the zygote's answer (a fork,
-    ~1-3 ms) and keeps any report read meanwhile for the next `poll_reports()`.
+    Not thread-safe; one caller (the daemon's event loop). Two ways to ask:
+    - pipelined (the daemon's): `request()` queues a spawn and returns at once, `flush()` sends what
+      the socket takes without blocking (again when it is writable), and `answers()` gives the
+      answers read so far, in request order (the zygote answers one request after another);
+    - blocking (`spawn`): one request, waiting for its answer (~1-3 ms: a fork).
+    `fileno()` turns readable when answers, reports or EOF arrive; `poll_reports()` gives each
+    reaped guard's status.
     """
 
     def __init__(self, proc, sock: socket.socket):
@@ -43,6 +72,7 @@ class Zygote:
         self.inbox = Inbox()
         self.reports: list[tuple[int, int]] = []
         self.replies: list[tuple] = []
+        self.outbox: deque[_Outgoing] = deque()
         self.alive = True
 
     @property
@@ -125,6 +155,65 @@ class Zygote:
             raise OSError(errno_, f"{os.strerror(errno_)} ({operation})")
         raise ZygoteGone(f"the zygote answered {reply[0]!r} to a spawn")
 
+    def request(
+        self, args: list[str], *, cwd: str | None, env: dict, stdio: tuple[int, int, int]
+    ) -> None:
+        """Queue a spawn of `ccsup-guard ARGS` with these stdio fds, without waiting: the fds are
+        the handle's from now on (closed once sent, or when the zygote is gone). Its answer comes,
+        in order, from `answers()`. ValueError (too large for the wire) and ZygoteGone leave the
+        fds with the caller."""
+        data = encode(("spawn", list(args), cwd, env))
+        if not self.alive:
+            raise ZygoteGone("the zygote has already ended")
+        self.outbox.append(_Outgoing(memoryview(data), list(stdio)))
+
+    def flush(self) -> bool:
+        """Send what the socket takes now; True when nothing is left to send.
+
+        ZygoteGone when it is gone (what was not sent is dropped and its fds closed)."""
+        while self.outbox:
+            out = self.outbox[0]
+            try:
+                if out.fds:
+                    sent = socket.send_fds(self.sock, [out.data], out.fds)
+                else:
+                    sent = self.sock.send(out.data)
+            except BlockingIOError:
+                return False
+            except OSError as e:  # EPIPE, ECONNRESET: it is gone
+                self._gone()
+                raise ZygoteGone(f"unable to send to the zygote: {e.strerror}") from None
+            for fd in out.fds:  # in flight now: the kernel holds them for the zygote
+                os.close(fd)
+            out.fds = []
+            out.data = out.data[sent:]
+            if not out.data:
+                self.outbox.popleft()
+        return True
+
+    def answers(self) -> list[Spawned | Failed]:
+        """The answers read so far to the requests, in request order (reads what is there).
+
+        OSError when the stream is broken (an answer without its pidfd)."""
+        if self.sock.fileno() >= 0:
+            self._read_available()
+        answers: list[Spawned | Failed] = []
+        while self.replies:
+            reply = self.replies.pop(0)
+            if reply[0] == "spawned":
+                (pidfd,) = self.inbox.take_fds(1)
+                answers.append(Spawned(reply[1], reply[2], pidfd))
+            elif reply[0] == "failed":
+                answers.append(Failed(reply[1], reply[2]))
+            else:
+                raise OSError(f"unable to read the zygote's answer: {reply[0]!r}")
+        return answers
+
+    def kill(self) -> None:
+        """End a zygote that stopped answering; what it sent before still counts (`answers()`).
+        A child it forked but did not announce reads EOF for its go and runs nothing."""
+        self._stop(kill=True)
+
     def poll_reports(self) -> list[tuple[int, int]]:
         """(pid, returncode) of every guard reaped since the last call; reads what is there."""
         if self.alive:
@@ -137,6 +226,7 @@ class Zygote:
         self.alive = False
         if self.sock.fileno() >= 0:
             self.sock.close()
+        self._drop_outbox()
         if self.proc.poll() is None:
             import subprocess
 
@@ -149,8 +239,14 @@ class Zygote:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _drop_outbox(self) -> None:
+        while self.outbox:
+            for fd in self.outbox.popleft().fds:
+                os.close(fd)
+
     def _stop(self, kill: bool) -> None:
         self.alive = False
+        self._drop_outbox()
         if kill and self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()

@@ -31,10 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-from . import fdlimit, protocol, restore, spawn, store, views
+from . import fdlimit, protocol, restore, store, views
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .keyctl import KeyControl, admission_settings
+from .launcher import Launcher
 from .manager import RETRY_INTERVAL, Manager, Settings
 from .paths import StatePaths, ipc_path
 from .protocol import ProtocolError, Request
@@ -114,7 +115,7 @@ class Daemon:
         guard_bus = None if self._bus_in == bus_in else self._bus_in
         self.server = Server(control, bus_in, bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
-        self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
+        self.launcher = Launcher()  # guards forked by a warm zygote (pipelined), else directly
         # Admission (pauses, start rates, runtime limits, fairness): the manager's policy and queue.
         self.keyctl = KeyControl(
             admission_settings(config), paths.root, publish=self.server.publish, clock=time.time

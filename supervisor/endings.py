@@ -14,7 +14,9 @@ reservation's in `_release_reservation`; both then call `on_capacity` (the manag
 waiter). A turn's terminal event is published from there, through the ledger's `_finish`.
 
 Starting a guard: its log directory is made before the guard starts, so a turn whose directory
-cannot be made (the common failure) never leaves a guard behind. If following the guard (opening
+cannot be made (the common failure) never leaves a guard behind. A guard asked of the zygote
+(supervisor.launcher) is started when its answer comes, on the loop; meanwhile the turn stays in
+STARTING (a cancel then is kept and acted on once it runs). If following the guard (opening
 its logs, watching its pipes and exit) or recording its work in the slot fails once it runs, the
 turn is started and at once stopped through CANCEL: the guard ends its work, `tick` watches for
 the guard's end when its exit could not be followed, and the slot is released only when that work
@@ -31,6 +33,7 @@ import enum
 import logging
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from guardd import procs
@@ -43,7 +46,7 @@ from .ledger import Ledger
 from .paths import StatePaths
 from .spawn import STATUS_UNKNOWN
 from .turns import Event, IllegalTransition, Item, Outcome, Reservation, State, Turn
-from .world import GuardSettings, StartGuard
+from .world import Guard, GuardSettings, PendingStart, StartGuard
 
 log = logging.getLogger("ccsup.endings")
 
@@ -358,8 +361,9 @@ class Endings:
             why = f"unable to create the turn's log directory {log_dir}: {e.strerror or e}"
             self.happen(turn, What.START_FAILED, reason=why)
             return
+        started: Guard | PendingStart | OSError
         try:
-            guard = self.start_guard(
+            started = self.start_guard(
                 turn.id,
                 turn.argv,
                 cwd=turn.cwd,
@@ -370,11 +374,20 @@ class Endings:
                 bus=settings.bus_in,
             )
         except OSError as e:
-            why = f"unable to start the guard: {e.strerror or e}"
+            started = e
+        turn.env = {}  # the guard (or its request) has it; nothing here keeps it longer
+        if isinstance(started, PendingStart):  # asked of the zygote: its answer comes later
+            started.then(partial(self._guard_started, turn, log_dir))
+        else:
+            self._guard_started(turn, log_dir, started)
+
+    def _guard_started(self, turn: Turn, log_dir: Path, guard: Guard | OSError) -> None:
+        """The guard runs (or could not be started): follow it, record its work, say started."""
+        if isinstance(guard, OSError):
+            why = f"unable to start the guard: {guard.strerror or guard}"
             self.happen(turn, What.START_FAILED, reason=why)
             return
         turn.guard = guard
-        turn.env = {}  # the guard has it; nothing keeps it longer
         problem = None
         try:
             guard.attach(

@@ -2,11 +2,10 @@
 
 A guard is started one of two ways, with the same arguments and the same result: through the
 guard zygote (guardd.zygote), a warm process that forks a guard per turn in ~1-3 ms, while it
-runs; else directly, as `sys.executable -I -S -c <bootstrap>` (guardd.launch: a `python3` shim on
-PATH can cost 90 ms a start, `site` another 11-23 ms, and -I keeps a `guardd.py` in the turn's cwd
-from shadowing ours), ~25-36 ms of CPU a turn. `Launcher` chooses: the zygote when it runs, the
-direct way when it could not be started, has died, or was given up (and says so in the log once);
-containment never depends on it. Either way the guard is in a session of its own, so nothing of
+runs; else directly (`start_guard` here), as `sys.executable -I -S -c <bootstrap>` (guardd.launch:
+a `python3` shim on PATH can cost 90 ms a start, `site` another 11-23 ms, and -I keeps a
+`guardd.py` in the turn's cwd from shadowing ours), ~25-36 ms of CPU a turn. supervisor.launcher
+chooses; containment never depends on the zygote. Either way the guard is in a session of its own, so nothing of
 the supervisor's terminal reaches it, and its stdout and stderr are pipes the event loop reads:
 every chunk is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on with
 its byte offset. The guard's exit is seen through a pidfd. Its status: a directly started guard is
@@ -35,7 +34,6 @@ from guardd import procs
 from guardd.guard import EXIT_GUARD_FAILURE
 from guardd.launch import guard_command
 from guardd.record import record_path
-from guardd.zygote_handle import Zygote, ZygoteGone
 
 log = logging.getLogger("ccsup.spawn")
 
@@ -357,147 +355,3 @@ class ForkedGuardProcess(GuardProcess):
             self.reported = returncode
         if self._exited and self.pidfd >= 0 and self.reap() is not None:
             self._on_exit()
-
-
-class Launcher:
-    """Starts guards through a guard zygote while one runs, else directly (`start_guard`).
-
-    `start()` (on the running event loop) starts the zygote; `start_guard` has the signature of
-    the module function and is what the manager calls; `close()` stops the zygote. A zygote that
-    cannot be started, dies, or stops answering is logged once and not used again: every later
-    guard is started directly. Guards it forked keep running (they watch the supervisor, not
-    it); their statuses are then unknown (see ForkedGuardProcess).
-    """
-
-    def __init__(self, python: str | None = None, *, start_zygote=Zygote.start):
-        self.python = python
-        self.zygote: Zygote | None = None
-        self._start_zygote = start_zygote
-        self._forked: dict[int, ForkedGuardProcess] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop `start()` was called on (a bug to ask before)."""
-        assert self._loop is not None, "the launcher is not started"
-        return self._loop
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        try:
-            self.zygote = self._start_zygote(self.python)
-        except (OSError, ZygoteGone) as e:
-            log.warning("unable to start the guard zygote: %s; guards are started directly", e)
-            return
-        self.loop.add_reader(self.zygote.fileno(), self._on_readable)
-        log.info("guard zygote started (pid %d)", self.zygote.pid)
-
-    def start_guard(
-        self,
-        turn_id: str,
-        argv: list[str],
-        *,
-        cwd: str | None,
-        env: dict,
-        record_dir: Path,
-        grace: float,
-        scan: float,
-        bus: str | None,
-    ) -> GuardProcess:
-        """As `start_guard`: a GuardProcess for the turn, or OSError when it cannot be started."""
-        if self.zygote is None:
-            return start_guard(
-                turn_id,
-                argv,
-                cwd=cwd,
-                env=env,
-                record_dir=record_dir,
-                grace=grace,
-                scan=scan,
-                bus=bus,
-            )
-        args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
-        stderr_r, stderr_w = os.pipe()
-        ours = (stdin_w, stdout_r, stderr_r)
-        spawned = None
-        try:
-            spawned = self.zygote.spawn(
-                args, cwd=cwd, env=guard_env(env), stdio=(stdin_r, stdout_w, stderr_w)
-            )
-        except ZygoteGone as e:
-            self._lost(str(e))
-        except ValueError as e:
-            log.info("turn %s: %s; its guard is started directly", turn_id, e)
-        finally:
-            for fd in (stdin_r, stdout_w, stderr_w):
-                os.close(fd)  # the guard has its own copies now
-            if spawned is None:
-                for fd in ours:
-                    os.close(fd)
-            self._deliver()  # reports read while waiting for the answer
-        if spawned is None:
-            return start_guard(
-                turn_id,
-                argv,
-                cwd=cwd,
-                env=env,
-                record_dir=record_dir,
-                grace=grace,
-                scan=scan,
-                bus=bus,
-            )
-        guard = ForkedGuardProcess(
-            turn_id,
-            _Pipes(spawned.pid, *ours),
-            record_dir,
-            pidfd=spawned.pidfd,
-            start=spawned.start,
-        )
-        self._forked[spawned.pid] = guard
-        return guard
-
-    def close(self) -> None:
-        """Stop the zygote (at the daemon's end: every turn is gone by then)."""
-        if self.zygote is not None:
-            self.loop.remove_reader(self.zygote.fileno())
-            self.zygote.close()
-            self._orphan_all()
-            self.zygote = None
-
-    def _on_readable(self) -> None:
-        self._deliver()
-        if self.zygote is not None and not self.zygote.alive:
-            self._lost(f"it exited with status {self.zygote.proc.returncode}")
-
-    def _deliver(self) -> None:
-        """Hand each reported status to its guard, from the loop (never inside a caller)."""
-        if self.zygote is None:
-            return
-        for pid, returncode in self.zygote.poll_reports():
-            guard = self._forked.pop(pid, None)
-            if guard is not None:
-                self.loop.call_soon(guard.status_reported, returncode)
-
-    def _lost(self, why: str) -> None:
-        zygote, self.zygote = self.zygote, None
-        if zygote is None:
-            return
-        log.warning(
-            "the guard zygote (pid %d) is gone (%s): guards are started directly from now on",
-            zygote.pid,
-            why,
-        )
-        self.loop.remove_reader(zygote.fileno())
-        for pid, returncode in zygote.poll_reports():  # what it said before it went
-            guard = self._forked.pop(pid, None)
-            if guard is not None:
-                self.loop.call_soon(guard.status_reported, returncode)
-        zygote.close()
-        self._orphan_all()
-
-    def _orphan_all(self) -> None:
-        forked, self._forked = self._forked, {}
-        for guard in forked.values():
-            self.loop.call_soon(guard.status_reported, None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from guardd.procs import Identity
 
@@ -58,8 +58,17 @@ class Guard(Protocol):
     def stdin_pending(self) -> int: ...
 
 
+@runtime_checkable
+class PendingStart(Protocol):
+    """A guard asked for and not started yet (supervisor.launcher.PendingGuard): `then` calls
+    back once, from the event loop, with the Guard or the OSError that kept it from starting."""
+
+    def then(self, callback: Callable[[Any], None]) -> None: ...
+
+
 class StartGuard(Protocol):
-    """Starts a turn's guard (supervisor.spawn.start_guard, or the Launcher's); OSError if it cannot."""
+    """Starts a turn's guard (supervisor.spawn.start_guard, or the Launcher's, which may answer
+    later: PendingStart); OSError if it cannot."""
 
     def __call__(
         self,
@@ -72,7 +81,7 @@ class StartGuard(Protocol):
         grace: float,
         scan: float,
         bus: str | None,
-    ) -> Guard: ...
+    ) -> Guard | PendingStart: ...
 
 
 class GuardSettings(Protocol):

@@ -4,6 +4,7 @@ statuses reported exactly; and when the zygote is gone, guards are started direc
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import select
 import signal
@@ -18,6 +19,7 @@ from conftest import PYTHON, wait_until
 from guardd import procs
 from guardd.zygote_handle import Zygote, ZygoteGone
 from supervisor import spawn
+from supervisor.launcher import Launcher, PendingGuard
 
 READY_THEN_READ = ["sh", "-c", "echo ready; read line; exit 7"]
 
@@ -55,6 +57,18 @@ def wait_ready(log, turn_id: str) -> None:
         lambda: any(b["data"] == "ready\n" for b in log.find(f"turn.{turn_id}.stdout")),
         what=f"{turn_id} to say ready",
     )
+
+
+async def started(guard):
+    """The GuardProcess a launcher's start_guard gave, or, pipelined, settled with later."""
+    if not isinstance(guard, PendingGuard):
+        return guard
+    future = asyncio.get_running_loop().create_future()
+    guard.then(future.set_result)
+    result = await asyncio.wait_for(future, 10)
+    if isinstance(result, OSError):
+        raise result
+    return result
 
 
 # -- through a real daemon -------------------------------------------------------------------------
@@ -341,7 +355,7 @@ def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
         raise OSError("no zygote today")
 
     async def scenario():
-        launcher = spawn.Launcher(start_zygote=no_zygote)
+        launcher = Launcher(start_zygote=no_zygote)
         launcher.start()
         guard = launcher.start_guard(
             "t1",
@@ -368,12 +382,12 @@ def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
 
 def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
     async def scenario():
-        launcher = spawn.Launcher()
+        launcher = Launcher()
         launcher.start()
         assert launcher.zygote is not None
         guards, done = [], []
         for n, code in enumerate((0, 5, 9)):
-            guard = launcher.start_guard(
+            pending = launcher.start_guard(
                 f"t{n}",
                 ["sh", "-c", f"exit {code}"],
                 cwd=None,
@@ -383,6 +397,8 @@ def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
                 scan=1.0,
                 bus=None,
             )
+            assert type(pending) is PendingGuard  # pipelined: the answer comes on the loop
+            guard = await started(pending)
             assert type(guard) is spawn.ForkedGuardProcess
             event = asyncio.Event()
             guard.attach(
@@ -406,18 +422,20 @@ def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
 def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_directly(tmp_path):
     async def scenario():
         loop = asyncio.get_running_loop()
-        launcher = spawn.Launcher()
+        launcher = Launcher()
         launcher.start()
         zygote = launcher.zygote
-        guard = launcher.start_guard(
-            "t1",
-            ["sh", "-c", "read line; exit 3"],
-            cwd=None,
-            env={},
-            record_dir=tmp_path,
-            grace=0.2,
-            scan=1.0,
-            bus=None,
+        guard = await started(
+            launcher.start_guard(
+                "t1",
+                ["sh", "-c", "read line; exit 3"],
+                cwd=None,
+                env={},
+                record_dir=tmp_path,
+                grace=0.2,
+                scan=1.0,
+                bus=None,
+            )
         )  # no hints
         ended = asyncio.Event()
         guard.attach(loop, tmp_path / "t1", on_output=lambda *a: None, on_exit=ended.set)
@@ -446,3 +464,100 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
         launcher.close()
 
     asyncio.run(scenario())
+
+
+# -- pipelined requests and the zygote's faults with requests in flight ---------------------------
+
+
+async def start_many(launcher, tmp_path, ran: Path, n: int, code: int = 3) -> list:
+    """n guards asked at once, before any answer is read; each CMD notes that it ran."""
+    return [
+        launcher.start_guard(
+            f"p{i}",
+            ["sh", "-c", f'echo "p{i}" >> {ran}; exit {code}'],
+            cwd=None,
+            env={},
+            record_dir=tmp_path / "guards",
+            grace=0.2,
+            scan=1.0,
+            bus=None,
+        )
+        for i in range(n)
+    ]
+
+
+async def follow_to_the_end(tmp_path, guards: list) -> list[int | None]:
+    """Each guard attached and awaited to its end; their statuses, in order."""
+    loop = asyncio.get_running_loop()
+    ended = []
+    for n, guard in enumerate(guards):
+        event = asyncio.Event()
+        guard.attach(loop, tmp_path / f"log{n}", on_output=lambda *a: None, on_exit=event.set)
+        ended.append(event)
+    for event in ended:
+        await asyncio.wait_for(event.wait(), 20)
+    statuses = [g.reap() for g in guards]
+    for guard in guards:
+        guard.close()
+    return statuses
+
+
+def ran_turns(ran: Path) -> list[str]:
+    return ran.read_text().split() if ran.exists() else []
+
+
+def test_pipelined_requests_are_answered_in_order_with_exact_statuses(tmp_path):
+    ran = tmp_path / "ran"
+
+    async def scenario():
+        launcher = Launcher()
+        launcher.start()
+        pendings = await start_many(launcher, tmp_path, ran, 40)
+        assert all(type(p) is PendingGuard for p in pendings) and launcher.waiting == 40
+        guards = [await started(p) for p in pendings]
+        assert all(type(g) is spawn.ForkedGuardProcess for g in guards)
+        assert [g.turn_id for g in guards] == [f"p{i}" for i in range(40)]
+        assert await follow_to_the_end(tmp_path, guards) == [3] * 40
+        for guard in guards:  # each answer went to its own request: the record names its turn
+            assert json.loads(guard.record_path.read_text())["turn"] == guard.turn_id
+        launcher.close()
+
+    asyncio.run(scenario())
+    assert sorted(ran_turns(ran)) == sorted(f"p{i}" for i in range(40))
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+def test_a_zygote_killed_or_stopped_with_requests_in_flight_leaves_no_turn_unwatched(
+    tmp_path, fault
+):
+    """Every request is settled: answered ones are forked guards, the rest start directly; no turn
+    runs twice, every directly started one runs once with its exact status, and a stopped zygote is
+    killed after answer_timeout without an answer."""
+    ran = tmp_path / "ran"
+    n = 30
+
+    async def scenario():
+        launcher = Launcher(answer_timeout=0.5)
+        launcher.start()
+        zygote = launcher.zygote
+        pendings = await start_many(launcher, tmp_path, ran, n)
+        os.kill(zygote.pid, getattr(signal, fault))  # before the loop has read any answer
+        guards = [await started(p) for p in pendings]
+        assert launcher.zygote is None and zygote.proc.returncode == -signal.SIGKILL
+        direct = [g for g in guards if type(g) is spawn.GuardProcess]
+        forked = [g for g in guards if type(g) is spawn.ForkedGuardProcess]
+        assert len(direct) + len(forked) == n and direct  # the fault hit requests in flight
+        assert all(procs.read_stat(g.pid).ppid == os.getpid() for g in direct)
+        statuses = await follow_to_the_end(tmp_path, guards)
+        for guard, status in zip(guards, statuses, strict=True):
+            if type(guard) is spawn.GuardProcess:
+                assert status == 3
+            else:  # its zygote died: unknown (the record says how CMD ended, when it ran)
+                assert status in (3, spawn.STATUS_UNKNOWN)
+        launcher.close()
+        return direct
+
+    direct = asyncio.run(scenario())
+    runs = ran_turns(ran)
+    assert len(runs) == len(set(runs))  # no turn ran twice
+    assert {g.turn_id for g in direct} <= set(runs)

@@ -1,0 +1,337 @@
+"""Which way a guard starts: through the guard zygote, pipelined, else directly.
+
+Design note. Through the zygote a guard costs the supervisor ~0.3 ms of its own work, but the
+zygote's answer (it forks, waits for the child's set-up, opens a pidfd) takes 1-3 ms, more on a
+loaded machine: waiting for it was ~27 % of the supervisor's wall time at 300 turns. So the
+launcher does not wait. `start_guard` sends the spawn request (non-blocking; what the socket does
+not take now is sent when it is writable) and returns a `PendingGuard`; the zygote answers one
+request after another, in order, and each answer is taken on the event loop when it arrives and
+settles the oldest pending request: a `spawn.ForkedGuardProcess`, or the OSError that kept its
+child from being set up (a bad cwd). The caller (supervisor.endings) goes on with the turn from
+there. Rejected: a thread that waits for the answers (a second reader of the socket, and the
+answers must still come back to the loop); a blocking spawn per turn (the old way).
+
+The guarantees do not move:
+- a grant is saved before its request is sent (the manager starts guards after the save);
+- the zygote sends "go" to a child only after its answer is written, so a guard runs only once
+  the answer is on its way to us, and a child whose answer never reaches us runs nothing;
+- a zygote that dies with requests in flight (its socket's EOF): the answers it sent before are
+  taken, and every request it did not answer is started directly, in order;
+- a zygote that stops answering (stopped, starved) while requests wait: when nothing has come
+  for `answer_timeout` seconds (5 s; the time since the last answer, so a long but moving queue is
+  not stuck), it is SIGKILLed and handled as dead. The watch is a timer on the loop, armed while
+  requests wait.
+After either, every later guard starts directly (said once in the log). A guard it forked keeps
+running under the supervisor's watch; its status is then unknown (spawn.ForkedGuardProcess).
+
+Knows the zygote handle, guard processes and the event loop; nothing of turns or slots.
+State: none stored; a restarted supervisor starts a zygote of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from guardd.zygote_handle import Failed, Spawned, Zygote, ZygoteGone
+
+from .spawn import ForkedGuardProcess, GuardProcess, _Pipes, guard_args, guard_env, start_guard
+
+log = logging.getLogger("ccsup.launcher")
+
+ANSWER_TIMEOUT = 5.0  # seconds without an answer while requests wait: the zygote is stuck
+
+Started = GuardProcess | OSError
+
+
+class PendingGuard:
+    """A guard asked of the zygote and not answered yet.
+
+    `then(callback)` calls back once with the GuardProcess, or with the OSError that kept it from
+    starting, always from the event loop (never inside the caller of `start_guard`)."""
+
+    __slots__ = ("turn_id", "_result", "_callback")
+
+    def __init__(self, turn_id: str):
+        self.turn_id = turn_id
+        self._result: Started | None = None
+        self._callback: Callable[[Started], None] | None = None
+
+    def then(self, callback: Callable[[Started], None]) -> None:
+        if self._result is not None:
+            callback(self._result)
+        else:
+            self._callback = callback
+
+    def settle(self, result: Started) -> None:
+        assert self._result is None, f"the guard of turn {self.turn_id} was settled twice"
+        self._result = result
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback(result)
+
+
+class _Request:
+    """A request sent (or queued) to the zygote: what to settle, our pipe ends, the direct way."""
+
+    __slots__ = ("pending", "ours", "record_dir", "cwd", "direct")
+
+    def __init__(
+        self,
+        pending: PendingGuard,
+        ours: tuple[int, int, int],
+        record_dir: Path,
+        cwd: str | None,
+        direct: Callable[[], GuardProcess],
+    ):
+        self.pending, self.ours, self.record_dir, self.cwd = pending, ours, record_dir, cwd
+        self.direct = direct
+
+    def close_ours(self) -> None:
+        for fd in self.ours:
+            os.close(fd)
+
+
+class Launcher:
+    """Starts guards through a guard zygote while one runs, else directly (`spawn.start_guard`).
+
+    `start()` (on the running event loop) starts the zygote; `start_guard` has the arguments of
+    spawn.start_guard and returns a GuardProcess (started directly) or a PendingGuard (asked of
+    the zygote); `close()` stops the zygote. A zygote that cannot be started, dies, or stops
+    answering is logged once and not used again.
+    """
+
+    def __init__(
+        self,
+        python: str | None = None,
+        *,
+        start_zygote=Zygote.start,
+        answer_timeout: float = ANSWER_TIMEOUT,
+    ):
+        self.python = python
+        self.zygote: Zygote | None = None
+        self.answer_timeout = answer_timeout
+        self._start_zygote = start_zygote
+        self._forked: dict[int, ForkedGuardProcess] = {}
+        self._waiting: deque[_Request] = deque()  # sent or queued, not answered: in order
+        self._progress = 0.0  # monotonic time of the last answer (or of the first request)
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._writing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop `start()` was called on (a bug to ask before)."""
+        assert self._loop is not None, "the launcher is not started"
+        return self._loop
+
+    @property
+    def waiting(self) -> int:
+        """Requests the zygote has not answered yet."""
+        return len(self._waiting)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            self.zygote = self._start_zygote(self.python)
+        except (OSError, ZygoteGone) as e:
+            log.warning("unable to start the guard zygote: %s; guards are started directly", e)
+            return
+        self.loop.add_reader(self.zygote.fileno(), self._on_readable)
+        log.info("guard zygote started (pid %d)", self.zygote.pid)
+
+    def start_guard(
+        self,
+        turn_id: str,
+        argv: list[str],
+        *,
+        cwd: str | None,
+        env: dict,
+        record_dir: Path,
+        grace: float,
+        scan: float,
+        bus: str | None,
+    ) -> GuardProcess | PendingGuard:
+        """A GuardProcess started directly (OSError when it cannot be), or a PendingGuard."""
+        direct = partial(
+            start_guard,
+            turn_id,
+            argv,
+            cwd=cwd,
+            env=env,
+            record_dir=record_dir,
+            grace=grace,
+            scan=scan,
+            bus=bus,
+        )
+        if self.zygote is None:
+            return direct()
+        args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        theirs, ours = (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r)
+        try:
+            self.zygote.request(args, cwd=cwd, env=guard_env(env), stdio=theirs)
+        except (ZygoteGone, ValueError) as e:
+            for fd in (*theirs, *ours):
+                os.close(fd)
+            if isinstance(e, ZygoteGone):
+                self._lost(str(e))
+            else:
+                log.info("turn %s: %s; its guard is started directly", turn_id, e)
+            return direct()
+        if not self._waiting:
+            self._progress = time.monotonic()
+        request = _Request(PendingGuard(turn_id), ours, record_dir, cwd, direct)
+        self._waiting.append(request)
+        self._flush()
+        self._watch()
+        return request.pending
+
+    def close(self) -> None:
+        """Stop the zygote (at the daemon's end: every turn is gone by then)."""
+        zygote, self.zygote = self.zygote, None
+        if zygote is None:
+            return
+        self.loop.remove_reader(zygote.fileno())
+        self._stop_writing(zygote)
+        zygote.close()
+        for request in self._drain_waiting():
+            request.close_ours()
+            why = OSError("unable to start the guard: the supervisor is stopping")
+            self.loop.call_soon(request.pending.settle, why)
+        self._orphan_all()
+
+    # -- the event loop's side -------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        zygote = self.zygote
+        if zygote is None:
+            return
+        try:
+            done = zygote.flush()
+        except ZygoteGone as e:
+            self._lost(str(e))
+            return
+        if not done and not self._writing:
+            self.loop.add_writer(zygote.fileno(), self._flush)
+            self._writing = True
+        elif done:
+            self._stop_writing(zygote)
+
+    def _stop_writing(self, zygote: Zygote) -> None:
+        if self._writing:
+            self._writing = False
+            if zygote.fileno() >= 0:
+                self.loop.remove_writer(zygote.fileno())
+
+    def _on_readable(self) -> None:
+        zygote = self.zygote
+        if zygote is None:
+            return
+        try:
+            self._take(zygote.answers())
+        except OSError as e:
+            zygote.kill()
+            self._lost(str(e))
+            return
+        self._deliver(zygote)
+        if not zygote.alive:
+            self._lost(f"it exited with status {zygote.proc.returncode}")
+
+    def _take(self, answers: list[Spawned | Failed]) -> None:
+        """Settle the oldest waiting requests with these answers, in order."""
+        for answer in answers:
+            if not self._waiting:
+                raise OSError("unable to read the zygote's answers: one more than was asked")
+            request = self._waiting.popleft()
+            self._progress = time.monotonic()
+            result: Started
+            if isinstance(answer, Spawned):
+                guard = ForkedGuardProcess(
+                    request.pending.turn_id,
+                    _Pipes(answer.pid, *request.ours),
+                    request.record_dir,
+                    pidfd=answer.pidfd,
+                    start=answer.start,
+                )
+                self._forked[answer.pid] = guard
+                result = guard
+            else:
+                request.close_ours()
+                result = answer.error(request.cwd)
+            self.loop.call_soon(request.pending.settle, result)
+
+    def _deliver(self, zygote: Zygote) -> None:
+        """Hand each reported status to its guard, from the loop (never inside a caller)."""
+        for pid, returncode in zygote.poll_reports():
+            guard = self._forked.pop(pid, None)
+            if guard is not None:
+                self.loop.call_soon(guard.status_reported, returncode)
+
+    def _watch(self) -> None:
+        """While requests wait, a timer checks that answers keep coming."""
+        if self._watchdog is None and self._waiting and self.zygote is not None:
+            self._watchdog = self.loop.call_later(self.answer_timeout, self._check_stuck)
+
+    def _check_stuck(self) -> None:
+        self._watchdog = None
+        zygote = self.zygote
+        if zygote is None or not self._waiting:
+            return
+        quiet = time.monotonic() - self._progress
+        if quiet < self.answer_timeout:
+            self._watchdog = self.loop.call_later(self.answer_timeout - quiet, self._check_stuck)
+            return
+        zygote.kill()
+        self._lost(
+            f"it answered nothing for {quiet:.1f} s with {len(self._waiting)} waiting; killed"
+        )
+
+    def _lost(self, why: str) -> None:
+        """The zygote is gone (or was given up): take what it said, start the rest directly."""
+        zygote, self.zygote = self.zygote, None
+        if zygote is None:
+            return
+        log.warning(
+            "the guard zygote (pid %d) is gone (%s): guards are started directly from now on",
+            zygote.pid,
+            why,
+        )
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._stop_writing(zygote)
+        self.loop.remove_reader(zygote.fileno())
+        try:
+            self._take(zygote.answers())  # what it answered before it went
+        except OSError as e:
+            log.warning("the guard zygote's last answers are unusable: %s", e)
+        self._deliver(zygote)
+        zygote.close()
+        self._orphan_all()
+        for request in self._drain_waiting():  # never answered: their children run nothing
+            request.close_ours()
+            result: Started
+            try:
+                result = request.direct()
+            except OSError as e:
+                result = e
+            self.loop.call_soon(request.pending.settle, result)
+
+    def _drain_waiting(self) -> list[_Request]:
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        return waiting
+
+    def _orphan_all(self) -> None:
+        forked, self._forked = self._forked, {}
+        for guard in forked.values():
+            self.loop.call_soon(guard.status_reported, None)
