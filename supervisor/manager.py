@@ -566,11 +566,8 @@ class Manager:
         turn.slot.record_work(guard.identity, str(guard.record_path), [])
         self._apply(turn, Event.STARTED, guard=guard.identity.to_json())
 
-    def _on_output(self, turn: Turn, stream: str, offset: int, data: bytes) -> None:
-        self._emit(
-            f"turn.{turn.id}.{stream}",
-            {"id": turn.id, "offset": offset, "data": data.decode("utf-8", errors="replace")},
-        )
+    def _on_output(self, turn: Turn, stream: str, chunk: spawn.Chunk) -> None:
+        self._emit(f"turn.{turn.id}.{stream}", chunk.body(turn.id))
 
     # -- the guard's end -------------------------------------------------------------------------
 

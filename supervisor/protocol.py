@@ -13,6 +13,8 @@ before they are parsed. Knows JSON and field types; nothing of sockets, slots or
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import time
@@ -95,6 +97,47 @@ def encode_event(
         body["seq"] = seq
     body.update(fields)
     return [topic.encode(), dumps(body)]
+
+
+def output_body(turn_id: str, offset: int, data: bytes, text: str | None) -> dict:
+    """The body of `turn.<id>.stdout|stderr`: {"id","offset","data"} when the chunk is UTF-8
+    (`text`), else {"id","offset","data_b64"} with its exact bytes in base64. `offset` is the
+    byte offset of the chunk's first byte in the stream (and its log): chunks tile it."""
+    if text is not None:
+        return {"id": turn_id, "offset": offset, "data": text}
+    return {"id": turn_id, "offset": offset, "data_b64": base64.b64encode(data).decode("ascii")}
+
+
+def output_bytes(body: dict) -> tuple[int, bytes]:
+    """An output event's body -> (offset, exact bytes). ProtocolError when it is not one."""
+    offset = body.get("offset")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise _bad("an output event has a whole-number 'offset' of 0 or more")
+    return offset, _data_field(body, "an output event")
+
+
+def _data_field(body: dict, what: str) -> bytes:
+    """The bytes of 'data' (text, written as UTF-8) or 'data_b64' (base64): at most one of them."""
+    text, b64 = body.get("data"), body.get("data_b64")
+    if text is not None and b64 is not None:
+        raise _bad(f"{what} carries 'data' or 'data_b64', not both")
+    if b64 is not None:
+        if not isinstance(b64, str):
+            raise _bad(f"'data_b64' of {what} must be a base64 string")
+        try:
+            return base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad(f"'data_b64' of {what} is not valid base64") from None
+    if text is None:
+        return b""
+    if not isinstance(text, str):
+        raise _bad(f"'data' of {what} must be a string (written as UTF-8)")
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise _bad(
+            f"'data' of {what} holds a lone surrogate; send such bytes as 'data_b64'"
+        ) from None
 
 
 def decode_event(frames: list[bytes]) -> tuple[str, dict]:
@@ -376,14 +419,13 @@ class SendArgs:
 
 
 def parse_send(args: dict) -> SendArgs:
-    _reject_unknown(args, {"id", "data", "eof"}, "a send request")
-    data = args.get("data", "")
-    if not isinstance(data, str):
-        raise _bad("'data' must be a string (written as UTF-8)")
+    """'data' (text, written as UTF-8) or 'data_b64' (any bytes, base64), and 'eof'."""
+    _reject_unknown(args, {"id", "data", "data_b64", "eof"}, "a send request")
+    data = _data_field(args, "a send request")
     eof = args.get("eof", False)
     if not isinstance(eof, bool):
         raise _bad("'eof' must be true or false")
-    return SendArgs(check_id(args.get("id")), data.encode(), eof)
+    return SendArgs(check_id(args.get("id")), data, eof)
 
 
 def parse_reap(args: dict) -> str | None:

@@ -8,8 +8,8 @@ from shadowing ours), ~25-36 ms of CPU a turn. `Launcher` chooses: the zygote wh
 direct way when it could not be started, has died, or was given up (and says so in the log once);
 containment never depends on it. Either way the guard is in a session of its own, so nothing of
 the supervisor's terminal reaches it, and its stdout and stderr are pipes the event loop reads:
-every chunk is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on with
-its byte offset. The guard's exit is seen through a pidfd. Its status: a directly started guard is
+every read is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on as a
+`supervisor.output.Chunk`: whole characters, its byte offset in the stream, chunks tiling it. The guard's exit is seen through a pidfd. Its status: a directly started guard is
 our child and `reap()` is the daemon's only waitpid for it, called when that pidfd is readable; a
 forked guard is the zygote's child, reaped there, and its status comes over the zygote's socket
 (`ForkedGuard`): the exit callback waits for both. If the zygote dies first, the status is lost,
@@ -36,9 +36,11 @@ from guardd.launch import guard_command
 from guardd.record import record_path
 from guardd.zygote import Zygote, ZygoteGone
 
+from .output import Chunk, StreamSplitter
+
 log = logging.getLogger("ccsup.spawn")
 
-OutputCallback = Callable[[str, int, bytes], None]  # stream, offset, data
+OutputCallback = Callable[[str, Chunk], None]  # stream, chunk
 # A forked guard whose zygote died before reporting its status: unknown, read as the guard's own
 # failure (the record's exit, when it has one, wins; without one the guard was lost).
 STATUS_UNKNOWN = EXIT_GUARD_FAILURE
@@ -79,7 +81,8 @@ class Guard:
         self._on_exit: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._logs: dict[str, object] = {}
-        self._offsets = {"stdout": 0, "stderr": 0}
+        self._offsets = {"stdout": 0, "stderr": 0}  # bytes read from each pipe
+        self._splitters = {"stdout": StreamSplitter(), "stderr": StreamSplitter()}
         self._on_output: OutputCallback | None = None
         self._stdin_buffer = bytearray()
         self._stdin_eof = False
@@ -120,10 +123,11 @@ class Guard:
         if not data:
             self._close_stream(stream)
             return
-        offset = self._offsets[stream]
-        self._offsets[stream] = offset + len(data)
+        self._offsets[stream] += len(data)
         self._logs[stream].write(data)
-        self._on_output(stream, offset, data)
+        chunk = self._splitters[stream].feed(data)
+        if chunk is not None:
+            self._on_output(stream, chunk)
 
     def drain(self) -> None:
         """Read what the pipes hold now, so output comes before the events that follow it."""
@@ -144,6 +148,9 @@ class Guard:
         log = self._logs.pop(stream, None)
         if log is not None:
             log.close()
+            chunk = self._splitters[stream].finish()  # an incomplete character, for good
+            if chunk is not None and self._on_output is not None:
+                self._on_output(stream, chunk)
 
     def write_stdin(self, data: bytes, eof: bool = False) -> int:
         """Queue data for CMD's stdin (written as the pipe takes it); eof closes it after."""

@@ -18,12 +18,19 @@
 // (`inferred: true`): `released` when the turn was granted, else `cancelled` with reason
 // `unknown`. Lost output is in `<state>/turns/<id>/stdout.log` (exact bytes, by `offset`).
 //
+// Output. `turn.<id>.stdout|stderr` bodies carry `offset` (the chunk's byte offset in the stream
+// and its log: chunks tile it) and either `data` (the chunk is UTF-8 text, whole characters) or
+// `data_b64` (its exact bytes, when they are not UTF-8). `outputBytes(body)` gives a chunk's
+// bytes and `TurnOutput` reassembles a turn's streams exactly; `send` takes a Buffer as well as
+// text (a Buffer that is not UTF-8 is sent as `data_b64`).
+//
 // State: none on disk. What the client does not read: the TOML config (its `state_dir` and
 // endpoints) — pass `stateDir` and `endpoints` when the supervisor does not use the defaults.
 // When the supervisor restarts, seq starts again from 1: a lower seq is followed, not a gap.
 
 import { Dealer, Publisher, Subscriber } from "zeromq";
 import { randomUUID } from "node:crypto";
+import { closeSync, openSync, readSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 
@@ -357,9 +364,14 @@ export class Sidecar {
     return this.call("ps");
   }
 
-  /** Write to a turn's stdin (`eof` closes it). */
+  /** Write to a turn's stdin (`eof` closes it): a string as UTF-8, a Buffer exactly. */
   send(id, data, eof = false) {
-    return this.call("send", { id, data, eof });
+    return this.call("send", { id, ...sendData(data), eof });
+  }
+
+  /** Bytes [start, end) of a turn's output log on this machine (a TurnOutput `fill`). */
+  readLog(id, stream, start = 0, end = undefined) {
+    return readRange(join(this.stateDir, "turns", id, `${stream}.log`), start, end);
   }
 }
 
@@ -369,4 +381,79 @@ function compact(obj) {
 
 function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+// -- output: exact bytes ------------------------------------------------------------------------
+
+const STRICT_UTF8 = new TextDecoder("utf-8", { fatal: true });
+
+/** The data field of a send request: `data` for text (and UTF-8 Buffers), else `data_b64`. */
+export function sendData(data) {
+  if (typeof data === "string") return { data };
+  const buffer = Buffer.from(data);
+  try {
+    return { data: STRICT_UTF8.decode(buffer) };
+  } catch {
+    return { data_b64: buffer.toString("base64") };
+  }
+}
+
+/** The exact bytes of an output event's body: `data` (UTF-8 text) or `data_b64` (base64). */
+export function outputBytes(body) {
+  if (typeof body.data_b64 === "string") return Buffer.from(body.data_b64, "base64");
+  return Buffer.from(typeof body.data === "string" ? body.data : "", "utf8");
+}
+
+/**
+ * Reassembles a turn's stdout and stderr exactly from its events.
+ *
+ * `feed(event)` returns `{stream, bytes}` for an output event (the new bytes, in stream order) and
+ * null for any other. A chunk that starts past `position[stream]` means events were lost:
+ * `fill(stream, start, end)` (e.g. `(s, a, b) => sidecar.readLog(id, s, a, b)` on the
+ * supervisor's machine) supplies the missing bytes, else it throws a CcsupError with code "gap".
+ * A chunk already seen is ignored (only its new part counts).
+ */
+export class TurnOutput {
+  constructor(id, { fill } = {}) {
+    this.id = id;
+    this.fill = fill;
+    this.position = { stdout: 0, stderr: 0 };
+  }
+
+  feed({ topic, kind, body }) {
+    if (!(kind in this.position) || topic !== `turn.${this.id}.${kind}`) return null;
+    let bytes = outputBytes(body);
+    const position = this.position[kind];
+    if (body.offset > position) {
+      const missing = this.fill ? this.fill(kind, position, body.offset) : null;
+      if (!missing || missing.length !== body.offset - position) {
+        throw new CcsupError(`turn ${this.id}: ${kind} bytes ${position} to ${body.offset} were lost on the bus`, "gap");
+      }
+      bytes = Buffer.concat([missing, bytes]);
+    } else if (body.offset < position) {
+      bytes = bytes.subarray(position - body.offset);
+    }
+    this.position[kind] += bytes.length;
+    return { stream: kind, bytes };
+  }
+}
+
+function readRange(path, start, end) {
+  const fd = openSync(path, "r");
+  try {
+    const chunks = [];
+    let at = start;
+    for (;;) {
+      const want = end === undefined ? 1 << 20 : Math.min(1 << 20, end - at);
+      if (want <= 0) break;
+      const buffer = Buffer.alloc(want);
+      const n = readSync(fd, buffer, 0, want, at);
+      if (n === 0) break;
+      chunks.push(buffer.subarray(0, n));
+      at += n;
+    }
+    return Buffer.concat(chunks);
+  } finally {
+    closeSync(fd);
+  }
 }

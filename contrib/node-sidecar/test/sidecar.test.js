@@ -5,7 +5,7 @@ import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { Router, XPublisher } from "zeromq";
-import { Sidecar, findStateDir, newId } from "../ccsup.js";
+import { Sidecar, TurnOutput, findStateDir, newId } from "../ccsup.js";
 import { startDaemon } from "./daemon.js";
 
 const LIFECYCLE = new Set(["queued", "granted", "started", "exited", "stopping", "gone", "released", "cancelled", "rejected"]);
@@ -183,4 +183,26 @@ test("a reservation holds the slot and a turn that names it binds it ahead of a 
   const waiterEvents = await collect(waiter);
   const waiterGranted = waiterEvents.find((e) => e.kind === "granted").body.seq;
   assert.ok(waiterGranted > boundEvents.at(-1).body.seq, "the waiter was granted after the bound turn was released");
+});
+
+test("output and stdin are exact bytes: split characters, invalid bytes, NULs", { timeout: 30000 }, async () => {
+  // A character split across two writes, then bytes that are not UTF-8, then what was sent.
+  const script = "printf 'a\\303'; sleep 0.05; printf '\\251\\377\\000z'; cat";
+  const turn = await sidecar.turn({ key: "solo", argv: ["sh", "-c", script] });
+  const sent = Buffer.from([0xff, 0x00, 0xe4, 0xb8, 0xad, 0x0a]);
+  await turn.send(sent, true);
+  const output = new TurnOutput(turn.id, { fill: (s, a, b) => sidecar.readLog(turn.id, s, a, b) });
+  const pieces = [];
+  for await (const event of turn) {
+    const got = output.feed(event);
+    if (got?.stream === "stdout") pieces.push(got.bytes);
+    if (event.kind === "stdout") assert.ok(!("data" in event.body) || !event.body.data.includes("\ufffd"));
+  }
+  const expected = Buffer.concat([Buffer.from([0x61, 0xc3, 0xa9, 0xff, 0x00, 0x7a]), sent]);
+  assert.deepEqual(Buffer.concat(pieces), expected);
+  assert.deepEqual(sidecar.readLog(turn.id, "stdout"), expected);
+  assert.equal(output.position.stdout, expected.length);
+  // A gap with nothing to fill it is an error, never silent.
+  const strict = new TurnOutput("x");
+  assert.throws(() => strict.feed({ topic: "turn.x.stdout", kind: "stdout", body: { offset: 3, data: "a" } }), /lost on the bus/);
 });
