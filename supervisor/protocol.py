@@ -47,6 +47,12 @@ ERROR_CODES = (
     "failed",  # the command was understood but could not be carried out
 )
 
+# A turn's (or reservation's) last event: nothing follows it on `turn.<id>.`.
+TERMINAL_EVENTS = ("released", "cancelled", "rejected")
+TURN_ENDED = (
+    "supervisor.turn_ended"  # published after each terminal event: {id, key, state, turn_seq}
+)
+
 HOLDER_LABELS = ("session", "agent", "harness", "model", "effort", "mode")
 
 
@@ -90,11 +96,19 @@ def encode_error(req_id: Any, code: str, message: str) -> bytes:
 
 
 def encode_event(
-    topic: str, fields: dict, *, seq: int | None = None, ts: float | None = None
+    topic: str,
+    fields: dict,
+    *,
+    seq: int | None = None,
+    ts: float | None = None,
+    counters: dict[str, int] | None = None,
 ) -> list[bytes]:
-    body = {"v": VERSION, "ts": time.time() if ts is None else ts}
+    """`counters`: the family counters (`turn_seq`, `supervisor_seq`) beside `seq`."""
+    body: dict[str, Any] = {"v": VERSION, "ts": time.time() if ts is None else ts}
     if seq is not None:
         body["seq"] = seq
+    if counters:
+        body.update(counters)
     body.update(fields)
     return [topic.encode(), dumps(body)]
 
