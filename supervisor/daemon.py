@@ -27,7 +27,7 @@ import socket
 import sys
 from pathlib import Path
 
-from . import protocol, spawn, store
+from . import history, protocol, spawn, store
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -117,6 +117,8 @@ class Daemon:
         self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
+        self.history = history.Recorder(paths.root)  # writes in a thread of its own
+        self.server.observers.append(self.history.observe)
 
     def _settings(self, config: Config) -> Settings:
         return Settings(
@@ -129,6 +131,7 @@ class Daemon:
 
     async def run(self) -> int:
         self.server.bind()
+        self.history.start()
         self.manager = Manager(
             paths=self.paths,
             gate=self.gate,
@@ -164,6 +167,7 @@ class Daemon:
         self.manager.close()
         self.launcher.close()
         self.server.close()
+        self.history.close()
         log.info("stopped")
         return 0
 

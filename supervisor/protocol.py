@@ -104,13 +104,24 @@ def encode_event(
     counters: dict[str, int] | None = None,
 ) -> list[bytes]:
     """`counters`: the family counters (`turn_seq`, `supervisor_seq`) beside `seq`."""
+    return [topic.encode(), dumps(event_body(fields, seq=seq, ts=ts, counters=counters))]
+
+
+def event_body(
+    fields: dict,
+    *,
+    seq: int | None = None,
+    ts: float | None = None,
+    counters: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """An event's body as published: the envelope (v, ts, seq, counters), then its fields."""
     body: dict[str, Any] = {"v": VERSION, "ts": time.time() if ts is None else ts}
     if seq is not None:
         body["seq"] = seq
     if counters:
         body.update(counters)
     body.update(fields)
-    return [topic.encode(), dumps(body)]
+    return body
 
 
 def output_body(turn_id: str, offset: int, data: bytes, text: str | None) -> dict:

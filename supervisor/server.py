@@ -198,6 +198,8 @@ class Server:
         self.refused_clients: set[bytes] = set()
         self.ctx = zmq.asyncio.Context()
         self.counters = Counters()
+        # Called with every event published, as published (history, metrics): must be cheap.
+        self.observers: list[Callable[[str, dict], None]] = []
         self.rejected_bus_messages = 0
         self._tasks: list[asyncio.Task] = []
         self._answering: set[asyncio.Task] = set()
@@ -304,9 +306,11 @@ class Server:
     def publish(self, topic: str, fields: dict) -> None:
         """Publish one of the supervisor's own events, with its counters (see `Counters`)."""
         counters, ended = self.counters.stamp(topic, fields)
-        frames = protocol.encode_event(topic, fields, seq=self.counters.seq, counters=counters)
-        if not _send_nowait(self.bus_out, frames):
+        body = protocol.event_body(fields, seq=self.counters.seq, counters=counters)
+        if not _send_nowait(self.bus_out, [topic.encode(), protocol.dumps(body)]):
             log.warning("bus-out is full: dropped %s (seq %d)", topic, self.counters.seq)
+        for observe in self.observers:
+            observe(topic, body)
         if ended is not None:
             self.publish(protocol.TURN_ENDED, ended)
 
