@@ -25,9 +25,10 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
-from . import history, protocol, spawn, store
+from . import history, protocol, retention, spawn, store
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -119,6 +120,9 @@ class Daemon:
         self._reaping: asyncio.Task | None = None
         self.history = history.Recorder(paths.root)  # writes in a thread of its own
         self.server.observers.append(self.history.observe)
+        self.launcher.on_truncated = self._log_truncated
+        self.launcher.log_limit = self._log_limits().turn_max_bytes
+        self._pruning: asyncio.Task | None = None
 
     def _settings(self, config: Config) -> Settings:
         return Settings(
@@ -153,6 +157,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self.quit)
         loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
         await self.reap_orphans()
+        self._pruning = asyncio.create_task(self._prune_logs_periodically())
         sd_notify("READY=1")
         ticker = asyncio.create_task(self._tick())
         await self._stop.wait()
@@ -162,6 +167,7 @@ class Daemon:
         self.manager.begin_stop()
         await self.manager.wait_idle()
         ticker.cancel()
+        self._pruning.cancel()
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
@@ -192,6 +198,32 @@ class Daemon:
 
     def quit(self) -> None:
         self._stop.set()
+
+    # -- output logs -----------------------------------------------------------------------------
+
+    def _log_limits(self) -> retention.LogLimits:
+        return getattr(self.config, "logs", None) or retention.LogLimits()
+
+    def _log_truncated(self, turn_id: str, stream: str, offset: int, limit: int) -> None:
+        fields = {"id": turn_id, "stream": stream, "offset": offset, "limit": limit}
+        self.server.publish(f"turn.{turn_id}.truncated", fields)
+
+    async def _prune_logs_periodically(self) -> None:
+        """[logs] keep and max_bytes: at start, then every PRUNE_INTERVAL, in a thread."""
+        while True:
+            limits = self._log_limits()
+            running = set(self.manager.turns) if self.manager else set()
+            try:
+                pruned = await asyncio.to_thread(retention.prune, self.paths.turns, limits, running)
+            except OSError as e:  # a bug-free prune logs its own; this is the unexpected rest
+                log.error("unable to prune turn logs in %s: %s", self.paths.turns, e)
+                pruned = []
+            if pruned:
+                log.info("pruned the logs of %d turn(s)", len(pruned))
+                self.history.mark_pruned([p["id"] for p in pruned], pruned[0]["pruned_at"])
+            if limits.keep is not None:
+                self.history.prune(time.time() - limits.keep)
+            await asyncio.sleep(retention.PRUNE_INTERVAL)
 
     async def _tick(self) -> None:
         elapsed = 0.0
@@ -274,6 +306,7 @@ class Daemon:
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
         self.manager.settings = self._settings(config)
+        self.launcher.log_limit = self._log_limits().turn_max_bytes
         self.server.publish("supervisor.reloaded", {"config": config.source})
         log.info("reloaded %s", config.source)
         self.manager.grant_waiters()  # a raised cap may admit waiters now

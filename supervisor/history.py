@@ -60,6 +60,7 @@ LIFECYCLE = frozenset(
         "released",
         "cancelled",
         "rejected",
+        "truncated",  # the turn's logs reached [logs] turn_max_bytes (kept as an event only)
     }
 )
 OUTCOMES = (
@@ -347,6 +348,8 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
         "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?)",
         (turn_id, body.get("turn_seq"), kind, ts, json.dumps(body, separators=(",", ":"))),
     )
+    if kind == "truncated":
+        return  # an event of the turn's story, not a change of its state
     db.execute(
         "INSERT OR IGNORE INTO turns (id, key, state, queued_at) VALUES (?, ?, ?, ?)",
         (turn_id, key, kind, ts if kind in ("queued", "rejected") else None),
