@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import history, protocol, retention, spawn, store
+from . import history, metrics, protocol, retention, spawn, store
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -123,6 +123,9 @@ class Daemon:
         self.launcher.on_truncated = self._log_truncated
         self.launcher.log_limit = self._log_limits().turn_max_bytes
         self._pruning: asyncio.Task | None = None
+        self.metrics = metrics.Metrics(ps=lambda: self.manager.ps() if self.manager else {})
+        self.server.observers.append(self.metrics.observe)
+        self.metrics_server: metrics.MetricsServer | None = None
 
     def _settings(self, config: Config) -> Settings:
         return Settings(
@@ -152,6 +155,7 @@ class Daemon:
         self.launcher.start()  # before restore, which may start guards
         self.restore()  # before any request is served: nothing new can jump what was waiting
         self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
+        self._serve_metrics()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.quit)
         loop.add_signal_handler(signal.SIGINT, self.quit)
@@ -174,6 +178,8 @@ class Daemon:
         self.launcher.close()
         self.server.close()
         self.history.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         log.info("stopped")
         return 0
 
@@ -198,6 +204,21 @@ class Daemon:
 
     def quit(self) -> None:
         self._stop.set()
+
+    def _serve_metrics(self) -> None:
+        """[metrics] listen: serve /metrics (off unless configured; an address it cannot take is
+        logged and the supervisor runs on without it)."""
+        listen = getattr(getattr(self.config, "metrics", None), "listen", None)
+        if not listen:
+            return
+        try:
+            host, port = metrics.parse_listen(listen)
+            server = metrics.MetricsServer(self.metrics, host, port)
+            server.start()
+        except CcsupError as e:
+            log.error("%s; no metrics are served", e.message)
+            return
+        self.metrics_server = server
 
     # -- output logs -----------------------------------------------------------------------------
 
@@ -293,6 +314,9 @@ class Daemon:
 
     async def cmd_reap(self, args: dict) -> dict:
         return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}
+
+    async def cmd_metrics(self, args: dict) -> dict:
+        return {"text": self.metrics.exposition().decode()}
 
     async def cmd_reload(self, args: dict) -> dict:
         return self.reload()

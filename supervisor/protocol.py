@@ -29,10 +29,21 @@ MAX_FRAME = 1 << 20  # 1 MiB: larger frames are refused unparsed
 MAX_ARGV = 4096
 MAX_WAIT_TIMEOUT = 7 * 24 * 3600.0
 
-COMMANDS = ("status", "turn", "reserve", "cancel", "send", "ps", "reap", "reload", "quit")
+COMMANDS = (
+    "status",
+    "turn",
+    "reserve",
+    "cancel",
+    "send",
+    "ps",
+    "reap",
+    "reload",
+    "quit",
+    "metrics",  # the Prometheus exposition text: {"text"}
+)
 # Commands that take no arguments: anything in their args is refused (a closed vocabulary; a
 # `quit` carrying fields it does not know is not obeyed on a guess).
-NO_ARGS = ("status", "ps", "reload", "quit")
+NO_ARGS = ("status", "ps", "reload", "quit", "metrics")
 REQUEST_TOPICS = {"request.turn": "turn", "request.reserve": "reserve", "request.cancel": "cancel"}
 
 # The fixed set of error codes a reply may carry.
