@@ -49,7 +49,12 @@ class CcsupGroup(click.Group):
 
     Commands in LAZY_COMMANDS are listed with the others but imported only when used."""
 
-    LAZY_COMMANDS = {"config": ("supervisor.cli_config", "config_group")}
+    LAZY_COMMANDS = {
+        "config": ("supervisor.cli_config", "config_group"),
+        "history": ("supervisor.cli_history", "history_command"),
+        "show": ("supervisor.cli_history", "show_command"),
+        "metrics": ("supervisor.cli_metrics", "metrics_command"),
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY_COMMANDS})

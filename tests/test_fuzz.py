@@ -849,8 +849,10 @@ def test_ten_thousand_malformed_messages_change_nothing(daemon, event_log, state
         from supervisor import history
 
         wait_until(
-            lambda: {r["id"] for r in history.query(state_dir, limit=10**6)}
-            == {t.split(".")[1] for t in rejected},
+            lambda: (
+                {r["id"] for r in history.query(state_dir, limit=10**6)}
+                == {t.split(".")[1] for t in rejected}
+            ),
             what="the history of every rejected request",
         )
         assert {r["outcome"] for r in history.query(state_dir, limit=10**6)} == {"rejected"}

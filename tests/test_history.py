@@ -6,7 +6,9 @@ turns of every outcome under a real supervisor, restarts it, and reads the histo
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import time
 
 import pytest
 from conftest import wait_until
@@ -223,3 +225,55 @@ def test_a_real_supervisor_records_every_outcome_and_keeps_it_across_a_restart(d
     with d2.client() as client:
         list(client.run_turn("codex", ["true"], id="after"))
     wait_until(lambda: outcomes() == {**expected, "after": "ok"}, what="history after a restart")
+
+
+def ccsup(state_dir, *args):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_ccsup_history_and_show_read_the_file_without_a_supervisor(state_dir):
+    usage = {"cpu_user_s": 1.5, "peak_rss_bytes": 3 << 20}
+    feed(
+        state_dir,
+        ran("a", t0=time.time() - 7200)
+        + ran("b", exit_fields={"code": 3, "signal": None, "reason": None, **usage}, t0=time.time())
+        + story("e", "codex", ("queued", {"position": 0}), t0=time.time()),
+    )
+    listed = ccsup(state_dir, "history", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["id"] for r in json.loads(listed.stdout)] == ["b", "a"]
+    recent = ccsup(state_dir, "history", "--since", "1h")
+    assert recent.returncode == 0 and recent.stdout.splitlines()[0].split()[:4] == [
+        "ID",
+        "KEY",
+        "HOLDER",
+        "OUTCOME",
+    ]
+    assert "CPU USER" in recent.stdout and "PEAK RSS" in recent.stdout  # shown once present
+    (row,) = recent.stdout.splitlines()[1:]
+    assert row.split()[:5] == ["b", "codex", "s1/a", "exit", "3"] and "3.0MiB" in row
+    assert ccsup(state_dir, "history", "--outcome", "ok").stdout.splitlines()[1].split()[0] == "a"
+    bad = ccsup(state_dir, "history", "--outcome", "fine")
+    assert bad.returncode == 2 and "'fine'; known: ok, exit" in bad.stderr
+    shown = ccsup(state_dir, "show", "b")
+    assert shown.returncode == 0, shown.stderr
+    assert "  outcome    exit 3" in shown.stdout and "  cpu_user_s 1.5" in shown.stdout
+    assert [line.split()[2] for line in shown.stdout.splitlines() if line.startswith("    ")] == [
+        "queued",
+        "granted",
+        "started",
+        "exited",
+        "gone",
+        "released",
+    ]
+    assert json.loads(ccsup(state_dir, "show", "e", "--json").stdout)["state"] == "queued"
+    missing = ccsup(state_dir, "show", "nope")
+    assert missing.returncode == 1 and "no turn nope in the history" in missing.stderr

@@ -169,3 +169,20 @@ def test_a_real_supervisor_counts_the_turns_it_ran(daemon):
     assert got[("ccsup_turn_wait_seconds_count", k)] == 3  # the cancelled waiter was never granted
     assert got[("ccsup_slots", k + (("state", "free"),))] == 1
     assert got[("ccsup_waiting", k)] == 0
+
+
+def test_ccsup_metrics_prints_the_exposition_and_needs_a_supervisor(daemon, state_dir):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir), "metrics"]
+    d = daemon(caps="codex = 1")
+    with d.client() as client:
+        list(client.run_turn("codex", ["true"], id="one"))
+    shown = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    got = samples(shown.stdout)
+    assert got[("ccsup_turns_ended_total", (("key", "codex"), ("outcome", "ok")))] == 1
+    d.stop()
+    gone = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert gone.returncode == 3 and "no supervisor is running" in gone.stderr

@@ -1,0 +1,18 @@
+"""`ccsup metrics`: the running supervisor's figures in the Prometheus exposition format.
+
+Asks the supervisor (control command `metrics`) and prints the text as it came, for a look or a
+textfile collector; `[metrics] listen` serves the same text over HTTP. Exit 3 when no supervisor
+runs (the figures live in it).
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("metrics")
+@click.pass_context
+def metrics_command(ctx) -> None:
+    """Print the supervisor's metrics (Prometheus text format)."""
+    with ctx.obj.client() as client:
+        click.echo(client.call("metrics")["text"], nl=False)
