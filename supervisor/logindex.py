@@ -15,7 +15,8 @@ time. Entries out of order (a corrupt file): they are skipped, never used to reo
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ENTRY = struct.Struct("<Qd")
@@ -61,3 +62,27 @@ def timed_chunks(
                     return
                 left -= len(data)
                 yield at, data
+
+
+def stamp(at: float | None) -> bytes:
+    """The prefix `ccsup logs -t` puts before a line: local time to the millisecond."""
+    if at is None:
+        return b"-" * 23 + b" "
+    whole = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    return f"{whole}.{int(at % 1 * 1000):03d} ".encode()
+
+
+def timed_lines(chunks: Iterable[tuple[float | None, bytes]]) -> Iterator[bytes]:
+    """The log's bytes with the time its line started arriving before each line (the bytes
+    themselves unchanged; a last line without a newline is left open)."""
+    at_line_start = True
+    for at, data in chunks:
+        pieces = data.split(b"\n")
+        for n, piece in enumerate(pieces):
+            last = n == len(pieces) - 1
+            if at_line_start and (piece or not last):
+                yield stamp(at)
+                at_line_start = False
+            yield piece if last else piece + b"\n"
+            if not last:
+                at_line_start = True

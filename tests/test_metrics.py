@@ -186,3 +186,27 @@ def test_ccsup_metrics_prints_the_exposition_and_needs_a_supervisor(daemon, stat
     d.stop()
     gone = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert gone.returncode == 3 and "no supervisor is running" in gone.stderr
+
+
+def test_the_grafana_dashboard_asks_only_for_figures_the_supervisor_exposes():
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = Path(__file__).resolve().parents[1] / "contrib" / "grafana" / "ccsup-dashboard.json"
+    text = dashboard.read_text()
+    json.loads(text)
+    m = Metrics(ps=lambda: PS)
+    for topic, body in [
+        event("turn.a.queued", 1.0),
+        event("turn.a.granted", 2.0),
+        event("turn.a.started", 2.0),
+        event("turn.a.exited", 3.0, code=None, signal=None, reason="guard_lost", cpu_user_s=1.0),
+        event("turn.a.released", 3.0),
+        ("slot.codex.reaped", {"key": "codex"}),
+    ]:
+        m.observe(topic, body)
+    exposed = {name for name, _ in samples(m.exposition().decode())}
+    asked = set(re.findall(r"ccsup_[a-z_]+", text)) - {"ccsup_keys"}
+    assert asked and asked <= exposed, asked - exposed
+    assert {"ccsup_waiting", "ccsup_slots"} <= asked  # waits and holders per key over time

@@ -100,3 +100,14 @@ def test_timed_chunks_pair_the_index_with_the_log_and_survive_a_torn_index(tmp_p
     ]
     index.unlink()
     assert list(logindex.timed_chunks(log, index)) == [(None, b"hello world\nbye\n")]
+
+
+def test_timed_lines_stamp_each_line_with_the_time_its_first_byte_came():
+    chunks = [(10.0, b"one\ntw"), (11.0, b"o\nthree"), (12.0, b"\n"), (13.0, b"\nlast")]
+    out = b"".join(logindex.timed_lines(chunks))
+    s10, s11, s13 = (logindex.stamp(t) for t in (10.0, 11.0, 13.0))
+    assert out == s10 + b"one\n" + s10 + b"two\n" + s11 + b"three\n" + s13 + b"\n" + s13 + b"last"
+    # without the stamps, the bytes are the log's
+    assert out.replace(s10, b"").replace(s11, b"").replace(s13, b"") == b"".join(
+        c for _, c in chunks
+    )
