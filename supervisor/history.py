@@ -255,8 +255,10 @@ def query(
     if key is not None:
         where.append("key = ?")
         params.append(key)
+    # Finished turns are ordered (and filtered) by ended_at, which an index serves.
+    when = "ended_at" if finished else "COALESCE(ended_at, queued_at)"
     if since is not None:
-        where.append("COALESCE(ended_at, queued_at) >= ?")
+        where.append(f"{when} >= ?")
         params.append(since)
     if outcomes is not None:
         wanted = list(outcomes)
@@ -268,7 +270,7 @@ def query(
     sql = "SELECT * FROM turns"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY COALESCE(ended_at, queued_at) DESC, id LIMIT ?"
+    sql += f" ORDER BY {when} DESC LIMIT ?"
     params.append(int(limit))
     db = _connect_ro(state_dir)
     try:
