@@ -44,6 +44,8 @@ import { join } from "node:path";
 
 export const TERMINAL = new Set(["released", "cancelled", "rejected"]);
 const SUPERVISOR_FAMILY = "supervisor.";
+// Low-volume topic families every sidecar receives whole; a turn's own topics are subscribed per turn.
+const LOW_VOLUME_FAMILIES = [SUPERVISOR_FAMILY];
 const TURN_ENDED = "supervisor.turn_ended";
 const HELLO_PREFIX = "ccsup.hello.";
 const HELLO_RETRY_MS = 500;
@@ -165,7 +167,7 @@ export class Sidecar {
     this._controlChain = Promise.resolve();
     this._sub = new Subscriber({ receiveHighWaterMark: 0 });
     this._sub.connect(this.endpoints.busOut);
-    this._sub.subscribe(SUPERVISOR_FAMILY);
+    for (const family of LOW_VOLUME_FAMILIES) this._sub.subscribe(family);
     this._pub = new Publisher();
     this._pub.connect(this.endpoints.busIn);
     this._pumping = this._pump().catch((e) => {
