@@ -1,6 +1,6 @@
 """Sidecars each following their own turn while every turn streams output; prints one JSON line.
 
-    .venv/bin/python tests/bench/bench_sidecars.py [--mb 20] [--many 10]
+    .venv/bin/python tests/bench/bench_sidecars.py [--mb 20] [--many 10] [--node]
 
 One supervisor (cap = many). For N = 1 and N = many, N sidecar processes (Python clients) each
 subscribe, wait for a common go, request their own turn (`yes <mixed text> | head -c MB`),
@@ -12,7 +12,9 @@ from the go to their turn's terminal event). Two ways of subscribing, the same w
 Figures: mean CPU seconds per sidecar and wall seconds of the round, by mode and N, and
 `cpu_ratio` = per-sidecar CPU at N=many / at N=1 (goal for narrow: about 1, i.e. a sidecar's cost
 does not grow with the number of other turns; broad grows about N-fold). Each sidecar also
-checks its byte count and counts events of other turns it received (`stray`).
+checks its byte count and counts events of other turns it received (`stray`). With --node the
+sidecars are Node processes on contrib/node-sidecar (tests/bench/sidecar_node.mjs; `npm ci` there
+first), the client the issue measured.
 """
 
 from __future__ import annotations
@@ -81,10 +83,19 @@ def sidecar(state: str, turn_id: str, mode: str, size: int) -> None:
             )
 
 
-def round_of(state: Path, mode: str, n: int, size: int, tag: str) -> dict:
+NODE_SIDECAR = Path(__file__).resolve().parent / "sidecar_node.mjs"
+
+
+def round_of(state: Path, mode: str, n: int, size: int, tag: str, node: bool) -> dict:
+    def command(i: int) -> list[str]:
+        turn_id = f"{tag}-{mode}-{n}-{i}"
+        if node:
+            return ["node", str(NODE_SIDECAR), str(state), turn_id, mode, str(size)]
+        return [sys.executable, __file__, "--sidecar", str(state), turn_id, mode]
+
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--sidecar", str(state), f"{tag}-{mode}-{n}-{i}", mode],
+            command(i),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -116,6 +127,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=20)
     parser.add_argument("--many", type=int, default=10)
     parser.add_argument("--sidecar", nargs=3)
+    parser.add_argument("--node", action="store_true", help="Node sidecars (contrib/node-sidecar)")
     args = parser.parse_args()
     if args.sidecar:
         import os
@@ -126,11 +138,15 @@ def main() -> None:
     state = Path(tempfile.mkdtemp(prefix="ccsup-bench-", dir="/tmp"))
     state.chmod(0o700)
     daemon = start_daemon(state, f"bench = {args.many}")
-    result: dict[str, object] = {"bench": "sidecars", "mb_per_turn": args.mb}
+    result: dict[str, object] = {
+        "bench": "sidecars",
+        "client": "node" if args.node else "python",
+        "mb_per_turn": args.mb,
+    }
     try:
         for mode in ("narrow", "broad"):
-            one = round_of(state, mode, 1, size, "r")
-            many = round_of(state, mode, args.many, size, "r")
+            one = round_of(state, mode, 1, size, "r", args.node)
+            many = round_of(state, mode, args.many, size, "r", args.node)
             result[mode] = {
                 "1": one,
                 str(args.many): many,
