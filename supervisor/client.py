@@ -22,18 +22,9 @@ is free now) or a plain failure "did not answer" (the lock is held: the daemon i
 Control replies are matched by request id: a late reply to an earlier, timed-out request is
 dropped, and the DEALER is replaced after a timeout so that nothing stale stays queued on it.
 
-A bus subscription is live only once the supervisor has seen it; the client subscribes to its
-topics and to a unique `ccsup.hello.<nonce>` topic, and returns once the supervisor's answer on
-that topic arrives (re-subscribing every 0.5 s, as the XPUB only answers a new subscription).
-Every supervisor event carries `seq`; a subscription to everything ("") counts the holes in it
-(`gaps`, and `on_gap`), so a caller can catch up with `ps`. A filtered subscription sees holes in
-`seq` by design, so it checks the family counters instead (see supervisor.server): a subscription
-to a turn's topics also subscribes to the low-volume `supervisor.` family (its events are used, not
-yielded, unless asked for), and counts a hole in a turn's `turn_seq`, in `supervisor_seq`, or a
-`supervisor.turn_ended` past the last `turn_seq` it saw (`gaps`, and `on_loss` with a `Loss`).
-A turn whose terminal event was lost then gets an inferred one (`"inferred": true`, its state from
-`turn_ended`), so `until_terminal` always ends. Contiguity is checked from the first event seen of
-a turn, or from its first event for a turn followed from its request (`expect_turn`, run_turn).
+A bus subscription (supervisor.subscription) is live before `subscribe` returns it; a narrow one
+(a turn's topics) sees every loss by the family counters. `TurnOutput` reassembles a turn's
+output exactly from its events (see the README's "Exact output").
 
 Client keys on tcp://. A supervisor with tcp:// endpoints lets in only the CURVE clients whose
 public keys its `[endpoints.curve] client_keys` lists, so a client brings its own key pair: the
@@ -58,22 +49,22 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from guardd import procs
+
 from . import protocol
-from .errors import CcsupError, ConfigError, NotRunning, UsageError
-from .paths import StatePaths
+from .errors import CcsupError, ConfigError, NotRunning, UsageError, exit_code_for
+from .paths import StatePaths, ipc_path
+
+if TYPE_CHECKING:
+    from .config import CurveKeys, Endpoints
+    from .subscription import Loss, Subscription
 
 LINGER_MS = 100
-HELLO_PREFIX = "ccsup.hello."
-HELLO_RETRY = 0.5
-TERMINAL = protocol.TERMINAL_EVENTS
-SUPERVISOR_PREFIX = "supervisor."
 CLIENT_KEY_ENV = "CCSUP_CLIENT_SECRET_KEY"
-# Reply codes that mean the request itself was wrong (the CLI exits 2 for them).
-_USAGE_CODES = ("bad_request", "too_large", "unknown_command", "unsupported_version")
 
 
 class RemoteError(CcsupError):
@@ -82,20 +73,7 @@ class RemoteError(CcsupError):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
-        self.exit_code = 2 if code in _USAGE_CODES else 1
-
-
-class Loss(NamedTuple):
-    """Events a subscription knows it missed: counter values first..last."""
-
-    counter: str  # "seq", "turn_seq" or "supervisor_seq"
-    turn: str | None  # the turn, for turn_seq
-    first: int
-    last: int
-
-
-def is_terminal(topic: str) -> bool:
-    return topic.startswith("turn.") and topic.rsplit(".", 1)[-1] in TERMINAL
+        self.exit_code = exit_code_for(code)
 
 
 def not_running_message(state_dir: Path) -> str:
@@ -105,60 +83,14 @@ def not_running_message(state_dir: Path) -> str:
 # -- is a supervisor there? ------------------------------------------------------------------------
 
 
-def _held_in_proc_locks(st: os.stat_result) -> bool | None:
-    """Whether /proc/locks lists a lock on this inode; None when /proc/locks cannot be read."""
-    try:
-        with open("/proc/locks") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    for line in lines:
-        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; blocked waiters have a "->" field.
-        fields = line.split()
-        if "->" in fields:
-            continue
-        for field in fields:
-            parts = field.split(":")
-            if len(parts) == 3:
-                try:
-                    found = (int(parts[0], 16), int(parts[1], 16), int(parts[2]))
-                except ValueError:
-                    continue
-                if found == want:
-                    return True
-                break
-    return False
-
-
 def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:
-    """Whether the process whose pid the lock file records holds a flock on it, by its fdinfo.
-
-    False when that cannot be shown (no pid, a process gone or not ours, no such lock): not a
-    "no", only "ask /proc/locks".
-    """
+    """Whether the process whose pid the lock file records holds its flock (by that process's
+    fdinfo); False when that cannot be shown: not a "no", only "ask /proc/locks"."""
     try:
         pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
-        fd_dir = f"/proc/{pid}/fd"
-        names = os.listdir(fd_dir)
     except (OSError, ValueError):
         return False
-    for name in names:
-        try:
-            target = os.stat(f"{fd_dir}/{name}")
-            if (target.st_dev, target.st_ino) != (st.st_dev, st.st_ino):
-                continue
-            with open(f"/proc/{pid}/fdinfo/{name}") as f:
-                info = f.read()
-        except OSError:
-            continue
-        # "lock:\t1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF", for locks held through this fd
-        if any(
-            line.startswith("lock:") and " FLOCK " in line and "->" not in line
-            for line in info.splitlines()
-        ):
-            return True
-    return False
+    return procs.holds_flock(pid, st)
 
 
 def lock_held(lock_path: Path) -> bool:
@@ -173,9 +105,10 @@ def lock_held(lock_path: Path) -> bool:
         st = os.fstat(fd)
         if _held_by_recorded_pid(fd, st):
             return True
-        held = _held_in_proc_locks(st)
-        if held is not None:
-            return held
+        try:
+            return procs.file_key(st) in procs.held_locks()
+        except OSError:
+            pass  # /proc/locks cannot be read
         try:  # fallback probe: may, for an instant, look taken to a starting daemon
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as e:
@@ -185,10 +118,6 @@ def lock_held(lock_path: Path) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def _ipc_path(endpoint: str) -> Path | None:
-    return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
 
 
 # -- the client ------------------------------------------------------------------------------------
@@ -207,23 +136,19 @@ class Client:
         self,
         state_dir: Path,
         *,
-        endpoints: Any = None,
+        endpoints: Endpoints | None = None,
         timeout: float = 5.0,
         client_secret_key: str | None = None,
     ):
         self.state_dir = Path(state_dir)
         self.paths = StatePaths(self.state_dir)
         self.timeout = timeout
-        if endpoints is None:
-            self.control_endpoint = self.paths.endpoint("control")
-            self.bus_in_endpoint = self.paths.endpoint("bus-in")
-            self.bus_out_endpoint = self.paths.endpoint("bus-out")
-            self._curve = None
-        else:
-            self.control_endpoint = endpoints.control
-            self.bus_in_endpoint = endpoints.bus_in
-            self.bus_out_endpoint = endpoints.bus_out
-            self._curve = getattr(endpoints, "curve", None)
+        # An endpoint not given is the state directory's default.
+        self.control_endpoint = (endpoints and endpoints.control) or self.paths.endpoint("control")
+        self.bus_in_endpoint = (endpoints and endpoints.bus_in) or self.paths.endpoint("bus-in")
+        self.bus_out_endpoint = (endpoints and endpoints.bus_out) or self.paths.endpoint("bus-out")
+        self._curve: CurveKeys | None = endpoints.curve if endpoints else None
+        self._client_key: tuple[str, str] | None  # (secret key, where it came from)
         if client_secret_key is not None:
             self._client_key = (client_secret_key, "the client_secret_key argument")
         elif os.environ.get(CLIENT_KEY_ENV):
@@ -285,8 +210,8 @@ class Client:
 
     def running(self) -> bool:
         """Whether a supervisor holds this state directory's lock (and its control socket exists)."""
-        path = _ipc_path(self.control_endpoint)
-        if path is not None and not path.exists():
+        path = ipc_path(self.control_endpoint)
+        if path is not None and not os.path.exists(path):
             return False  # checked first: it is cheaper than the lock
         return lock_held(self.paths.lock)
 
@@ -412,9 +337,11 @@ class Client:
         self.check_running()
         sock = self._socket(zmq.SUB, self.bus_out_endpoint)
         sock.rcvhwm = 0  # a slow reader queues rather than loses; seq still reveals any loss
+        from .subscription import Subscription  # here: `ccsup ps` and `status` subscribe to nothing
+
         sub = Subscription(sock, list(prefixes), on_gap=on_gap, on_loss=on_loss)
         try:
-            sub._handshake(self.timeout if timeout is None else timeout)
+            sub.handshake(self.timeout if timeout is None else timeout)
         except BaseException:
             sub.close()
             raise
@@ -552,182 +479,3 @@ def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> di
         if value is not None:
             args[name] = value
     return args
-
-
-class Subscription:
-    """A live SUB on the bus: recv(timeout) -> (topic, body) | None, iteration, close."""
-
-    def __init__(
-        self,
-        sock: zmq.Socket,
-        prefixes: list[str],
-        *,
-        on_gap: Callable[[int, int], None] | None = None,
-        on_loss: Callable[[Loss], None] | None = None,
-    ):
-        self._sock = sock
-        self.prefixes = prefixes
-        self.live = False
-        self.gaps = 0  # events missed, by seq (everything) or by the family counters (narrow)
-        self.on_gap = on_gap
-        self.on_loss = on_loss
-        self._check_seq = "" in prefixes
-        self._last_seq: int | None = None
-        self._turn_seq: dict[str, int] = {}  # turn id -> the last turn_seq seen
-        self._turn_ended: set[str] = set()  # turns whose terminal event was seen
-        self._supervisor_seq: int | None = None
-        self._pending: list[tuple[str, dict]] = []
-        for prefix in prefixes:
-            sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        # A narrow subscription to turn topics watches the low-volume supervisor family too.
-        self._watching = not self._check_seq and any(p.startswith("turn.") for p in prefixes)
-        if self._watching and not any(SUPERVISOR_PREFIX.startswith(p) for p in prefixes):
-            sock.setsockopt(zmq.SUBSCRIBE, SUPERVISOR_PREFIX.encode())
-
-    def expect_turn(self, turn_id: str) -> None:
-        """This turn's events are all to come (the subscription is older than the turn)."""
-        self._turn_seq.setdefault(turn_id, 0)
-
-    def _wanted(self, topic: str) -> bool:
-        return any(topic.startswith(p) for p in self.prefixes)
-
-    def _lost(self, loss: Loss) -> None:
-        self.gaps += loss.last - loss.first + 1
-        if self.on_loss is not None:
-            self.on_loss(loss)
-
-    def _check_counters(self, topic: str, body: dict) -> None:
-        """Narrow loss detection by turn_seq, supervisor_seq and supervisor.turn_ended."""
-        if topic.startswith("turn."):
-            turn_id, _, kind = topic[5:].rpartition(".")
-            turn_seq = body.get("turn_seq")
-            if type(turn_seq) is int:
-                last = self._turn_seq.get(turn_id)
-                if last is not None and turn_seq > last + 1:
-                    self._lost(Loss("turn_seq", turn_id, last + 1, turn_seq - 1))
-                self._turn_seq[turn_id] = turn_seq  # lower: a restarted supervisor
-            if kind in protocol.TERMINAL_EVENTS:
-                self._turn_ended.add(turn_id)
-            return
-        supervisor_seq = body.get("supervisor_seq")
-        if type(supervisor_seq) is int:
-            if self._supervisor_seq is not None and supervisor_seq > self._supervisor_seq + 1:
-                self._lost(
-                    Loss("supervisor_seq", None, self._supervisor_seq + 1, supervisor_seq - 1)
-                )
-            self._supervisor_seq = supervisor_seq
-        ended_id = body.get("id")
-        if topic != protocol.TURN_ENDED or not isinstance(ended_id, str):
-            return
-        self._turn_ended_seen(ended_id, body)
-
-    def _turn_ended_seen(self, turn_id: str, body: dict) -> None:
-        """`supervisor.turn_ended`: a tail past the last turn_seq seen was lost."""
-        last = self._turn_seq.pop(turn_id, None)  # nothing more comes of it: forget it
-        final = body.get("turn_seq")
-        if turn_id in self._turn_ended:
-            self._turn_ended.discard(turn_id)
-            return  # its end was seen
-        if last is None or type(final) is not int:
-            return  # a turn this subscription does not follow
-        if final > last:
-            self._lost(Loss("turn_seq", turn_id, last + 1, final))
-        state = body.get("state")
-        if state in protocol.TERMINAL_EVENTS:
-            inferred = {"id": turn_id, "key": body.get("key"), "inferred": True}
-            self._pending.append((f"turn.{turn_id}.{state}", inferred))
-
-    def _handshake(self, timeout: float) -> None:
-        hello = f"{HELLO_PREFIX}{uuid.uuid4().hex}".encode()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.live:
-            self._sock.setsockopt(zmq.SUBSCRIBE, hello)
-            retry_at = min(deadline, time.monotonic() + HELLO_RETRY)
-            while not self.live:
-                left = retry_at - time.monotonic()
-                if left <= 0 or not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                    if time.monotonic() >= retry_at:
-                        break
-                    continue
-                frames = self._sock.recv_multipart()
-                if frames and frames[0] == hello:
-                    self.live = True
-                else:
-                    self._accept(frames)
-            self._sock.setsockopt(zmq.UNSUBSCRIBE, hello)
-
-    def _accept(self, frames: list[bytes]) -> None:
-        """Queue one received message, unless it is not an event or someone else's hello."""
-        try:
-            topic, body = protocol.decode_event(frames)
-        except protocol.ProtocolError:
-            return  # anyone may publish on the bus; garbage is not an event
-        if topic.startswith(HELLO_PREFIX):
-            return
-        if self._watching:
-            self._check_counters(topic, body)
-            if not self._wanted(topic):
-                return  # watched for losses only
-        seq = body.get("seq")
-        if self._check_seq and isinstance(seq, int) and not isinstance(seq, bool):
-            if self._last_seq is not None and seq > self._last_seq + 1:
-                missed = seq - self._last_seq - 1
-                self.gaps += missed
-                if self.on_gap is not None:
-                    self.on_gap(self._last_seq + 1, seq)
-            # a lower seq is a restarted supervisor: follow its count from here
-            self._last_seq = seq
-        self._pending.append((topic, body))
-
-    def peek(self, timeout: float) -> bool:
-        """Wait up to timeout for an event to be available without taking it."""
-        if self._pending:
-            return True
-        deadline = time.monotonic() + timeout
-        while not self._pending:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                if time.monotonic() >= deadline:
-                    return False
-                continue
-            self._accept(self._sock.recv_multipart())
-        return True
-
-    def recv(self, timeout: float | None = None) -> tuple[str, dict] | None:
-        """The next event, waiting up to timeout seconds (None: forever); None on timeout."""
-        if timeout is None:
-            while not self.peek(3600.0):
-                pass
-        elif not self.peek(timeout):
-            return None
-        return self._pending.pop(0)
-
-    def __iter__(self) -> Iterator[tuple[str, dict]]:
-        while True:
-            yield self.recv()  # type: ignore[misc]
-
-    def until_terminal(
-        self, *, idle_check: Callable[[], None] | None = None, idle: float = 1.0
-    ) -> Iterator[tuple[str, dict]]:
-        """Events up to and including the first terminal one (released, cancelled, rejected).
-
-        `idle_check` runs after every `idle` seconds without an event; it raises to end the wait
-        (Client.check_running: the supervisor is gone, so no terminal event will come).
-        """
-        while True:
-            event = self.recv(idle if idle_check else None)
-            if event is None:
-                idle_check()  # type: ignore[misc]
-                continue
-            yield event
-            if is_terminal(event[0]):
-                return
-
-    def close(self) -> None:
-        self._sock.close(linger=0)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -19,8 +19,9 @@ import pytest
 import zmq
 
 from supervisor import protocol
-from supervisor.client import Client, Loss, RemoteError, lock_held
+from supervisor.client import Client, RemoteError, lock_held
 from supervisor.errors import CcsupError, NotRunning
+from supervisor.subscription import Loss
 
 HELLO = b"ccsup.hello."
 

@@ -7,6 +7,7 @@ the HTTP listener is checked on an ephemeral loopback port.
 from __future__ import annotations
 
 import asyncio
+import urllib.error
 import urllib.request
 
 import pytest
@@ -210,3 +211,21 @@ def test_the_grafana_dashboard_asks_only_for_figures_the_supervisor_exposes():
     asked = set(re.findall(r"ccsup_[a-z_]+", text)) - {"ccsup_keys"}
     assert asked and asked <= exposed, asked - exposed
     assert {"ccsup_waiting", "ccsup_slots"} <= asked  # waits and holders per key over time
+
+
+@pytest.mark.timeout(60)
+def test_metrics_listen_serves_the_figures_of_a_real_supervisor(daemon):
+    import socket
+
+    with socket.socket() as probe:  # a free loopback port for the supervisor to take
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = daemon(caps="codex = 1", extra=f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    with d.client() as client:
+        list(client.run_turn("codex", ["sh", "-c", "exit 2"], id="two"))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        got = samples(reply.read().decode())
+    k = (("key", "codex"),)
+    assert got[("ccsup_turns_ended_total", k + (("outcome", "exit"),))] == 1
+    assert got[("ccsup_cap", k)] == 1 and got[("ccsup_slots", k + (("state", "free"),))] == 1
+    assert got[("ccsup_start_time_seconds", ())] > 0

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import click
 
+from .where import where
 
-@click.command("metrics")
+
+@click.command()
 @click.pass_context
-def metrics_command(ctx) -> None:
+def metrics(ctx: click.Context) -> None:
     """Print the supervisor's metrics (Prometheus text format)."""
-    with ctx.obj.client() as client:
+    with where(ctx).client() as client:
         click.echo(client.call("metrics")["text"], nl=False)
