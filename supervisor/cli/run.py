@@ -105,6 +105,7 @@ def run(
         holder["agent"] = agent
     turn_id = uuid.uuid4().hex
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
+        sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
         runner = _TurnRunner(client, turn_id, key, as_json)
         with _sigint_queued() as interrupts:
             reply = client.turn(
