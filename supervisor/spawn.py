@@ -170,7 +170,13 @@ class GuardProcess:
             self._on_output(stream, chunk)
 
     def drain(self) -> None:
-        """Read what the pipes hold now, so output comes before the events that follow it."""
+        """Read what the pipes hold now, so output comes before the events that follow it.
+
+        Called when CMD's outcome is known: a character still incomplete then is sent as it is
+        (bytes, `data_b64`), since the turn's end may be published before the pipes close (its
+        work confirmed gone while the guard itself still holds them). Bytes that complete it
+        later (a descendant's) follow as a chunk of their own; offsets still tile the stream.
+        """
         for stream in ("stdout", "stderr"):
             pipe = self._pipes[stream]
             while stream in self._logs and not pipe.closed:
@@ -178,6 +184,9 @@ class GuardProcess:
                 self._read(stream)
                 if self._offsets[stream] == before:
                     break
+            chunk = self._splitters[stream].finish()
+            if chunk is not None:
+                self._on_output(stream, chunk)
 
     def _log(self, stream: str, offset: int, data: bytes) -> None:
         """Append a read to its log (and its arrival to the index), up to the turn's log limit."""

@@ -202,3 +202,15 @@ def test_a_100_mb_stream_of_mixed_bytes_arrives_exactly_as_logged(daemon, state_
             logged.update(chunk)
     assert logged.hexdigest() == expected
     assert 0 < b64_chunks <= 2 * times  # only the reads holding the invalid bytes are base64
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tail", [b"\xe4", b"\xe4\xb8", b"\xf0\x9f\x98"], ids=["1", "2", "3"])
+def test_a_stream_that_ends_inside_a_character_arrives_whole_before_the_turn_ends(
+    daemon, state_dir, tail
+):
+    d = daemon()
+    payload = MIXED + tail
+    _, kept, b64_chunks, size = run_and_reassemble(d, "cut", ["cat"], send=payload)
+    assert kept == payload and size == len(payload)  # every byte, before `released`
+    assert b64_chunks == 1  # only the incomplete tail travels as bytes
