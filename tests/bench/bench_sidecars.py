@@ -55,7 +55,7 @@ def sidecar(state: str, turn_id: str, mode: str, size: int) -> None:
             start_cpu, start = cpu_seconds(), time.monotonic()
             argv = ["sh", "-c", f"yes '{LINE}' | head -c {size}"]
             client.turn("bench", argv, id=turn_id)
-            out, got, stray = TurnOutput(turn_id), 0, 0
+            out, got, stray, events = TurnOutput(turn_id), 0, 0, 0
             while True:
                 event = sub.recv(30)
                 if event is None:
@@ -64,6 +64,7 @@ def sidecar(state: str, turn_id: str, mode: str, size: int) -> None:
                 if not topic.startswith(f"turn.{turn_id}."):
                     stray += 1
                     continue
+                events += 1
                 piece = out.feed(topic, body)
                 if piece is not None and piece[0] == "stdout":
                     got += len(piece[1])
@@ -76,6 +77,7 @@ def sidecar(state: str, turn_id: str, mode: str, size: int) -> None:
                         "wall_s": time.monotonic() - start,
                         "bytes": got,
                         "stray": stray,
+                        "events": events,
                         "gaps": sub.gaps,
                     }
                 ),
@@ -118,6 +120,7 @@ def round_of(state: Path, mode: str, n: int, size: int, tag: str, node: bool) ->
         "cpu_s_per_sidecar": round(statistics.mean(r["cpu_s"] for r in results), 3),
         "wall_s": round(wall, 2),
         "stray_events_per_sidecar": round(statistics.mean(r["stray"] for r in results)),
+        "own_events_per_sidecar": round(statistics.mean(r.get("events", 0) for r in results)),
         "gaps": sum(r["gaps"] for r in results),
     }
 
