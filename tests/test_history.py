@@ -199,8 +199,10 @@ def test_a_real_supervisor_records_every_outcome_and_keeps_it_across_a_restart(d
                 if topic.endswith(".started"):
                     # a running turn is in the history too, as far as it has come
                     running = wait_until(
-                        lambda: (show(state_dir, "long") or {}).get("state") == "started"
-                        and show(state_dir, "long"),
+                        lambda: (
+                            (show(state_dir, "long") or {}).get("state") == "started"
+                            and show(state_dir, "long")
+                        ),
                         what="the running turn in the history",
                     )
                     assert running["outcome"] is None and running["guard_pid"] > 0

@@ -6,7 +6,8 @@ import json
 import time
 
 from .. import history
-from .formats import format_age, format_holder, format_table
+from ..requester_names import describe
+from .formats import format_age, format_table
 
 USAGE_COLUMNS = (  # the exited event's usage figures shown as columns, when any turn has them
     ("cpu_user_s", "CPU USER", lambda v: f"{v:.2f}s"),
@@ -52,7 +53,7 @@ def format_history(records: list[history.TurnRecord]) -> list[str]:
         row = [
             r["id"],
             r["key"],
-            format_holder(r["holder"]),
+            describe(r["holder"], None),
             outcome_text(r),
             when(r["queued_at"]),
             seconds(r["wait_s"]),

@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from ..admission_policy import AdmissionSettings
 from ..caps import Caps
 from ..retention import LogLimits
-from . import endpoints, guard, harness, logs, metrics, slots, top
+from . import admission, endpoints, guard, harness, logs, metrics, slots, top
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -97,6 +98,7 @@ SECTIONS: tuple[Section, ...] = (
     harness.SECTION,
     logs.SECTION,
     metrics.SECTION,
+    admission.PAUSE_ON_SECTION,
 )
 
 
@@ -112,6 +114,7 @@ class Config:
     harness: Mapping[str, Harness] = field(default_factory=dict)
     logs: LogLimits = logs.DEFAULTS  # [logs]
     metrics: MetricsSettings = MetricsSettings()
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -132,6 +135,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     harnesses = harness.parse_harness(c, table)
     log_limits = logs.parse_logs(c, table)
     metrics_settings = metrics.parse_metrics(c, table)
+    admission_settings = admission.parse_admission(c, table)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -156,6 +160,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         harness=harnesses,
         logs=log_limits,
         metrics=metrics_settings,
+        admission=admission_settings,
     )
 
 
