@@ -67,11 +67,15 @@ def format_history(records: list[history.TurnRecord]) -> list[str]:
     return format_table(header, rows)
 
 
+def _given(fields: dict) -> dict:
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 def format_story(story: history.TurnStory) -> list[str]:
     lines = [
         f"turn {story['id']}",
         f"  key        {story['key']}",
-        f"  holder     {json.dumps(story['holder'], ensure_ascii=False)}",
+        f"  holder     {json.dumps(_given(story['holder']), ensure_ascii=False)}",
         f"  state      {story['state']}",
         f"  outcome    {outcome_text(story) if story['outcome'] else '- (not ended)'}",
     ]
