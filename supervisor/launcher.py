@@ -41,7 +41,15 @@ from pathlib import Path
 
 from guardd.zygote_handle import Failed, Spawned, Zygote, ZygoteGone
 
-from .spawn import ForkedGuardProcess, GuardProcess, _Pipes, guard_args, guard_env, start_guard
+from .spawn import (
+    ForkedGuardProcess,
+    GuardProcess,
+    TruncatedCallback,
+    _Pipes,
+    guard_args,
+    guard_env,
+    start_guard,
+)
 
 log = logging.getLogger("ccsup.launcher")
 
@@ -115,6 +123,8 @@ class Launcher:
         answer_timeout: float = ANSWER_TIMEOUT,
     ):
         self.python = python
+        self.log_limit: int | None = None  # given to every guard started ([logs] turn_max_bytes)
+        self.on_truncated: TruncatedCallback | None = None
         self.zygote: Zygote | None = None
         self.answer_timeout = answer_timeout
         self._start_zygote = start_zygote
@@ -160,7 +170,7 @@ class Launcher:
     ) -> GuardProcess | PendingGuard:
         """A GuardProcess started directly (OSError when it cannot be), or a PendingGuard."""
         direct = partial(
-            start_guard,
+            self._start_directly,
             turn_id,
             argv,
             cwd=cwd,
@@ -194,6 +204,14 @@ class Launcher:
         self._flush()
         self._watch()
         return request.pending
+
+    def _start_directly(self, turn_id: str, argv: list[str], **how) -> GuardProcess:
+        return self._configured(start_guard(turn_id, argv, **how))
+
+    def _configured(self, guard: GuardProcess) -> GuardProcess:
+        guard.log_limit = self.log_limit
+        guard.on_truncated = self.on_truncated
+        return guard
 
     def close(self) -> None:
         """Stop the zygote (at the daemon's end: every turn is gone by then)."""
@@ -263,7 +281,7 @@ class Launcher:
                     start=answer.start,
                 )
                 self._forked[answer.pid] = guard
-                result = guard
+                result = self._configured(guard)
             else:
                 request.close_ours()
                 result = answer.error(request.cwd)
