@@ -351,8 +351,8 @@ class KeyControl:
         now = self.clock()
         granted_at = self._granted_at.pop(turn.id, None)
         if granted_at is not None:  # the rate window counts from when the work started
-            # (not saved now: the grant's own save is a few ms earlier, all a crash can lose)
             self.policy.starts.restamp(turn.key, granted_at, now + START_SLACK)
+            self._save()
         deadline = self.limits.deadline(turn.key, turn.timeout, now)
         if deadline is not None:
 
