@@ -42,6 +42,7 @@ from . import admission_state
 from .admission import Refusal
 from .admission_policy import Admission, AdmissionSettings, WaitReason, Why, WhyJSON, gate_why
 from .fairness import Ordering, make_ordering, session_of
+from .filework import FileWorker
 from .pause_on import PauseRule, PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
 from .protocol import PauseArgs, ResumeArgs
@@ -98,6 +99,7 @@ class KeyControl:
         self.cancel: Callable[..., dict] = lambda item_id, reason: {}
         self.lookup: Callable[[str], Item | None] = lambda item_id: None
         self.queue: WaitQueue | None = None
+        self.files: FileWorker | None = None
         self.policy = Admission(
             PauseBook(settings.max_pause), StartWindows(RateTable(settings.rates))
         )
@@ -125,6 +127,7 @@ class KeyControl:
         self.grant = manager.grant_waiters
         self.cancel = manager.cancel
         self.lookup = manager.ledger.get
+        self.files = manager.ledger.files  # admission.json's fsyncs, off the event loop
         manager.ledger.observers.append(self._observe)
         manager.ledger.on_finished.append(lambda item: self._finished(item.id))
 
@@ -341,7 +344,10 @@ class KeyControl:
                 self.path,
                 pauses=self.policy.pauses.to_json(),
                 starts=self.policy.starts.to_json(),
+                sync=self.files is None,
             )
+            if self.files is not None:
+                self.files.sync_soon(self.path)
         except OSError as e:
             log.error("unable to save %s: %s (kept in memory)", self.path, e.strerror)
 
