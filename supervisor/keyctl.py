@@ -48,7 +48,7 @@ from .fairness import Ordering, make_ordering, session_of
 from .filework import FileWorker
 from .pause_on import PauseRule, PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
-from .protocol import PauseArgs, ResumeArgs
+from .protocol import PauseArgs, ResumeArgs, output_bytes
 from .rates import RateTable, StartWindows
 from .runtime_limits import RuntimeLimits
 from .turns import Item, State, Turn
@@ -159,8 +159,12 @@ class KeyControl:
             return
         kind = parts[2]
         if kind == "stderr":
-            if self._scanner is not None and isinstance(body.get("data"), str):
-                self._scanner.feed(parts[1], body["data"].encode())
+            if self._scanner is not None:
+                text = body.get("data")  # UTF-8 text, else the exact bytes as data_b64
+                if isinstance(text, str):
+                    self._scanner.feed(parts[1], text.encode())
+                else:
+                    self._scanner.feed(parts[1], output_bytes(body)[1])
             return
         if kind not in ("granted", "started", "exited"):
             return
