@@ -278,9 +278,10 @@ class Guard:
         poll() sleeps on CLOCK_MONOTONIC, which stops while the machine is suspended: the sleep is
         capped so that a resumed machine notices a passed deadline within _DEADLINE_POLL.
         """
+        path = self.opts.deadline_file
         now = deadman.boottime()
-        if now >= self.stop_at:
-            self.stop_at, self.kill_at, why = deadman.read_deadline(self.opts.deadline_file)
+        if path is not None and now >= self.stop_at:
+            self.stop_at, self.kill_at, why = deadman.read_deadline(path)
             if now >= self.stop_at:
                 late = now >= self.kill_at
                 self._begin_stop(f"deadline: {why}" if why else "deadline")
