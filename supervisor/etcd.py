@@ -200,8 +200,18 @@ def op_put(key: str, value: bytes, lease: int = 0) -> Op:
     return {"request_put": {"key": _b64(key), "value": _b64(value), "lease": str(lease)}}
 
 
+def op_get(key: str) -> Op:
+    return {"request_range": {"key": _b64(key)}}
+
+
 def op_delete(key: str) -> Op:
     return {"request_delete_range": {"key": _b64(key)}}
+
+
+def txn_range_kvs(result: TxnResult, index: int = 0) -> list[KeyValue]:
+    """The keys a txn's index-th operation (a request_range) read."""
+    response = result.responses[index].get("response_range", {}) if result.responses else {}
+    return [KeyValue.from_json(kv) for kv in response.get("kvs", [])]
 
 
 @dataclass
