@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .etcd import EtcdSettings
+from .etcd import PASSWORD_ENV, EtcdError, EtcdSettings, check_endpoint
 
 DEFAULT_LEASE_TTL = 10.0
 DEFAULT_PREFIX = "/ccsup"
@@ -93,3 +93,130 @@ def timing_problem(lease_ttl: float, grace: float) -> str | None:
     if lease_ttl < 1:
         return f"a lease_ttl of {lease_ttl:g}s is below etcd's minimum of 1s"
     return None
+
+
+# --- `[cluster]` from a parsed TOML table --------------------------------------------------------
+
+KNOWN_KEYS = frozenset(
+    {
+        "etcd",
+        "name",
+        "lease_ttl",
+        "prefix",
+        "caps",
+        "user",
+        "password",
+        "ca_file",
+        "cert_file",
+        "key_file",
+        "insecure",
+    }
+)
+_PREFIX = re.compile(r"(/[A-Za-z0-9._-]+)+\Z")
+
+Report = Callable[[tuple, str], None]  # (key path, message): one problem with the config
+
+
+def parse_cluster(
+    table: Mapping[str, object],
+    report: Report,
+    *,
+    grace: float | None,
+    env: Mapping[str, str],
+    hostname: Callable[[], str] = default_name,
+) -> ClusterSettings | None:
+    """`[cluster]` (already read from TOML) as ClusterSettings; every problem goes to report(path,
+    message). Pure: durations, caps and keys are judged by the same functions as elsewhere.
+    grace: the guards' grace, which the lease must leave room for (None when itself invalid)."""
+    from .caps import check_cap, key_problem  # the one place that says what a key and a cap are
+    from .config import parse_duration  # imported here: supervisor.config imports this module
+    from .errors import UsageError
+
+    ok = True
+
+    def bad(name: str | tuple, message: str) -> None:
+        nonlocal ok
+        ok = False
+        report(("cluster", *((name,) if isinstance(name, str) else name)), message)
+
+    def string(name: str) -> str | None:
+        value = table.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            bad(name, f"must be a non-empty string, not {value!r}")
+            return None
+        return value
+
+    etcd = table.get("etcd")
+    endpoints: tuple[str, ...] = ()
+    if not isinstance(etcd, list) or not etcd or not all(isinstance(u, str) for u in etcd):
+        bad("etcd", 'must list the etcd members, like ["http://127.0.0.1:2379"]')
+    else:
+        endpoints = tuple(etcd)
+    insecure = table.get("insecure", False)
+    if not isinstance(insecure, bool):
+        bad("insecure", f"must be true or false, not {insecure!r}")
+        insecure = False
+    for url in endpoints:
+        try:
+            check_endpoint(url, insecure)
+        except EtcdError as e:
+            bad("etcd", e.message)
+
+    name = string("name") or hostname()
+    if not MACHINE_NAME.match(name):
+        bad("name", f"{name!r} is not a machine name (letters, digits, '.', '_', '-'; up to 64)")
+
+    lease_ttl = DEFAULT_LEASE_TTL
+    if "lease_ttl" in table:
+        try:
+            lease_ttl = parse_duration(table["lease_ttl"], where="cluster.lease_ttl")
+        except UsageError as e:
+            bad("lease_ttl", e.message.removeprefix("cluster.lease_ttl: "))
+    if grace is not None and ok:
+        problem = timing_problem(lease_ttl, grace)
+        if problem:
+            bad("lease_ttl", problem)
+
+    prefix = string("prefix") or DEFAULT_PREFIX
+    if not _PREFIX.match(prefix):
+        bad("prefix", f"{prefix!r} must be like /ccsup: '/'-separated names, no trailing '/'")
+
+    caps: dict[str, int] = {}
+    caps_table = table.get("caps", {})
+    if not isinstance(caps_table, dict):
+        bad("caps", "must be a table of key = cap, like { codex = 2 }")
+        caps_table = {}
+    for key, value in caps_table.items():
+        problem = key_problem(key)
+        if problem:
+            bad(("caps", key), f"bad cap key: {problem}")
+            continue
+        try:
+            caps[key] = check_cap(key, value)
+        except UsageError:
+            bad(("caps", key), f"a cap must be a whole number >= 1, not {value!r}")
+
+    user = string("user")
+    password = env.get(PASSWORD_ENV) or string("password")
+    if password is not None and user is None:
+        bad("password", "is given without a user")
+    files = {n: string(n) for n in ("ca_file", "cert_file", "key_file")}
+    if (files["cert_file"] is None) != (files["key_file"] is None):
+        bad("cert_file", "cert_file and key_file go together (a client certificate and its key)")
+    if not ok:
+        return None
+    return ClusterSettings(
+        etcd=endpoints,
+        name=name,
+        lease_ttl=lease_ttl,
+        prefix=prefix,
+        caps=caps,
+        user=user,
+        password=password,
+        ca_file=files["ca_file"],
+        cert_file=files["cert_file"],
+        key_file=files["key_file"],
+        insecure=insecure,
+    )
