@@ -247,6 +247,19 @@ class ClusterGate:
         entry.since = time.time()
         return True
 
+    def give_back(self, turn: str) -> None:
+        """try_take said yes but the grant did not happen (no local slot): keep the place."""
+        entry = self.entries.get(turn)
+        if entry is not None and entry.state == "held" and not entry.stopped:
+            entry.state = "ready"
+
+    def leave(self, turn: str) -> None:
+        """The turn stopped waiting (cancelled, rejected): its key goes, unless it is held (then
+        release() comes after its work is confirmed gone)."""
+        entry = self.entries.get(turn)
+        if entry is not None and entry.state != "held":
+            self.release(turn)
+
     def release(self, turn: str) -> None:
         """The turn's work is confirmed gone (or it stopped waiting): its key may go."""
         entry = self.entries.get(turn)

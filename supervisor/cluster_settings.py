@@ -8,13 +8,15 @@ machine-local.
 
 from __future__ import annotations
 
+import os
 import re
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from .etcd import PASSWORD_ENV, EtcdError, EtcdSettings, check_endpoint
+if TYPE_CHECKING:  # supervisor.etcd (http.client, ssl) costs ~20 ms: loaded only with [cluster]
+    from .etcd import EtcdSettings
 
 DEFAULT_LEASE_TTL = 10.0
 DEFAULT_PREFIX = "/ccsup"
@@ -25,7 +27,7 @@ FENCE_MARGIN = 0.5
 
 
 def default_name() -> str:
-    return socket.gethostname().split(".")[0] or "localhost"
+    return os.uname().nodename.split(".")[0] or "localhost"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class ClusterSettings:
         object.__setattr__(self, "prefix", self.prefix.rstrip("/") or DEFAULT_PREFIX)
 
     def etcd_settings(self) -> EtcdSettings:
+        from .etcd import EtcdSettings
+
         return EtcdSettings(
             endpoints=tuple(self.etcd),
             user=self.user,
@@ -131,6 +135,7 @@ def parse_cluster(
     from .caps import check_cap, key_problem  # the one place that says what a key and a cap are
     from .config import parse_duration  # imported here: supervisor.config imports this module
     from .errors import UsageError
+    from .etcd import PASSWORD_ENV, EtcdError, check_endpoint
 
     ok = True
 

@@ -36,6 +36,8 @@ from typing import NamedTuple
 # error, a size or a CURVE key are compiled on first use (re caches them), and the line map of a
 # file is built only when there is a problem to place.
 from .caps import Caps, check_cap, key_problem
+from .cluster_settings import KNOWN_KEYS as CLUSTER_KEYS
+from .cluster_settings import ClusterSettings, parse_cluster
 from .errors import ConfigError, UsageError
 
 DEFAULT_GRACE = 5.0
@@ -113,6 +115,7 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    cluster: ClusterSettings | None = None  # [cluster]: caps across machines (supervisor.cluster)
 
     def __post_init__(self):
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -445,7 +448,7 @@ _SECTIONS = (
     ),
 )
 _KNOWN = {
-    (): {"state_dir", "slots", "guard", "endpoints", "harness"},
+    (): {"state_dir", "slots", "guard", "endpoints", "harness", "cluster"},
     ("slots",): {k.name for k in _SECTIONS[1].keys},
     ("guard",): {k.name for k in _SECTIONS[2].keys},
     ("endpoints",): {k.name for k in _SECTIONS[3].keys} | {"curve"},
@@ -617,6 +620,10 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
 
     endpoints = _parse_endpoints(c, top)
     harness = _parse_harness(c, top)
+    cluster = None
+    if "cluster" in top:
+        table = c.table(top, ("cluster",), set(CLUSTER_KEYS))
+        cluster = parse_cluster(table, c.add, grace=grace, env=env)
 
     if TTL_ENV in env:
         raw = env[TTL_ENV]
@@ -653,6 +660,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=scan,
         endpoints=endpoints,
         harness=harness,
+        cluster=cluster,
     )
 
 

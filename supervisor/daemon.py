@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from . import protocol, spawn, store
+from .cluster_wiring import cluster_wiring
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -113,6 +114,7 @@ class Daemon:
             endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve, guard_bus
         )
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
+        self.cluster = cluster_wiring(config, paths.root, self.server.publish)
         self.manager: Manager | None = None
         self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
         self._stop = asyncio.Event()
@@ -129,13 +131,20 @@ class Daemon:
 
     async def run(self) -> int:
         self.server.bind()
+        cluster = self.cluster
         self.manager = Manager(
             paths=self.paths,
-            gate=self.gate,
-            publish=self.server.publish,
+            gate=cluster.slot_gate(self.gate) if cluster else self.gate,
+            publish=cluster.publish if cluster else self.server.publish,
             settings=self._settings(self.config),
-            start_guard=self.launcher.start_guard,
+            start_guard=(
+                cluster.start_guard(self.launcher.start_guard)
+                if cluster
+                else self.launcher.start_guard
+            ),
         )
+        if cluster:
+            cluster.attach(self.manager)
         self.server.publish(
             "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
         )
@@ -158,6 +167,8 @@ class Daemon:
         log.info("stopping: ending every turn")
         self.manager.begin_stop()
         await self.manager.wait_idle()
+        if cluster:
+            await cluster.close()  # every turn is gone: the lease and its keys may go
         ticker.cancel()
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
@@ -235,6 +246,8 @@ class Daemon:
 
     async def cmd_status(self, args: dict) -> dict:
         result = self.manager.status()
+        if self.cluster:
+            result["cluster"] = await self.cluster.status()
         result["caps"] = dict(self.gate.caps.caps)
         result["default_cap"] = self.gate.caps.default_cap
         result["bus_rejected"] = self.server.rejected_bus_messages
@@ -253,7 +266,10 @@ class Daemon:
         return self.manager.send(protocol.parse_send(args))
 
     async def cmd_ps(self, args: dict) -> dict:
-        return self.manager.ps()
+        result = self.manager.ps()
+        if self.cluster:
+            result["cluster"] = await self.cluster.view()
+        return result
 
     async def cmd_reap(self, args: dict) -> dict:
         return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}
@@ -269,6 +285,8 @@ class Daemon:
         config = load(self.config_path, os.environ)  # ConfigError: the old config stays
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
+        if self.cluster and config.cluster:
+            self.cluster.reload(config.cluster)
         self.manager.settings = self._settings(config)
         self.server.publish("supervisor.reloaded", {"config": config.source})
         log.info("reloaded %s", config.source)

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.timeout(30)
 def test_the_option_is_parsed():
     opts = parse_args(["--deadline-file", "/x/deadman", "--", "true"])
     assert opts.deadline_file == "/x/deadman"
-    assert parse_args(["true"]).deadline_file is None
+    assert parse_args(["true"], env={}).deadline_file is None
+    env = {"CCSUP_GUARD_DEADLINE_FILE": "/y"}
+    assert parse_args(["true"], env=env).deadline_file == "/y"
+    assert parse_args(["--deadline-file", "/x", "true"], env=env).deadline_file == "/x"
 
 
 def test_a_deadline_pushed_forward_keeps_the_turn_and_one_left_alone_ends_it(tmp_path):
