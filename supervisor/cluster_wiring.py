@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .cluster_settings import ClusterSettings
 from .errors import CcsupError
+from .protocol import ProtocolError
 
 if TYPE_CHECKING:  # supervisor.cluster loads the etcd client: only with [cluster]
     from .cluster import ClusterGate
@@ -211,7 +212,7 @@ class ClusterWiring:
             return
         try:
             manager.cancel(turn_id, reason=reason)
-        except Exception as e:  # noqa: BLE001 -- a turn that ended meanwhile; the rest must stop
+        except (ProtocolError, CcsupError) as e:  # a turn that ended meanwhile
             log.info("cluster: stopping turn %s: %s", turn_id, e)
             return
         # A turn granted but whose guard is not started yet ignores a cancel: ask again shortly
