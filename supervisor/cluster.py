@@ -445,8 +445,8 @@ class ClusterGate:
 
     async def _put(self, entry: _Entry) -> None:
         lease = self.lease
-        if entry.state != "joining" or entry.putting or not lease or not self.connected:
-            return  # joins when a lease is granted
+        if entry.state != "joining" or entry.putting or not lease or self.lost:
+            return  # joins when a lease is granted or renewed (_after_new_lease, _after_reconnect)
         value = json.dumps(
             {"machine": self.name, "turn": entry.turn, "holder": entry.holder, "since": entry.since}
         ).encode()
@@ -462,7 +462,8 @@ class ClusterGate:
             )
         except EtcdError as e:
             log.warning("cluster: unable to queue turn %s: %s", entry.turn, e.message)
-            return  # joins again at the next new lease or reconnection
+            self._later(self._put, entry)  # and at the next new lease or reconnection
+            return
         finally:
             entry.putting = False
         if result.succeeded:
@@ -509,7 +510,7 @@ class ClusterGate:
             self._evaluating = self._spawn(self._evaluate())
 
     async def _evaluate(self) -> None:
-        while self._dirty and not self.closing:
+        while self._dirty and not self.closing and not self.lost:  # lost: _after_reconnect
             key = self._dirty.pop()
             waiting = [
                 e for e in self.entries.values() if e.key == key and e.state in ("waiting", "ready")
@@ -529,8 +530,8 @@ class ClusterGate:
                 )
             except EtcdError as e:
                 log.warning("cluster: unable to read the queue of %s: %s", key, e.message)
-                self._dirty.add(key)
-                return  # read again when the lease is renewed (_after_reconnect)
+                self._later(self._mark, key)  # and when the lease is renewed (_after_reconnect)
+                return
             first = {kv.key for kv in found.kvs}
             woke = False
             for entry in waiting:
@@ -725,6 +726,20 @@ class ClusterGate:
     async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def _later(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Try again after RETRY (a coroutine function is run as a task)."""
+        if self.closing or self._loop is None:
+            return
+
+        def again() -> None:
+            if self.closing:
+                return
+            result = fn(*args)
+            if asyncio.iscoroutine(result):
+                self._spawn(result)
+
+        self._loop.call_later(RETRY, again)
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.ensure_future(coro)

@@ -75,10 +75,10 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 50))
 
 
-def test_a_cluster_cap_holds_across_machines_in_request_order(etcd_cluster, prefix, tmp_path):
+def test_a_cluster_cap_holds_across_machines_in_request_order(etcd_shared, prefix, tmp_path):
     async def scenario():
-        a = Machine("a", etcd_cluster.endpoints, prefix, tmp_path, {"codex": 2})
-        b = Machine("b", etcd_cluster.endpoints, prefix, tmp_path, {"codex": 2})
+        a = Machine("a", etcd_shared.endpoints, prefix, tmp_path, {"codex": 2})
+        b = Machine("b", etcd_shared.endpoints, prefix, tmp_path, {"codex": 2})
         for m in (a, b):
             m.gate.start()
         await until(lambda: a.gate.may_grant() and b.gate.may_grant(), what="both connected")
@@ -109,10 +109,10 @@ def test_a_cluster_cap_holds_across_machines_in_request_order(etcd_cluster, pref
     run(scenario())
 
 
-def test_a_release_wakes_the_other_machine_through_the_watch(etcd_cluster, prefix, tmp_path):
+def test_a_release_wakes_the_other_machine_through_the_watch(etcd_shared, prefix, tmp_path):
     async def scenario():
-        a = Machine("a", etcd_cluster.endpoints, prefix, tmp_path, {"codex": 1})
-        b = Machine("b", etcd_cluster.endpoints, prefix, tmp_path, {"codex": 1})
+        a = Machine("a", etcd_shared.endpoints, prefix, tmp_path, {"codex": 1})
+        b = Machine("b", etcd_shared.endpoints, prefix, tmp_path, {"codex": 1})
         for m in (a, b):
             m.gate.start()
         await until(lambda: a.gate.may_grant() and b.gate.may_grant(), what="connected")
@@ -134,10 +134,10 @@ def test_a_release_wakes_the_other_machine_through_the_watch(etcd_cluster, prefi
     run(scenario())
 
 
-def test_a_lowered_cap_grants_nothing_until_under_it(etcd_cluster, prefix, tmp_path):
+def test_a_lowered_cap_grants_nothing_until_under_it(etcd_shared, prefix, tmp_path):
     async def scenario():
-        a = Machine("a", etcd_cluster.endpoints, prefix, tmp_path, {"codex": 3})
-        b = Machine("b", etcd_cluster.endpoints, prefix, tmp_path, {"codex": 3})
+        a = Machine("a", etcd_shared.endpoints, prefix, tmp_path, {"codex": 3})
+        b = Machine("b", etcd_shared.endpoints, prefix, tmp_path, {"codex": 3})
         for m in (a, b):
             m.gate.start()
         await until(lambda: a.gate.may_grant() and b.gate.may_grant(), what="connected")
@@ -163,14 +163,14 @@ def test_a_lowered_cap_grants_nothing_until_under_it(etcd_cluster, prefix, tmp_p
     run(scenario())
 
 
-def test_a_revoked_lease_stops_the_turns_it_held_at_once(etcd_cluster, prefix, tmp_path):
+def test_a_revoked_lease_stops_the_turns_it_held_at_once(etcd_shared, prefix, tmp_path):
     async def scenario():
-        a = Machine("a", etcd_cluster.endpoints, prefix, tmp_path, {"codex": 2})
+        a = Machine("a", etcd_shared.endpoints, prefix, tmp_path, {"codex": 2})
         a.gate.start()
         await until(a.gate.may_grant, what="connected")
         await joined(a, "t")
         await until(lambda: a.granted(["t"]), what="granted")
-        outsider = EtcdClient(EtcdSettings(endpoints=tuple(etcd_cluster.endpoints)))
+        outsider = EtcdClient(EtcdSettings(endpoints=tuple(etcd_shared.endpoints)))
         revoked_at = deadman.boottime()
         await asyncio.to_thread(outsider.lease_revoke, a.gate.lease)
         await until(lambda: "t" in a.stopped, timeout=5, what="t stopped")
@@ -187,12 +187,12 @@ def test_a_revoked_lease_stops_the_turns_it_held_at_once(etcd_cluster, prefix, t
 
 
 def test_a_partitioned_machine_fences_before_its_lease_deadline(
-    etcd_cluster, prefix, tmp_path, relay
+    etcd_shared, prefix, tmp_path, relay
 ):
     async def scenario():
-        relays = [relay(("127.0.0.1", m.client_port)) for m in etcd_cluster.members]
+        relays = [relay(("127.0.0.1", m.client_port)) for m in etcd_shared.members]
         a = Machine("a", [r.url for r in relays], prefix, tmp_path, {"codex": 1})
-        b = Machine("b", etcd_cluster.endpoints, prefix, tmp_path, {"codex": 1})
+        b = Machine("b", etcd_shared.endpoints, prefix, tmp_path, {"codex": 1})
         for m in (a, b):
             m.gate.start()
         await until(lambda: a.gate.may_grant() and b.gate.may_grant(), what="connected")
