@@ -319,3 +319,30 @@ def test_a_cap_lowered_while_turns_run_grants_nothing_until_under_it(cluster):
         c.cancel("a3")
     released(b, "b1")
     assert cluster.begins()[-1][0] == "b1"
+
+
+def test_ps_and_status_show_the_cluster(cluster):
+    a, b = cluster.machine("a"), cluster.machine("b")
+    for m, turn_id in ((a, "a1"), (b, "b1"), (a, "a2"), (b, "b2"), (a, "a3")):
+        m.turn(turn_id, -1)
+        cluster.queued(m, turn_id)
+    wait_until(lambda: len(cluster.begins()) == 2, what="two running")
+    with a.client() as c:
+        (view,) = c.ps()["cluster"]
+    assert (view["key"], view["cap"]) == ("codex", 2)
+    assert [(h["machine"], h["turn"]) for h in view["holders"]] == [("a", "a1"), ("b", "b1")]
+    assert [(w["machine"], w["turn"]) for w in view["waiting"]] == [
+        ("a", "a2"),
+        ("b", "b2"),
+        ("a", "a3"),
+    ]
+    assert view["local_waiters"] == [{"turn": "a2", "position": 1}, {"turn": "a3", "position": 3}]
+    with b.client() as c:
+        assert c.ps()["cluster"][0]["local_waiters"] == [{"turn": "b2", "position": 2}]
+        status = c.status()["cluster"]
+    assert (status["name"], status["connected"], status["fenced"]) == ("b", True, False)
+    assert status["lease"] and status["lease_ttl"] == TTL
+    assert 0 < status["deadline_in"] <= TTL
+    assert [m["ok"] for m in status["members"]] == [True, True, True]
+    assert sum(m["leader"] for m in status["members"]) == 1
+    assert status["caps"] == {"codex": 2}
