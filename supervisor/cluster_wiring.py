@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from .cluster_settings import ClusterSettings
 from .errors import CcsupError
 from .protocol import ProtocolError
+from .slots import Slot, SlotGate, SlotView
 
 if TYPE_CHECKING:  # supervisor.cluster loads the etcd client: only with [cluster]
     from .cluster import ClusterGate
@@ -48,32 +49,32 @@ def cluster_wiring(
     return ClusterWiring(config.cluster, state_dir=state_dir, grace=config.grace, publish=publish)
 
 
-class ClusterSlot:
-    """A local slot of a cluster key, whose release also gives the cluster slot back."""
+class ClusterSlot(Slot):
+    """A local slot of a cluster key, whose release also gives the cluster slot back.
 
-    def __init__(self, local: Any, cluster: ClusterGate, item_id: str):
-        self._local = local
+    It takes over the local Slot's state (its lock fd and record): the Slot it was made from is
+    not used again, so the lock has one owner and is released once."""
+
+    def __init__(self, local: Slot, cluster: ClusterGate, item_id: str):
+        vars(self).update(vars(local))
         self._cluster = cluster
         self._item_id = item_id
 
     def release(self) -> None:
-        """Only when the work is confirmed gone (as SlotGate's Slot.release)."""
+        """Only when the work is confirmed gone (as Slot.release)."""
         try:
-            self._local.release()
+            super().release()
         finally:
             self._cluster.release(self._item_id)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._local, name)
-
     def __repr__(self) -> str:
-        return f"<ClusterSlot {self._item_id} over {self._local!r}>"
+        return f"<ClusterSlot {self._item_id} {super().__repr__()}>"
 
 
 class ClusteredGate:
     """The manager's Gate: a cluster slot first for cluster keys, then the local SlotGate's."""
 
-    def __init__(self, local: Any, cluster: ClusterGate):
+    def __init__(self, local: SlotGate, cluster: ClusterGate):
         self.local = local
         self.cluster = cluster
 
@@ -83,8 +84,8 @@ class ClusteredGate:
         holder: Any,
         *,
         turn: str | None = None,
-        reservation: dict | None = None,
-    ) -> Any:
+        reservation: dict[str, Any] | None = None,
+    ) -> Slot | None:
         if not self.cluster.is_cluster_key(key):
             return self.local.try_acquire(key, holder, turn=turn, reservation=reservation)
         item_id = turn if turn is not None else (reservation or {}).get("id")
@@ -98,6 +99,9 @@ class ClusteredGate:
             self.cluster.give_back(item_id)  # keeps its place; the local gate said why
             return None
         return ClusterSlot(slot, self.cluster, item_id)
+
+    def inspect_all(self) -> list[SlotView]:
+        return self.local.inspect_all()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.local, name)
@@ -131,7 +135,7 @@ class ClusterWiring:
 
     # --- what the daemon gives the manager ----------------------------------------------------
 
-    def slot_gate(self, local: Any) -> ClusteredGate:
+    def slot_gate(self, local: SlotGate) -> ClusteredGate:
         return ClusteredGate(local, self.gate)
 
     def publish(self, topic: str, body: dict) -> None:
