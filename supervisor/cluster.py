@@ -473,9 +473,10 @@ class ClusterGate:
             revision, key_lease = (kvs[0].create_revision, kvs[0].lease) if kvs else (0, 0)
         if lease != self.lease or key_lease != lease:
             # The lease changed meanwhile (that key is dead), or the key is another lease's: a
-            # stale key of an earlier incarnation of this machine; it dies with its lease.
+            # stale key of an earlier incarnation of this machine (a restart); it dies with its
+            # lease, and its DELETE event puts ours (_on_our_key_deleted).
             if key_lease != lease:
-                log.warning("cluster: %s is held by lease %x, not ours", entry.qkey, key_lease)
+                log.info("cluster: %s is still held by lease %x, not ours", entry.qkey, key_lease)
             if self.lease and self.lease != lease:
                 self._spawn(self._put(entry))
             return
@@ -631,7 +632,12 @@ class ClusterGate:
 
     def _on_our_key_deleted(self, turn: str, qkey: str) -> None:
         entry = self.entries.get(turn)
-        if entry is None or entry.qkey != qkey or entry.state in ("leaving", "joining"):
+        if entry is None or entry.qkey != qkey or entry.state == "leaving":
+            return
+        if entry.state == "joining":
+            # The key of an earlier incarnation of this supervisor (same turn, another lease)
+            # stood in the way of ours: it is gone now.
+            self._spawn(self._put(entry))
             return
         if entry.state == "held":
             if not entry.stopped:

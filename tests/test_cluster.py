@@ -346,3 +346,22 @@ def test_ps_and_status_show_the_cluster(cluster):
     assert [m["ok"] for m in status["members"]] == [True, True, True]
     assert sum(m["leader"] for m in status["members"]) == 1
     assert status["caps"] == {"codex": 2}
+
+
+def test_a_restarted_supervisor_joins_its_waiting_turns_again(cluster):
+    a, b = cluster.machine("a", cap=1), cluster.machine("b", cap=1)
+    b.follow()
+    a.turn("a1", -1)
+    cluster.queued(a, "a1")
+    wait_until(lambda: len(cluster.begins()) == 1, what="a1 running")
+    a.turn("a2", 0.1)
+    cluster.queued(a, "a2")
+    b.turn("b1", 0.1)
+    cluster.queued(b, "b1")
+    a.kill()
+    a.start()  # the same state dir: a2 is restored from queue.json, under a new lease
+    a.follow()
+    released(b, "b1")  # its key is older than a2's new one
+    released(a, "a2")
+    assert [t for t, _, _ in cluster.begins()] == ["a1", "b1", "a2"]
+    assert cluster.most_running() == 1
