@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import threading
 import time
 import urllib.request
 import uuid
 
 import pytest
-from etcd_cluster import free_ports
+from etcd_cluster import etcd_binary, free_ports
 
 from supervisor.etcd import (
     EtcdClient,
@@ -224,3 +227,76 @@ def test_auth_with_a_password_from_the_environment(etcd_cluster, monkeypatch):
     wrong = client_for(etcd_cluster.endpoints, user="root", password="nope")
     with pytest.raises(EtcdError, match="refused"):
         wrong.put("/a", b"2")
+
+
+def _openssl(*args: str, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _certificates(d) -> None:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, with EC keys."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+             "-subj", "/CN=ccsup-test-ca", cwd=d)  # fmt: skip
+    for name, ext in (
+        # etcd's gateway dials its own gRPC with the server certificate: clientAuth too.
+        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj",
+                 f"/CN={name}", cwd=d)  # fmt: skip
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", "-extfile",
+                 f"{name}.ext", cwd=d)  # fmt: skip
+
+
+def test_tls_with_a_client_certificate(tmp_path):
+    binary = etcd_binary()
+    if binary is None or shutil.which("openssl") is None:
+        pytest.skip("needs the etcd binary and openssl")
+    _certificates(tmp_path)
+    client_port, peer_port = free_ports(2)
+    url = f"https://127.0.0.1:{client_port}"
+    env = {k: v for k, v in os.environ.items() if k != "CCSUP_TEST_RUN"}
+    args = [
+        binary,
+        f"--data-dir={tmp_path / 'data'}",
+        f"--listen-client-urls={url}",
+        f"--advertise-client-urls={url}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+        f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+        f"--cert-file={tmp_path / 'server.pem'}",
+        f"--key-file={tmp_path / 'server.key'}",
+        f"--trusted-ca-file={tmp_path / 'ca.pem'}",
+        "--client-cert-auth",
+        "--log-level=error",
+        "--logger=zap",
+    ]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        c = client_for(
+            [url],
+            ca_file=str(tmp_path / "ca.pem"),
+            cert_file=str(tmp_path / "client.pem"),
+            key_file=str(tmp_path / "client.key"),
+            timeout=1.0,
+        )
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                c.put("/tls", b"1")
+                break
+            except EtcdError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        assert c.get("/tls").value == b"1"
+        no_cert = client_for([url], ca_file=str(tmp_path / "ca.pem"), timeout=1.0)
+        with pytest.raises(EtcdError):
+            no_cert.get("/tls")
+        with pytest.raises(EtcdError, match="unable to load the etcd TLS files"):
+            client_for([url], ca_file=str(tmp_path / "missing.pem"))
+    finally:
+        proc.kill()
+        proc.wait(10)
