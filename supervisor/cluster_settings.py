@@ -101,21 +101,6 @@ def timing_problem(lease_ttl: float, grace: float) -> str | None:
 
 # --- `[cluster]` from a parsed TOML table --------------------------------------------------------
 
-KNOWN_KEYS = frozenset(
-    {
-        "etcd",
-        "name",
-        "lease_ttl",
-        "prefix",
-        "caps",
-        "user",
-        "password",
-        "ca_file",
-        "cert_file",
-        "key_file",
-        "insecure",
-    }
-)
 _PREFIX = re.compile(r"(/[A-Za-z0-9._-]+)+\Z")
 
 Report = Callable[[tuple, str], None]  # (key path, message): one problem with the config
@@ -133,7 +118,7 @@ def parse_cluster(
     message). Pure: durations, caps and keys are judged by the same functions as elsewhere.
     grace: the guards' grace, which the lease must leave room for (None when itself invalid)."""
     from .caps import check_cap, key_problem  # the one place that says what a key and a cap are
-    from .config import parse_duration  # imported here: supervisor.config imports this module
+    from .config.values import duration  # imported here: supervisor.config imports this module
     from .errors import UsageError
     from .etcd import PASSWORD_ENV, EtcdError, check_endpoint
 
@@ -176,7 +161,7 @@ def parse_cluster(
     lease_ttl = DEFAULT_LEASE_TTL
     if "lease_ttl" in table:
         try:
-            lease_ttl = parse_duration(table["lease_ttl"], where="cluster.lease_ttl")
+            lease_ttl = duration(table["lease_ttl"], where="cluster.lease_ttl")
         except UsageError as e:
             bad("lease_ttl", e.message.removeprefix("cluster.lease_ttl: "))
     if grace is not None and ok:

@@ -6,8 +6,10 @@ partition made by a relay the test owns, a lowered cap."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -346,6 +348,29 @@ def test_ps_and_status_show_the_cluster(cluster):
     assert [m["ok"] for m in status["members"]] == [True, True, True]
     assert sum(m["leader"] for m in status["members"]) == 1
     assert status["caps"] == {"codex": 2}
+    # The same, as people read it.
+    ps_text = ccsup(a, "ps")
+    assert "cluster key codex: cap 2 across machines" in ps_text
+    assert re.search(r"^a +a1 +- +\S+$", ps_text, re.M) and re.search(r"^b +b1 ", ps_text, re.M)
+    assert "3 waiting across machines; here: a2 (position 1), a3 (position 3)" in ps_text
+    status_text = ccsup(b, "status")
+    assert re.search(
+        r"^cluster b under /t\w+: connected, lease [0-9a-f]+ \(ttl 2s\), deadline in",
+        status_text,
+        re.M,
+    )
+    assert re.search(r"^etcd +3/3 healthy: ", status_text, re.M)
+
+
+def ccsup(m: Machine, *args: str) -> str:
+    done = subprocess.run(
+        [PYTHON, "-m", "supervisor", "--state-dir", str(m.state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_a_restarted_supervisor_joins_its_waiting_turns_again(cluster):

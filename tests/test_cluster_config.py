@@ -93,3 +93,20 @@ def test_a_short_ttl_is_fine_with_a_short_grace():
     settings, problems = parse({"etcd": ETCD, "lease_ttl": "2s"}, grace=0.3)
     assert problems == [] and settings.lease_ttl == 2.0
     assert settings.renew_interval(0.3) == pytest.approx(0.6)
+
+
+def test_the_config_file_carries_cluster_and_names_the_line_of_a_problem():
+    from supervisor import config
+
+    assert config.parse("", "x.toml").cluster is None  # without [cluster] nothing changes
+    text = '[guard]\ngrace = "300ms"\n[cluster]\netcd = ["http://127.0.0.1:2379"]\nname = "a"\n'
+    parsed = config.parse(text + 'lease_ttl = "2s"\ncaps = { codex = 2 }\n', "x.toml")
+    assert parsed.cluster == ClusterSettings(
+        etcd=("http://127.0.0.1:2379",), name="a", lease_ttl=2.0, caps={"codex": 2}
+    )
+    with pytest.raises(config.ConfigProblems) as e:
+        config.parse(text + "lease = 3\n", "x.toml")
+    assert str(e.value) == "x.toml:6: cluster.lease: unknown key (did you mean lease_ttl?)"
+    with pytest.raises(config.ConfigProblems) as e:
+        config.parse('[cluster]\netcd = ["http://127.0.0.1:2379"]\nlease_ttl = "4s"\n', "x.toml")
+    assert str(e.value).startswith("x.toml:3: cluster.lease_ttl: a lease_ttl of 4s leaves too")
