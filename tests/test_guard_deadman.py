@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_guard import Guard, gone, py
+from test_guard import GuardRun, gone, py
 
 from guardd import deadman
 from guardd.__main__ import parse_args
@@ -26,7 +26,7 @@ def test_the_option_is_parsed():
 def test_a_deadline_pushed_forward_keeps_the_turn_and_one_left_alone_ends_it(tmp_path):
     path = tmp_path / "deadman"
     deadman.write_deadline(path, deadman.boottime() + 0.3, deadman.boottime() + 10)
-    g = Guard(tmp_path, py("setsid-child", "stay"), "--deadline-file", str(path), grace=0.3)
+    g = GuardRun(tmp_path, py("setsid-child", "stay"), "--deadline-file", str(path), grace=0.3)
     child, _ = g.announced("child")  # in a session of its own, ignoring SIGTERM
     cmd, _ = g.announced("ready")
     # Pushed forward for a while (well past the first stop_at): the turn keeps running.
@@ -57,7 +57,7 @@ def test_a_deadline_pushed_forward_keeps_the_turn_and_one_left_alone_ends_it(tmp
 def test_past_kill_at_the_work_is_killed_without_a_grace(tmp_path):
     path = tmp_path / "deadman"
     deadman.write_deadline(path, deadman.boottime() + 1.0, deadman.boottime() + 10)
-    g = Guard(tmp_path, py("setsid-child", "stay"), "--deadline-file", str(path), grace=20)
+    g = GuardRun(tmp_path, py("setsid-child", "stay"), "--deadline-file", str(path), grace=20)
     child, _ = g.announced("child")  # ignores SIGTERM: only SIGKILL ends it
     g.announced("ready")
     now = deadman.boottime()
@@ -73,6 +73,6 @@ def test_a_missing_or_bad_deadline_file_reads_as_past(tmp_path, content):
     path = tmp_path / "deadman"
     if content is not None:
         path.write_bytes(content)
-    g = Guard(tmp_path, py("sleep"), "--deadline-file", str(path), grace=0.3)
+    g = GuardRun(tmp_path, py("sleep"), "--deadline-file", str(path), grace=0.3)
     assert g.wait() == 128 + 15
     assert g.record()["reason"].startswith("deadline: ")
