@@ -185,6 +185,7 @@ class ClusterGate:
         self._evaluating: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._fence_timer: asyncio.TimerHandle | None = None
+        self._aliases: dict[str, str] = {}  # a bound reservation's id -> its turn's (rebind)
         self._caps_written = False
 
     # --- life -------------------------------------------------------------------------------
@@ -247,6 +248,21 @@ class ClusterGate:
         entry.since = time.time()
         return True
 
+    def rebind(self, old: str, new: str) -> None:
+        """A turn took a reservation's place (waiting) or its slot (held): the cluster entry is
+        the turn's from now on, under the same etcd key; the old id still releases it."""
+        entry = self.entries.pop(old, None)
+        if entry is None:
+            return
+        dup = self.entries.get(new)
+        if dup is not None:  # the turn's own `queued` came first (a held reservation): not needed
+            dup.state = "leaving"
+            if dup.revision:
+                self._spawn(self._delete(dup))
+        entry.turn = new
+        self.entries[new] = entry
+        self._aliases[old] = new
+
     def give_back(self, turn: str) -> None:
         """try_take said yes but the grant did not happen (no local slot): keep the place."""
         entry = self.entries.get(turn)
@@ -259,10 +275,11 @@ class ClusterGate:
         entry = self.entries.get(turn)
         if entry is not None and entry.state != "held":
             self.release(turn)
+        self._aliases.pop(turn, None)
 
     def release(self, turn: str) -> None:
         """The turn's work is confirmed gone (or it stopped waiting): its key may go."""
-        entry = self.entries.get(turn)
+        entry = self.entries.get(self._aliases.pop(turn, turn))
         if entry is None or entry.state == "leaving":
             return
         entry.state = "leaving"

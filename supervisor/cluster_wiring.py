@@ -144,18 +144,22 @@ class ClusterWiring:
         if len(parts) == 3 and parts[0] == "turn":
             key = body.get("key")
             if isinstance(key, str) and self.gate.is_cluster_key(key):
-                if parts[2] == "queued":
+                item_id, event = parts[1], parts[2]
+                if body.get("reason") == "bound" and isinstance(body.get("turn"), str):
+                    # A turn took this reservation's place or slot: the cluster entry follows.
+                    self.gate.rebind(item_id, body["turn"])
+                elif event == "queued":
                     holder = body.get("holder")
-                    self.gate.join(key, parts[1], holder if isinstance(holder, dict) else None)
-                elif parts[2] in _LEAVE_ON:
-                    self.gate.leave(parts[1])
+                    self.gate.join(key, item_id, holder if isinstance(holder, dict) else None)
+                elif event in _LEAVE_ON:
+                    self.gate.leave(item_id)
         self._publish(topic, body)
 
     def start_guard(self, start: Callable[..., Any]) -> Callable[..., Any]:
         """The guard starter, giving a cluster turn's guard the dead-man deadline file."""
 
         def start_guard(turn_id: str, argv: list[str], *, env: dict, **kwargs: Any) -> Any:
-            if turn_id in self.gate.entries:
+            if turn_id in self.gate.entries:  # a cluster turn (or one bound to a reservation)
                 env = {**env, DEADLINE_ENV: str(self.deadline_file)}
             return start(turn_id, argv, env=env, **kwargs)
 

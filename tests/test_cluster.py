@@ -390,3 +390,43 @@ def test_a_restarted_supervisor_joins_its_waiting_turns_again(cluster):
     released(a, "a2")
     assert [t for t, _, _ in cluster.begins()] == ["a1", "b1", "a2"]
     assert cluster.most_running() == 1
+
+
+def test_a_turn_bound_to_a_reservation_keeps_its_cluster_slot(cluster):
+    a, b = cluster.machine("a", cap=1), cluster.machine("b", cap=1)
+    a.follow()
+    b.follow()
+    holder = {"session": "s1", "agent": "x"}
+    for res_id in ("r1", "r2"):  # r1 is held at once; r2 waits behind it
+        with a.client() as c:
+            c.reserve("codex", holder={**holder, "agent": res_id}, id=res_id)
+    cluster.queued(a, "r2")
+    b.turn("b1", 0.1)
+    cluster.queued(b, "b1")
+    a.log.wait_for("turn.r1.granted")
+    argv = [PYTHON, WITNESS, str(cluster.witness)]
+    with a.client() as c:  # a turn takes r1's slot at once, another r2's place in the queue
+        c.turn("codex", [*argv, "-1"], id="a1", reservation="r1", holder={**holder, "agent": "r1"})
+        c.turn("codex", [*argv, "0.1"], id="a2", reservation="r2", holder={**holder, "agent": "r2"})
+    wait_until(lambda: len(cluster.begins()) == 1, what="a1 running")
+    queue = cluster.client.range(f"{cluster.prefix}/q/codex/", prefix=True, sort_target="CREATE",
+                                 sort_order="ASCEND").kvs  # fmt: skip
+    assert [kv.key.rsplit("/", 2)[1:] for kv in queue] == [["a", "r1"], ["a", "r2"], ["b", "b1"]]
+    with a.client() as c:
+        (slot,) = [s for s in c.ps()["slots"] if s["turn"] == "a1"]
+    # The guard (forked by the zygote, so its own /proc environ is the zygote's) hands its
+    # environment to the command it runs: the command's shows what the guard was given.
+    guard = slot["pid"]
+    (cmd,) = Path(f"/proc/{guard}/task/{guard}/children").read_text().split()
+    environ = Path(f"/proc/{cmd}/environ").read_bytes().split(b"\0")
+    assert f"CCSUP_GUARD_DEADLINE_FILE={a.state_dir}/cluster/deadline.json".encode() in environ
+    with a.client() as c:
+        c.cancel("a1")
+    released(a, "a2")  # r2's place, before b1
+    released(b, "b1")
+    assert [t for t, _, _ in cluster.begins()] == ["a1", "a2", "b1"]
+    assert cluster.most_running() == 1
+    wait_until(
+        lambda: not cluster.client.range(f"{cluster.prefix}/q/", prefix=True).kvs,
+        what="every queue key deleted",
+    )
