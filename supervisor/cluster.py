@@ -186,6 +186,7 @@ class ClusterGate:
         self._tasks: set[asyncio.Task] = set()
         self._fence_timer: asyncio.TimerHandle | None = None
         self._aliases: dict[str, str] = {}  # a bound reservation's id -> its turn's (rebind)
+        self._by_qkey: dict[str, _Entry] = {}  # our etcd keys -> their entries (see _swap)
         self._caps_written = False
 
     # --- life -------------------------------------------------------------------------------
@@ -234,19 +235,48 @@ class ClusterGate:
             return
         entry = _Entry(key, turn, f"{self.q_prefix}{key}/{self.name}/{turn}", holder or {})
         self.entries[turn] = entry
+        self._by_qkey[entry.qkey] = entry
         self._spawn(self._put(entry))
 
     def try_take(self, key: str, turn: str) -> bool:
-        """May this turn be granted now? True once: the entry is held from then on."""
+        """May this turn be granted now? True once: the entry is held from then on.
+
+        A machine's places in a key's cluster queue serve its own waiters in its own order: when
+        this turn's key is not among the first `cap` but another waiting turn of this machine's
+        is, this turn takes that key and gives its own in exchange (the cluster sees the same
+        keys). So a local order that differs from the order the keys were created (puts that
+        finished out of order, a fairness policy, a restored queue) never leaves a place unused.
+        """
         entry = self.entries.get(turn)
         if entry is None:
             self.join(key, turn)
+            entry = self.entries[turn]
+        if not self.may_grant() or entry.state not in ("ready", "waiting", "joining"):
             return False
-        if entry.state != "ready" or not self.may_grant():
-            return False
+        if entry.state != "ready":
+            if entry.putting:
+                return False
+            other = next(
+                (e for e in self.entries.values() if e.key == key and e.state == "ready"), None
+            )
+            if other is None:
+                return False
+            self._swap(entry, other)
         entry.state = "held"
         entry.since = time.time()
         return True
+
+    def _swap(self, entry: _Entry, ready: _Entry) -> None:
+        """entry takes ready's key (a first-`cap` one); ready gets entry's key and state."""
+        entry.qkey, ready.qkey = ready.qkey, entry.qkey
+        entry.revision, ready.revision = ready.revision, entry.revision
+        entry.lease, ready.lease = ready.lease, entry.lease
+        previous = entry.state
+        entry.state, ready.state = "ready", previous
+        self._by_qkey[entry.qkey] = entry
+        self._by_qkey[ready.qkey] = ready
+        if previous == "joining":
+            self._spawn(self._put(ready))
 
     def rebind(self, old: str, new: str) -> None:
         """A turn took a reservation's place (waiting) or its slot (held): the cluster entry is
@@ -521,6 +551,8 @@ class ClusterGate:
             break
         if self.entries.get(entry.turn) is entry:
             del self.entries[entry.turn]
+        if self._by_qkey.get(entry.qkey) is entry:
+            del self._by_qkey[entry.qkey]
 
     def _mark(self, key: str) -> None:
         self._dirty.add(key)
@@ -643,14 +675,15 @@ class ClusterGate:
             if event.type == "DELETE":
                 self._mark(key)
                 if machine == self.name:
-                    self._on_our_key_deleted(turn, name)
+                    self._on_our_key_deleted(name)
         if caps:
             self._apply_caps(caps, replace=False)
 
-    def _on_our_key_deleted(self, turn: str, qkey: str) -> None:
-        entry = self.entries.get(turn)
+    def _on_our_key_deleted(self, qkey: str) -> None:
+        entry = self._by_qkey.get(qkey)
         if entry is None or entry.qkey != qkey or entry.state == "leaving":
             return
+        turn = entry.turn
         if entry.state == "joining":
             # The key of an earlier incarnation of this supervisor (same turn, another lease)
             # stood in the way of ours: it is gone now.
@@ -696,6 +729,9 @@ class ClusterGate:
                 value = json.loads(kv.value)
             except ValueError:
                 value = {}
+            mine = self._by_qkey.get(kv.key) if machine == self.name else None
+            if mine is not None:  # the turn that has this place now (see _swap)
+                turn, value["holder"] = mine.turn, mine.holder
             by_key.setdefault(key, []).append(
                 {
                     "machine": machine,

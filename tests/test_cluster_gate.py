@@ -225,3 +225,30 @@ def test_a_partitioned_machine_fences_before_its_lease_deadline(
             await m.gate.close()
 
     run(scenario())
+
+
+def test_a_machine_hands_its_place_to_its_own_earlier_waiter(etcd_shared, prefix, tmp_path):
+    """The local queue's order may differ from the order the keys were created: the place goes to
+    the turn the machine grants, never left unused (and never a second place taken)."""
+
+    async def scenario():
+        a = Machine("a", etcd_shared.endpoints, prefix, tmp_path, {"codex": 1})
+        a.gate.start()
+        await until(a.gate.may_grant, what="connected")
+        await joined(a, "late")  # its key was created first ...
+        await joined(a, "head")  # ... but the local queue puts this one first
+        await until(lambda: a.gate.entries["late"].state == "ready", what="late's key first")
+        assert a.granted(["head"]) == ["head"]  # head takes the first place
+        assert a.granted(["late"]) == []  # late now has head's key: not among the first 1
+        views = await a.gate.view()
+        assert [h["turn"] for h in views[0]["holders"]] == ["head"]
+        assert views[0]["local_waiters"] == [{"turn": "late", "position": 1}]
+        a.gate.release("head")
+        await until(lambda: a.granted(["late"]), what="late granted after head")
+        a.gate.release("late")
+        await until(lambda: not a.gate.entries, what="all released")
+        keys = await asyncio.to_thread(a.gate.client.range, f"{prefix}/q/", prefix=True)
+        assert keys.kvs == []
+        await a.gate.close()
+
+    run(scenario())

@@ -8,6 +8,8 @@ from typing import Any
 
 from .formats import age, format_holder, format_table
 
+SHOWN = 10  # this machine's waiters named on the line of a key
+
 
 def format_cluster_ps(views: Any, now: float) -> list[str]:
     """`ps` result's "cluster": a list of keys, or {"error"} when etcd could not be read."""
@@ -28,7 +30,9 @@ def format_cluster_ps(views: Any, now: float) -> list[str]:
             lines.append("no turn holds it")
         waiting = view.get("waiting", [])
         local = view.get("local_waiters", [])
-        mine = ", ".join(f"{w.get('turn')} (position {w.get('position')})" for w in local)
+        mine = ", ".join(f"{w.get('turn')} (position {w.get('position')})" for w in local[:SHOWN])
+        if len(local) > SHOWN:
+            mine += f" and {len(local) - SHOWN} more (ps --json lists them)"
         lines.append(
             f"{len(waiting)} waiting across machines"
             + (f"; here: {mine}" if mine else "; none of them here")

@@ -1,9 +1,9 @@
 """The cost of a cluster cap: N short turns at cap 2, machine-local against the same cap in etcd.
 
-    .venv/bin/python tests/bench/bench_cluster.py [--turns 100]
+    .venv/bin/python tests/bench/bench_cluster.py [--turns 100] [--rounds 3]
 
 Starts a 3-member etcd on 127.0.0.1 (Debian's etcd-server, as the tests find it), then, in this
-run, each workload three times (alternating, the median kept):
+run, each workload `--rounds` times (alternating, the median kept):
 - `local_s`: one supervisor, `[slots] caps = { codex = 2 }`, no [cluster] (the reference);
 - `cluster_one_s`: one supervisor whose codex is also a cluster key of cap 2;
 - `cluster_two_s`: two supervisors (two machines) sharing the cluster cap of 2, half the turns each.
@@ -86,6 +86,7 @@ def run(states: list[Path], turns: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     binary = etcd_binary()
     if binary is None:
@@ -98,7 +99,7 @@ def main() -> None:
     results: dict[str, list[float]] = {"local_s": [], "cluster_one_s": [], "cluster_two_s": []}
     try:
         etcd.start()
-        for round_ in range(3):
+        for round_ in range(args.rounds):
             for name, machines in (("local_s", 0), ("cluster_one_s", 1), ("cluster_two_s", 2)):
                 prefix = f"/b{round_}{name[:9]}"
                 states, procs = [], []
