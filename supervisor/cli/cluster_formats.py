@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .formats import age, format_holder, format_table
+from ..requester_names import describe
+from .formats import age, format_table
 
 SHOWN = 10  # this machine's waiters named on the line of a key
 
@@ -21,7 +22,7 @@ def format_cluster_ps(views: Any, now: float) -> list[str]:
         lines += ["", f"cluster key {view.get('key')}: cap {view.get('cap')} across machines"]
         if holders:
             rows = [
-                [h.get("machine", "?"), h.get("turn", "?"), format_holder(h.get("holder")),
+                [h.get("machine", "?"), h.get("turn", "?"), describe(h.get("holder"), None),
                  age(h.get("since"), now)]
                 for h in holders
             ]  # fmt: skip

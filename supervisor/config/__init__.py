@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from ..admission_policy import AdmissionSettings
 from ..caps import Caps
 from ..cluster_settings import ClusterSettings
-from . import cluster, endpoints, guard, harness, slots, top
+from . import admission, cluster, endpoints, guard, harness, slots, top
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -94,6 +95,7 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.SECTION,
     endpoints.CURVE_SECTION,
     harness.SECTION,
+    admission.PAUSE_ON_SECTION,
     cluster.SECTION,
 )
 
@@ -108,6 +110,7 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
     cluster: ClusterSettings | None = None  # [cluster]: caps across machines (supervisor.cluster)
 
     def __post_init__(self) -> None:
@@ -127,6 +130,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     guard_settings = guard.parse_guard(c, table)
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
+    admission_settings = admission.parse_admission(c, table)
     cluster_settings = cluster.parse_cluster(c, table, guard_settings.grace, env)
     c.raise_problems()
     # With no problem recorded, no value is None.
@@ -150,6 +154,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=guard_settings.scan,
         endpoints=endpoint_settings,
         harness=harnesses,
+        admission=admission_settings,
         cluster=cluster_settings,
     )
 
