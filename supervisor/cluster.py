@@ -10,9 +10,12 @@ Design note.
   `<prefix>/q/<key>/<machine>/<turn>`, put under this supervisor's lease. It may be granted when
   its key is among the first `cap` keys under `<prefix>/q/<key>/` sorted by create revision (one
   range with sort and limit: etcd's count ignores revision filters). The create revision is a
-  global ticket: FIFO across machines. A key is deleted only when the manager says its turn's work
-  is confirmed gone (or it stopped waiting), in a txn that checks the key still has our lease and
-  our create revision.
+  global ticket: FIFO across machines. A machine's places serve its own waiters in its own order
+  (a waiter may take its machine's first place in exchange for its own key: `_swap`), so a local
+  order that differs from the keys' (a fairness policy, puts finishing out of order) never leaves
+  a place unused and never takes a second one. A key is deleted only when the manager says its
+  turn's work is confirmed gone (or it stopped waiting), in a txn that checks the key still has
+  our lease and our create revision.
 - One watch on `<prefix>/`, from the revision of the last read, tells of every release, every cap
   change and every key of ours that vanished (a revoked or expired lease); there is no polling.
   A broken watch is opened again from the last revision it delivered, so nothing is missed.
