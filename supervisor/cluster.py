@@ -338,7 +338,7 @@ class ClusterGate:
         s = self.settings
         interval = s.renew_interval(self.grace)
         # One member's answer may take this long; failover tries the next one.
-        timeout = max(0.2, min(s.timeout, s.stop_window(self.grace) / 6))
+        timeout = max(0.5, min(s.timeout, s.stop_window(self.grace) / 4))
         lease = 0
         while not self._stop.is_set():
             sent = deadman.boottime()
