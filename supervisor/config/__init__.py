@@ -45,7 +45,8 @@ from types import MappingProxyType
 from ..admission_policy import AdmissionSettings
 from ..caps import Caps
 from ..cluster_settings import ClusterSettings
-from . import admission, cluster, endpoints, guard, harness, slots, top
+from ..retention import LogLimits
+from . import admission, cluster, endpoints, guard, harness, logs, metrics, slots, top
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -57,6 +58,7 @@ from .files import (
 )
 from .guard import DEFAULT_GRACE, DEFAULT_SCAN
 from .harness import Harness
+from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
 from .values import duration, size
@@ -95,6 +97,8 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.SECTION,
     endpoints.CURVE_SECTION,
     harness.SECTION,
+    logs.SECTION,
+    metrics.SECTION,
     admission.PAUSE_ON_SECTION,
     cluster.SECTION,
 )
@@ -110,6 +114,8 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    logs: LogLimits = logs.DEFAULTS  # [logs]
+    metrics: MetricsSettings = MetricsSettings()
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
     cluster: ClusterSettings | None = None  # [cluster]: caps across machines (supervisor.cluster)
 
@@ -130,6 +136,8 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     guard_settings = guard.parse_guard(c, table)
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
+    log_limits = logs.parse_logs(c, table)
+    metrics_settings = metrics.parse_metrics(c, table)
     admission_settings = admission.parse_admission(c, table)
     cluster_settings = cluster.parse_cluster(c, table, guard_settings.grace, env)
     c.raise_problems()
@@ -154,6 +162,8 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=guard_settings.scan,
         endpoints=endpoint_settings,
         harness=harnesses,
+        logs=log_limits,
+        metrics=metrics_settings,
         admission=admission_settings,
         cluster=cluster_settings,
     )
