@@ -61,7 +61,8 @@ class Zygote:
     - pipelined (the daemon's): `request()` queues a spawn and returns at once, `flush()` sends what
       the socket takes without blocking (again when it is writable), and `answers()` gives the
       answers read so far, in request order (the zygote answers one request after another);
-    - blocking (`spawn`): one request, waiting for its answer (~1-3 ms: a fork).
+    - blocking (`spawn`): one request, waiting for its answer (~1-3 ms: a fork); never while
+      pipelined requests wait (their answers would be taken for its own).
     `fileno()` turns readable when answers, reports or EOF arrive; `poll_reports()` gives each
     reaped guard's status.
     """
