@@ -49,7 +49,10 @@ class CcsupGroup(click.Group):
 
     Commands in LAZY_COMMANDS are listed with the others but imported only when used."""
 
-    LAZY_COMMANDS = {"config": ("supervisor.cli_config", "config_group")}
+    LAZY_COMMANDS = {
+        "config": ("supervisor.cli_config", "config_group"),
+        "web": ("supervisor.web.command", "web"),
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY_COMMANDS})
