@@ -37,6 +37,8 @@ from typing import NamedTuple
 # file is built only when there is a problem to place.
 from .caps import Caps, check_cap, key_problem
 from .errors import ConfigError, UsageError
+from .web import settings as web_settings
+from .web.settings import WebSettings, parse_web
 
 DEFAULT_GRACE = 5.0
 DEFAULT_SCAN = 2.0
@@ -113,6 +115,7 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    web: WebSettings = WebSettings()
 
     def __post_init__(self):
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -443,14 +446,21 @@ _SECTIONS = (
         ),
         example=True,
     ),
+    _Section(
+        "web",
+        "The live page (`ccsup web`), a client of the supervisor.",
+        tuple(_Key(name, value, doc, example=True) for name, value, doc in web_settings.DOCS),
+        example=True,
+    ),
 )
 _KNOWN = {
-    (): {"state_dir", "slots", "guard", "endpoints", "harness"},
+    (): {"state_dir", "slots", "guard", "endpoints", "harness", "web"},
     ("slots",): {k.name for k in _SECTIONS[1].keys},
     ("guard",): {k.name for k in _SECTIONS[2].keys},
     ("endpoints",): {k.name for k in _SECTIONS[3].keys} | {"curve"},
     ("endpoints", "curve"): {k.name for k in _SECTIONS[4].keys},
     ("harness", "*"): {k.name for k in _SECTIONS[5].keys},
+    ("web",): {k.name for k in _SECTIONS[6].keys},
 }
 
 
@@ -617,6 +627,9 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
 
     endpoints = _parse_endpoints(c, top)
     harness = _parse_harness(c, top)
+    web, web_problems = parse_web(c.table(top, ("web",), _KNOWN[("web",)]))
+    for path, message in web_problems:
+        c.add(path, message)
 
     if TTL_ENV in env:
         raw = env[TTL_ENV]
@@ -653,6 +666,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=scan,
         endpoints=endpoints,
         harness=harness,
+        web=web,
     )
 
 

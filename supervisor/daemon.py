@@ -151,6 +151,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
         await self.reap_orphans()
         sd_notify("READY=1")
+        web = _web_beside(self.config, self.paths.root, self.config_path)
         ticker = asyncio.create_task(self._tick())
         await self._stop.wait()
         sd_notify("STOPPING=1")
@@ -159,6 +160,10 @@ class Daemon:
         self.manager.begin_stop()
         await self.manager.wait_idle()
         ticker.cancel()
+        if web is not None:
+            from .web import beside
+
+            await beside.stop(web)
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
@@ -307,6 +312,15 @@ class Daemon:
 
     def handle_bad_bus(self, topic: str, body: dict | None, reason: str) -> None:
         log.warning("ignored a bad bus message on %r: %s", topic[:64], reason)
+
+
+def _web_beside(config: Config, state_dir: Path, config_path: str | None):
+    """`[web] listen`: the page's process, started beside the daemon (supervisor.web.beside)."""
+    if config.web.listen is None:
+        return None
+    from .web import beside
+
+    return beside.start(state_dir, config_path)
 
 
 def serve(

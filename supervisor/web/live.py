@@ -477,6 +477,7 @@ class Live:
             output_chunks=trace.output_chunks,
             usage=usage,
             exit=trace.exit,
-            # Between an event and the next `ps`, the event is the newer word.
-            active=active or (trace.ended_at is None and trace.seen_at >= self.ps_at),
+            # A terminal event is final (ps may be older); between an event and the next `ps`,
+            # the event is the newer word.
+            active=trace.ended_at is None and (active or trace.seen_at >= self.ps_at),
         )

@@ -13,7 +13,6 @@ Knows addresses and tokens; nothing of HTTP, the supervisor or the config file's
 
 from __future__ import annotations
 
-import ipaddress
 from typing import NamedTuple
 
 from ..errors import ConfigError
@@ -47,6 +46,8 @@ class WebSettings(NamedTuple):
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
+    import ipaddress  # here: every `ccsup` command parses the config, few need this
+
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -65,6 +66,8 @@ def parse_listen(value: object, *, where: str) -> Listen:
     if not colon or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ConfigError(f"{where}: must be HOST:PORT with a port 0-65535, not {value!r}")
     if host != "localhost":
+        import ipaddress
+
         try:
             ipaddress.ip_address(host)
         except ValueError:
@@ -93,3 +96,41 @@ def check_exposure(listen: Listen, token: str | None, *, where: str) -> None:
             f"{where}: {listen} is not a loopback address, so [web] token must be set "
             "(every request must then carry it)"
         )
+
+
+KEYS = ("listen", "token")
+# The `[web]` section as `ccsup config init` documents it: (key, example, doc).
+DOCS = (
+    (
+        "listen",
+        DEFAULT_LISTEN,
+        "Run `ccsup web` beside the supervisor, serving the live page here (default: not run;\n"
+        "`ccsup web` alone serves on 127.0.0.1:8765). An address that is not loopback needs token.",
+    ),
+    (
+        "token",
+        "<at least 16 characters>",
+        "The page's secret: a bearer token, or the login form's (`ccsup web` prints a one-time\n"
+        "login URL). Once set, every request needs it, on loopback too. Keep this file chmod 600.",
+    ),
+)
+
+
+def parse_web(table: dict) -> tuple[WebSettings, list[tuple[tuple[str, ...], str]]]:
+    """The `[web]` table -> (settings, problems as (key path, message)). Pure; unknown keys are
+    the caller's to report (the config's known-key check)."""
+    problems: list[tuple[tuple[str, ...], str]] = []
+    listen = token = None
+    try:
+        if "token" in table:
+            token = parse_token(table["token"], where="web.token")
+    except ConfigError as e:
+        problems.append((("web", "token"), e.message.removeprefix("web.token: ")))
+    try:
+        if "listen" in table:
+            listen = parse_listen(table["listen"], where="web.listen")
+            if "token" not in table:
+                check_exposure(listen, token, where="web.listen")
+    except ConfigError as e:
+        problems.append((("web", "listen"), e.message.removeprefix("web.listen: ")))
+    return WebSettings(listen, token), problems
