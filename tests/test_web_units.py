@@ -222,7 +222,7 @@ def test_size_the_model_stays_bounded_and_fast_at_100x():
     for i in range(MAX_TURNS + 500):
         ev(live, f"turn.t{i}.queued", 1.0 + i, id=f"t{i}", key="codex")
         ev(live, f"turn.t{i}.released", 2.0 + i, id=f"t{i}", key="codex")
-    for i in range(3 * MAX_EVENTS):
+    for _ in range(3 * MAX_EVENTS):
         ev(live, "turn.t0x.exited", 3.0, id="t0x", key="k", code=0)
     waits = [{"id": f"w{i}", "key": "codex", "position": i + 1} for i in range(1000)]
     slots = [{"key": f"k{i}", "index": 0, "cap": 1, "state": "held"} for i in range(1000)]
