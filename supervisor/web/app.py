@@ -281,6 +281,12 @@ async def _send(response: web.StreamResponse, kind: str, data: Any) -> None:
 
 
 async def api_events(request: web.Request) -> web.StreamResponse:
+    with contextlib.suppress(ConnectionResetError):  # the page went away mid-write
+        return await _events(request)
+    return web.Response()  # never sent: the connection is gone
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
     hub = request.app[HUB]
     watch = request.query.get("turn")
     if watch is not None and not TURN_ID.match(watch):
@@ -351,6 +357,12 @@ class LogReader:
 
 
 async def api_output(request: web.Request) -> web.StreamResponse:
+    with contextlib.suppress(ConnectionResetError):  # the page went away mid-write
+        return await _output(request)
+    return web.Response()  # never sent: the connection is gone
+
+
+async def _output(request: web.Request) -> web.StreamResponse:
     hub = request.app[HUB]
     turn_id = _turn_id(request)
     stream = request.query.get("stream", "stdout")

@@ -109,7 +109,7 @@ DOCS = (
     ),
     (
         "token",
-        "<at least 16 characters>",
+        "replace-with-a-random-secret-of-24-characters",
         "The page's secret: a bearer token, or the login form's (`ccsup web` prints a one-time\n"
         "login URL). Once set, every request needs it, on loopback too. Keep this file chmod 600.",
     ),

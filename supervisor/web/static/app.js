@@ -88,17 +88,23 @@
     const rows = [];
     for (const key of [...byKey.keys()].sort()) {
       const lane = el("div", { class: "lane" });
-      for (const b of byKey.get(key).sort((x, y) => (x.queued_at || 0) - (y.queued_at || 0))) {
-        const q = b.queued_at || b.granted_at || b.ended_at || now;
+      const ends = []; // per sub-lane, where its last bar ends: overlapping turns stack
+      const startOf = (b) => b.queued_at || b.granted_at || b.ended_at || now;
+      for (const b of byKey.get(key).sort((x, y) => startOf(x) - startOf(y))) {
+        const q = startOf(b);
         const g = b.granted_at;
         const e = b.ended_at || now;
+        let sub = ends.findIndex((end) => end <= q);
+        if (sub < 0) { sub = ends.length; ends.push(e); } else ends[sub] = e;
         const title = `${b.id} (${who(b.session, b.agent)})\nqueued ${clock(b.queued_at)}` +
           (g ? `\ngranted ${clock(g)} after ${age(g - q)}` : "") +
           (b.ended_at ? `\n${b.outcome} ${clock(b.ended_at)}` + (g ? ` after ${age(b.ended_at - g)} running` : "") : "\nstill " + b.outcome) +
           (b.exit_code !== null ? `\nexit code ${b.exit_code}` : "");
-        const bar = el("a", { class: "bar " + b.outcome, href: "/turn/" + encodeURIComponent(b.id), title,
+        const failed = b.exit_code !== null && b.exit_code !== 0;
+        const bar = el("a", { class: "bar " + b.outcome + (failed ? " failed" : ""), href: "/turn/" + encodeURIComponent(b.id), title,
           "data-turn": b.id, "data-outcome": b.outcome });
         bar.style.left = pct(q) + "%";
+        bar.style.top = 3 + sub * 18 + "px";
         bar.style.width = Math.max(0, pct(e) - pct(q)) + "%";
         if (g) {
           const waited = el("span", { class: "waited" });
@@ -109,6 +115,7 @@
         }
         lane.append(bar);
       }
+      lane.style.height = 6 + ends.length * 18 + "px";
       rows.push(el("div", { class: "timeline-row", "data-key": key }, el("div", { class: "lane-key" }, key), lane));
     }
     const axis = el("div", { class: "timeline-row axis" }, el("div", { class: "lane-key" }, ""),
