@@ -192,28 +192,25 @@ def test_a_turns_life_becomes_one_bar_and_ps_gives_the_present():
     assert live.bars(since=0) == [] and live.turn("t1") is None
 
 
-def test_pauses_come_from_ps_when_it_has_them_else_from_events_and_expire():
-    now = [100.0]
-    live = Live(clock=lambda: now[0])
-    live.apply_ps({"slots": [{"key": "codex", "index": 0, "cap": 1, "state": "free"}], "waits": []})
+def test_pauses_and_rates_come_from_ps_and_a_pause_event_only_asks_for_ps_again():
+    live = Live(clock=lambda: 100.0)
+    free = [{"key": "codex", "index": 0, "cap": 1, "state": "free"}]
+    live.apply_ps({"slots": free, "waits": []})
     assert live.state()["keys"][0]["paused_until"] is None
-    ev(live, "key.codex.paused", 100.0, key="codex", until=160.0, reason="quota")
-    key = live.state()["keys"][0]
-    assert (key["paused_until"], key["paused_reason"]) == (160.0, "quota")
-    now[0] = 161.0
-    assert live.state()["keys"][0]["paused_until"] is None  # past its end
-    ev(live, "key.codex.resumed", 161.0, key="codex")
+    # Anyone may publish on the bus: the event makes the app read ps, it shows nothing itself.
+    assert ev(live, "key.codex.paused", 100.0, key="codex", until=160.0, reason="forged") is True
+    assert live.state()["keys"][0]["paused_until"] is None
     live.apply_ps(
         {
-            "slots": [{"key": "codex", "index": 0, "cap": 1, "state": "free"}],
+            "slots": free,
             "waits": [],
-            "keys": [
-                {"key": "codex", "paused": {"until": 500.0, "reason": "r"}, "rate": "3/1m"},
-            ],
+            "keys": [{"key": "codex", "paused": {"until": 500.0, "reason": "r"}, "rate": "3/1m"}],
         }
     )
     key = live.state()["keys"][0]
     assert (key["paused_until"], key["paused_reason"], key["rate"]) == (500.0, "r", "3/1m")
+    live.apply_ps({"slots": free, "waits": []}, {"pauses": {"codex": {"until": 7.0}}})
+    assert live.state()["keys"][0]["paused_until"] == 7.0
 
 
 def test_size_the_model_stays_bounded_and_fast_at_100x():

@@ -91,8 +91,6 @@ class Hub:
                 waker.set()
             if parts[-1] not in ("stdout", "stderr"):
                 self._broadcast("turn", turn_id)
-        elif parts[0] == "key":
-            self._dirty.set()
 
     def on_status(self, connected: bool, reason: str | None) -> None:
         if connected:

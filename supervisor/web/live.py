@@ -6,11 +6,11 @@ the supervisor's logic and go wrong on a lost event), every event that can chang
 queue marks the view stale and the app re-reads `ps` (coalesced, at most a few times a second),
 and an event gap (`seq`) does the same. Events are kept for what `ps` does not say: each turn's
 life (queued, granted, exited with its usage, released) for the timeline and the turn's page,
-and pauses (`key.<key>.paused|resumed`) where `ps` does not carry them yet.
 
 Pauses and start rates are other issues' work: a key's `paused_until` and `rate` come from `ps`
-or `status` when they carry them (`ps["keys"]` entries, or a `pauses` mapping), else from the
-pause events seen; otherwise they are null and the page shows nothing for them.
+or `status` when they carry them (`ps["keys"]` entries, or a `pauses` mapping); otherwise they
+are null and the page shows nothing for them. `key.<key>.paused|resumed` events only make the app
+read `ps` again: anyone may publish on the bus, so a pause is never shown on an event's word.
 
 Size: turns are kept for `KEEP_SECONDS` after they end and at most `MAX_TURNS` in all (the oldest
 finished go first); each turn keeps at most `MAX_EVENTS` events (output chunks are only counted).
@@ -191,7 +191,6 @@ class Live:
         self.connected = False
         self.error: str | None = None
         self.turns: dict[str, TurnTrace] = {}
-        self.pauses: dict[str, tuple[float | None, str | None]] = {}  # from the bus
         self.changed_bars: set[str] = set()
         self.updated_at = clock()
         self.ps_at = 0.0  # the clock when `ps` was last taken
@@ -231,10 +230,7 @@ class Live:
     def apply_event(self, topic: str, body: dict[str, Any]) -> bool:
         """Take one bus event; True when `ps` should be read again."""
         parts = topic.split(".")
-        if parts[0] == "key" and len(parts) >= 3:
-            self._apply_pause(".".join(parts[1:-1]), parts[-1], body)
-            return False
-        if parts[0] == "slot":
+        if parts[0] in ("slot", "key"):
             return True
         if parts[0] != "turn" or len(parts) < 3:
             return parts[0] == "supervisor"
@@ -279,13 +275,6 @@ class Live:
         shown = {k: v for k, v in body.items() if k not in ("v", "ts")}
         trace.events.append(EventView(topic=topic, ts=ts, body=shown))
 
-    def _apply_pause(self, key: str, event: str, body: dict[str, Any]) -> None:
-        if event == "paused":
-            until = _num(body.get("until"))
-            self.pauses[key] = (until, _str(body.get("reason")))
-        elif event == "resumed":
-            self.pauses.pop(key, None)
-
     def _trim(self) -> None:
         if len(self.turns) <= MAX_TURNS:
             return
@@ -324,9 +313,6 @@ class Live:
             if key not in keys:
                 keys[key] = self._key_view(key, 0)
             keys[key]["waiting"] += 1
-        for key in self.pauses:
-            if key not in keys:
-                keys[key] = self._key_view(key, 0)
         holders = []
         for slot in slots:
             if slot.get("state") not in ("held", "reserved", "orphaned", "unreadable"):
@@ -405,7 +391,6 @@ class Live:
         return {}
 
     def _pause_of(self, key: str) -> tuple[float | None, str | None]:
-        now = self.clock()
         for source in (self.ps.get("pauses"), self.status.get("pauses")):
             if isinstance(source, dict) and isinstance(source.get(key), dict):
                 pause = source[key]
@@ -416,10 +401,7 @@ class Live:
             return _num(paused.get("until")), _str(paused.get("reason"))
         if _num(entry.get("paused_until")) is not None:
             return _num(entry.get("paused_until")), _str(entry.get("paused_reason"))
-        until, reason = self.pauses.get(key, (None, None))
-        if until is not None and until < now:
-            return None, None
-        return until, reason
+        return None, None
 
     def _rate_of(self, key: str) -> str | None:
         entry = self._ps_key_entry(key)

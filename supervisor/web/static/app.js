@@ -26,10 +26,14 @@
         el("td", { class: "n" }, k.reserved),
         el("td", { class: "n" + (k.orphaned ? " warn" : "") }, k.orphaned),
         el("td", { class: "n", "data-field": "waiting" }, k.waiting),
-        el("td", { class: paused ? "paused" : "muted" }, paused || "–"),
-        el("td", { class: "muted" }, k.rate || "–"));
+        el("td", { class: "pause " + (paused ? "paused" : "muted") }, paused || "–"),
+        el("td", { class: "rate muted" }, k.rate || "–"));
     });
     ccsup.replaceRows(document.querySelector("#keys tbody"), rows);
+    // Pauses and start rates show only where the supervisor has them.
+    const table = document.getElementById("keys");
+    table.classList.toggle("no-pauses", !state.keys.some((k) => k.paused_until));
+    table.classList.toggle("no-rates", !state.keys.some((k) => k.rate));
     document.getElementById("keys-empty").hidden = rows.length > 0;
   }
 
