@@ -330,3 +330,12 @@ def test_the_daemon_runs_the_page_beside_itself_and_ends_it(daemon, state_dir):
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait()
     wait_until(lambda: not os.path.exists(f"/proc/{page}"), what="the page ending itself")
+
+
+def test_a_long_log_is_read_from_its_tail_starting_on_a_whole_character(tmp_path):
+    path = tmp_path / "stdout.log"
+    path.write_bytes(b"x" * 10 + "∎".encode() * 4)  # 10 + 12 bytes; ∎ is 3 bytes
+    reader = LogReader(path, tail=7)  # 7 bytes from the end falls inside a character
+    offset, text = reader.read()
+    assert (reader.skipped, offset, text) == (16, 16, "∎∎")
+    assert LogReader(path, tail=100).read() == (0, "x" * 10 + "∎" * 4)

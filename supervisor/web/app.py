@@ -8,10 +8,11 @@ Routes:
   GET  /api/events[?turn=<id>]    server-sent events: `state` (whole), `bars` (changed bars;
                                   `full` on connect), and with ?turn= `turn` (that turn's view)
   GET  /api/turn/<id>             a turn's view, JSON (404 when neither seen nor running)
-  GET  /api/turn/<id>/output?stream=stdout|stderr
+  GET  /api/turn/<id>/output?stream=stdout|stderr[&tail=BYTES]
                                   server-sent events: `chunk` {offset, text} read from the turn's
                                   log file (exact bytes, decoded as UTF-8 across chunk edges;
-                                  bytes that are not UTF-8 show as U+FFFD), then `end`
+                                  bytes that are not UTF-8 show as U+FFFD), then `end`; with tail,
+                                  first `skipped` {bytes} when the log was longer
   POST /api/turn/<id>/cancel      cancel the turn through the control socket
   GET  /login?code=<one-time>     set the session cookie; POST /login (token=...) likewise
 
@@ -32,6 +33,7 @@ import codecs
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -329,17 +331,36 @@ async def api_turn(request: web.Request) -> web.Response:
 
 
 class LogReader:
-    """A turn's log file read from an offset, decoded as UTF-8 across chunk edges."""
+    """A turn's log file read from an offset, decoded as UTF-8 across chunk edges.
 
-    def __init__(self, path: Path):
+    `tail`: start at most this many bytes before the end as it is at the first read (moved
+    forward past UTF-8 continuation bytes, so the first character is whole); `skipped` says how
+    many bytes were left out before it.
+    """
+
+    def __init__(self, path: Path, tail: int | None = None):
         self.path = path
         self.offset = 0
+        self.tail = tail
+        self.skipped = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def _start(self, f) -> None:
+        size = os.fstat(f.fileno()).st_size
+        if self.tail is None or size <= self.tail:
+            return
+        f.seek(size - self.tail)
+        head = f.read(4)
+        lead = next((i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))
+        self.offset = self.skipped = size - self.tail + lead
 
     def read(self) -> tuple[int, str] | None:
         """(offset of the text, text) of what is new, None when nothing is."""
         try:
             with open(self.path, "rb") as f:
+                if self.tail is not None:
+                    self._start(f)
+                    self.tail = None
                 f.seek(self.offset)
                 data = f.read(READ_CHUNK)
         except FileNotFoundError:
@@ -366,7 +387,11 @@ async def _output(request: web.Request) -> web.StreamResponse:
     stream = request.query.get("stream", "stdout")
     if stream not in ("stdout", "stderr"):
         raise web.HTTPBadRequest(text="stream is stdout or stderr")
-    reader = LogReader(hub.paths.output_log(turn_id, stream))
+    try:
+        tail = int(request.query.get("tail", "")) if "tail" in request.query else None
+    except ValueError:
+        raise web.HTTPBadRequest(text="tail is a number of bytes") from None
+    reader = LogReader(hub.paths.output_log(turn_id, stream), tail)
     waker = asyncio.Event()
     hub.output_wakers.setdefault(turn_id, set()).add(waker)
     try:
@@ -375,11 +400,13 @@ async def _output(request: web.Request) -> web.StreamResponse:
             waker.clear()
             ended = _turn_ended(hub, turn_id)  # judged before the read: nothing can come after
             while (got := await hub.link.run(reader.read)) is not None:
+                if reader.skipped and got[0] == reader.skipped:
+                    await _send(response, "skipped", {"bytes": reader.skipped})
                 await _send(response, "chunk", {"offset": got[0], "text": got[1]})
             if ended:
-                tail = reader.finish()
-                if tail:
-                    await _send(response, "chunk", {"offset": reader.offset, "text": tail})
+                rest = reader.finish()
+                if rest:
+                    await _send(response, "chunk", {"offset": reader.offset, "text": rest})
                 await _send(response, "end", {"bytes": reader.offset})
                 return response
             with contextlib.suppress(TimeoutError):

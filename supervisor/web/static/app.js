@@ -4,6 +4,8 @@
 (function () {
   const { el, age, bytes, who, clock } = ccsup;
   const bars = new Map(); // turn id -> bar
+  const MAX_LANES = 12; // sub-lanes of one key's timeline row; more overlapping bars share the last
+  const MAX_ROWS = 300; // rows of the queue and holders tables; the rest is counted
   let state = null;
 
   function slotCells(k) {
@@ -44,7 +46,7 @@
 
   function renderHolders() {
     const now = ccsup.now();
-    const rows = state.holders.map((h) => el("tr", { "data-turn": h.turn || "", "data-key": h.key },
+    const rows = state.holders.slice(0, MAX_ROWS).map((h) => el("tr", { "data-turn": h.turn || "", "data-key": h.key },
       el("td", {}, `${h.key}[${h.index}]`),
       el("td", { class: "state-" + h.state }, h.state),
       el("td", { class: "mono" }, turnLink(h.turn)),
@@ -52,18 +54,24 @@
       el("td", { title: clock(h.since) }, h.since ? age(now - h.since) : "–"),
       el("td", { class: "n" }, h.cpu_seconds === null ? "–" : h.cpu_seconds.toFixed(2) + " s"),
       el("td", { class: "n" }, bytes(h.rss_bytes))));
+    if (state.holders.length > MAX_ROWS) {
+      rows.push(el("tr", {}, el("td", { colspan: 7, class: "muted" }, `and ${state.holders.length - MAX_ROWS} more`)));
+    }
     ccsup.replaceRows(document.querySelector("#holders tbody"), rows);
     document.getElementById("holders-empty").hidden = rows.length > 0;
   }
 
   function renderQueue() {
     const now = ccsup.now();
-    const rows = state.waits.map((w) => el("tr", { "data-turn": w.id, "data-key": w.key },
+    const rows = state.waits.slice(0, MAX_ROWS).map((w) => el("tr", { "data-turn": w.id, "data-key": w.key },
       el("td", {}, w.key),
       el("td", { class: "n" }, w.position === null ? "–" : w.position),
       el("td", { class: "mono" }, turnLink(w.id), w.reservation ? el("span", { class: "badge" }, "reservation") : null),
       el("td", {}, who(w.session, w.agent)),
       el("td", { title: (w.why || "") + " since " + clock(w.since) }, w.since ? age(now - w.since) : "–")));
+    if (state.waits.length > MAX_ROWS) {
+      rows.push(el("tr", {}, el("td", { colspan: 5, class: "muted" }, `and ${state.waits.length - MAX_ROWS} more waiting`)));
+    }
     ccsup.replaceRows(document.querySelector("#queue tbody"), rows);
     document.getElementById("queue-empty").hidden = rows.length > 0;
   }
@@ -93,13 +101,16 @@
     for (const key of [...byKey.keys()].sort()) {
       const lane = el("div", { class: "lane" });
       const ends = []; // per sub-lane, where its last bar ends: overlapping turns stack
+      let crowded = 0; // bars drawn over others in the last sub-lane
       const startOf = (b) => b.queued_at || b.granted_at || b.ended_at || now;
       for (const b of byKey.get(key).sort((x, y) => startOf(x) - startOf(y))) {
         const q = startOf(b);
         const g = b.granted_at;
         const e = b.ended_at || now;
         let sub = ends.findIndex((end) => end <= q);
-        if (sub < 0) { sub = ends.length; ends.push(e); } else ends[sub] = e;
+        if (sub < 0 && ends.length < MAX_LANES) { sub = ends.length; ends.push(e); }
+        else if (sub < 0) { sub = MAX_LANES - 1; ends[sub] = Math.max(ends[sub], e); crowded++; }
+        else ends[sub] = e;
         const title = `${b.id} (${who(b.session, b.agent)})\nqueued ${clock(b.queued_at)}` +
           (g ? `\ngranted ${clock(g)} after ${age(g - q)}` : "") +
           (b.ended_at ? `\n${b.outcome} ${clock(b.ended_at)}` + (g ? ` after ${age(b.ended_at - g)} running` : "") : "\nstill " + b.outcome) +
@@ -120,7 +131,8 @@
         lane.append(bar);
       }
       lane.style.height = 6 + ends.length * 18 + "px";
-      rows.push(el("div", { class: "timeline-row", "data-key": key }, el("div", { class: "lane-key" }, key), lane));
+      rows.push(el("div", { class: "timeline-row", "data-key": key },
+        el("div", { class: "lane-key" }, key, crowded ? el("div", { class: "muted" }, `+${crowded} overlapping`) : null), lane));
     }
     const axis = el("div", { class: "timeline-row axis" }, el("div", { class: "lane-key" }, ""),
       el("div", { class: "lane ticks" }, ...[0, 0.25, 0.5, 0.75, 1].map((f) => {

@@ -7,6 +7,7 @@
   document.getElementById("turn-id").textContent = turnId;
   document.title = "ccsup turn " + turnId;
   let turn = null;
+  const TAIL = 1 << 20; // bytes of output a page shows; the log file has all of it
 
   function fact(name, value) {
     return [el("dt", {}, name), el("dd", { "data-fact": name }, value)];
@@ -49,17 +50,25 @@
   function follow(stream) {
     const pre = document.getElementById(stream);
     const status = document.getElementById(stream + "-state");
-    const source = new EventSource(`/api/turn/${encodeURIComponent(turnId)}/output?stream=${stream}`);
+    const source = new EventSource(`/api/turn/${encodeURIComponent(turnId)}/output?stream=${stream}&tail=${TAIL}`);
     // A reconnect starts again from the first byte: start the text again too.
     source.onopen = () => { pre.textContent = ""; status.textContent = "following…"; };
+    source.addEventListener("skipped", (ev) => {
+      status.textContent = `following… (the first ${JSON.parse(ev.data).bytes} bytes are only in the log file)`;
+    });
     source.addEventListener("chunk", (ev) => {
       const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
       pre.append(JSON.parse(ev.data).text);
+      if (pre.textContent.length > 2 * TAIL) {
+        pre.textContent = pre.textContent.slice(-TAIL); // a page holds the last part of a long run
+        pre.dataset.trimmed = "true";
+      }
       if (atBottom) pre.scrollTop = pre.scrollHeight;
     });
     source.addEventListener("end", (ev) => {
       source.close();
-      status.textContent = "(" + JSON.parse(ev.data).bytes + " bytes, complete)";
+      status.textContent = "(" + JSON.parse(ev.data).bytes + " bytes" +
+        (pre.dataset.trimmed || status.textContent.includes("log file") ? ", the last part shown" : ", complete") + ")";
       pre.dataset.complete = "true";
     });
   }
