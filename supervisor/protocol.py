@@ -19,7 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .caps import key_problem
+from .caps import check_key
+from .errors import UsageError
+from .holder import LABELS as HOLDER_LABELS
+from .holder import Holder
 from .paths import TURN_ID
 
 VERSION = 1
@@ -44,8 +47,6 @@ ERROR_CODES = (
     "stopping",  # the supervisor is shutting down and takes no new work
     "failed",  # the command was understood but could not be carried out
 )
-
-HOLDER_LABELS = ("session", "agent", "harness", "model", "effort", "mode")
 
 
 class ProtocolError(Exception):
@@ -220,35 +221,17 @@ def check_id(value: Any, name: str = "id") -> str:
     return value
 
 
-def check_key(value: Any) -> str:
-    problem = key_problem(value)
-    if problem:
-        shown = repr(value[:140]) if isinstance(value, str) else f"of type {type(value).__name__}"
-        raise _bad(f"bad 'key' {shown}: {problem}")
-    return value
+def _key(value: Any) -> str:
+    """A request's cap key (caps.check_key), refused as a bad_request."""
+    try:
+        return check_key(value, name="'key'")
+    except UsageError as e:
+        raise _bad(e.message) from None
 
 
-@dataclass(frozen=True)
-class HolderInfo:
-    session: str | None = None
-    agent: str | None = None
-    harness: str | None = None
-    model: str | None = None
-    effort: str | None = None
-    mode: str | None = None
-    pid: int | None = None  # the requester's pid, watched when given
-    start: int | None = None  # its start ticks; read at request time when only pid is given
-
-    def labels(self) -> dict:
-        return {name: getattr(self, name) for name in HOLDER_LABELS}
-
-    def to_json(self) -> dict:
-        return {**self.labels(), "pid": self.pid, "start": self.start}
-
-
-def parse_holder(value: Any) -> HolderInfo:
+def parse_holder(value: Any) -> Holder:
     if value is None:
-        return HolderInfo()
+        return Holder()
     if not isinstance(value, dict):
         raise _bad("'holder' must be an object")
     unknown = set(value) - set(HOLDER_LABELS) - {"pid", "start"}
@@ -257,7 +240,7 @@ def parse_holder(value: Any) -> HolderInfo:
     labels = {name: _opt_str(value, name, 256) for name in HOLDER_LABELS}
     pid = _opt_int(value, "pid", 1, 1 << 22)
     start = _opt_int(value, "start", 0, 1 << 62)
-    return HolderInfo(**labels, pid=pid, start=start)
+    return Holder(**labels, pid=pid, start=start)
 
 
 def _wait_timeout(args: dict) -> float | None:
@@ -278,7 +261,7 @@ class TurnArgs:
     argv: list[str]
     cwd: str | None = None
     env: dict = field(default_factory=dict)  # name -> str | None (None removes)
-    holder: HolderInfo = HolderInfo()
+    holder: Holder = Holder()
     reservation: str | None = None
     wait_timeout: float | None = None
 
@@ -313,7 +296,7 @@ def _reject_unknown(args: dict, known: set[str], what: str) -> None:
 def parse_turn(args: dict) -> TurnArgs:
     _reject_unknown(args, _TURN_FIELDS, "a turn request")
     turn_id = None if args.get("id") is None else check_id(args["id"])
-    key = check_key(args.get("key"))
+    key = _key(args.get("key"))
     argv = args.get("argv")
     if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGV:
         raise _bad(f"'argv' must be a non-empty list of at most {MAX_ARGV} strings")
@@ -351,7 +334,7 @@ def parse_turn(args: dict) -> TurnArgs:
 class ReserveArgs:
     id: str | None
     key: str
-    holder: HolderInfo
+    holder: Holder
     wait_timeout: float | None = None
 
 
@@ -359,7 +342,7 @@ def parse_reserve(args: dict) -> ReserveArgs:
     _reject_unknown(args, {"id", "key", "holder", "wait_timeout", "v", "ts"}, "a reserve request")
     res_id = None if args.get("id") is None else check_id(args["id"])
     return ReserveArgs(
-        res_id, check_key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args)
+        res_id, _key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args)
     )
 
 
@@ -389,4 +372,4 @@ def parse_send(args: dict) -> SendArgs:
 def parse_reap(args: dict) -> str | None:
     _reject_unknown(args, {"key"}, "a reap request")
     key = args.get("key")
-    return None if key is None else check_key(key)
+    return None if key is None else _key(key)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from collections.abc import Iterable
 
 from guardd import procs
 from guardd.procs import Group, Identity
+
+from .polling import wait_until
 
 TURN_ENV = "CCSUP_TURN"
 POLL = 0.01  # seconds between liveness checks while waiting
@@ -95,12 +96,10 @@ def _all_gone(groups: list[Group], guard: Identity | None, marked: list[Identity
 
 
 def _wait_gone(groups, guard, marked, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not _all_gone(groups, guard, marked):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL)
-    return True
+    try:
+        return wait_until(lambda: _all_gone(groups, guard, marked), timeout, POLL)
+    except TimeoutError:
+        return False
 
 
 def _describe(groups, guard, marked) -> str:

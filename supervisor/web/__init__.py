@@ -5,5 +5,6 @@ as its own process so the daemon stays small: `ccsup web`, or beside the daemon 
 `[web] listen`. Modules: settings (listen, token: pure), access (who may do what), live (what
 the page shows, from `ps` and events: pure), timeline (where the bars come from), usage (CPU and
 memory of running turns from /proc), link (the Client in threads), app (aiohttp routes and
-streams), command (the click command); static/ holds the page (no build step).
+streams), beside (run by the daemon for `[web] listen`); static/ holds the page (no build
+step). The click command is supervisor/cli/web.py, the config section supervisor/config/web.py.
 """

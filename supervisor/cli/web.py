@@ -21,6 +21,8 @@ import sys
 
 import click
 
+from .where import where
+
 
 @click.command("web")
 @click.option(
@@ -34,23 +36,21 @@ def web(ctx: click.Context, listen: str | None, exit_with_parent: bool) -> None:
     """Serve a live page of keys, holders, the queue and recent turns."""
     import asyncio
 
-    from .settings import DEFAULT_LISTEN, check_exposure, parse_listen
+    from ..web.settings import DEFAULT_LISTEN, check_exposure, parse_listen
 
-    where = ctx.obj  # the group's Where (resolves the config lazily)
-    config = where.config()
-    state_dir = where.state_dir(config)
-    web_settings = getattr(config, "web", None)
-    token = web_settings.token if web_settings is not None else None
+    config = where(ctx).config()
+    state_dir = where(ctx).state_dir(config)
+    token = config.web.token
     if listen is not None:
         address = parse_listen(listen, where="--listen")
-    elif web_settings is not None and web_settings.listen is not None:
-        address = web_settings.listen
+    elif config.web.listen is not None:
+        address = config.web.listen
     else:
         address = parse_listen(DEFAULT_LISTEN, where="--listen")
     check_exposure(address, token, where="--listen" if listen else "web.listen")
     endpoints = config.endpoints.resolve(state_dir)
 
-    from .app import serve
+    from ..web.app import serve
 
     def announce(url: str, gate) -> None:
         click.echo(f"ccsup web: serving {url} (supervisor on {state_dir})")
