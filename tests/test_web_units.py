@@ -140,7 +140,7 @@ def test_a_turns_life_becomes_one_bar_and_ps_gives_the_present():
     assert ev(live, "turn.t1.queued", 1000.0, id="t1", key="codex", holder=holder) is True
     assert ev(live, "turn.t1.stdout", 1000.1, id="t1", offset=0, data="x") is False
     ev(live, "turn.t1.granted", 1002.0, id="t1", key="codex", index=0)
-    ev(live, "turn.t1.exited", 1005.0, id="t1", key="codex", code=0, wall_seconds=3.0)
+    ev(live, "turn.t1.exited", 1005.0, id="t1", key="codex", code=0, signal=None, wall_s=3.0)
     ev(live, "turn.t1.released", 1005.5, id="t1", key="codex", index=0)
     [bar] = live.bars(since=0)
     assert bar == {
@@ -163,7 +163,7 @@ def test_a_turns_life_becomes_one_bar_and_ps_gives_the_present():
         "exited",
         "released",
     ]
-    assert view["usage"] == {"wall_seconds": 3.0}
+    assert view["usage"] == {"wall_s": 3.0}
 
     live.apply_ps(
         {

@@ -33,6 +33,8 @@ MAX_TURNS = 5000
 MAX_EVENTS = 200
 # The terminal events of a turn (or reservation).
 TERMINAL = ("released", "cancelled", "rejected")
+# Fields of `turn.<id>.exited` that are its outcome, not what it used.
+NOT_USAGE = frozenset({"code", "signal", "reason", "index", "ts", "seq", "v"})
 # Events after which the slots or the queue look different.
 CHANGES_PS = {
     "queued",
@@ -445,11 +447,11 @@ class Live:
         usage = None
         if trace.exit is not None:
             usage = trace.exit.get("usage") if isinstance(trace.exit.get("usage"), dict) else None
-            if usage is None:
+            if usage is None:  # the figures sit beside the outcome, each named with its unit
                 usage = {
                     k: v
                     for k, v in trace.exit.items()
-                    if k.endswith(("_seconds", "_bytes", "processes", "_count"))
+                    if k not in NOT_USAGE and _num(v) is not None
                 } or None
         return TurnView(
             id=turn_id,
