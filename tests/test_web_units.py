@@ -339,3 +339,44 @@ def test_a_long_log_is_read_from_its_tail_starting_on_a_whole_character(tmp_path
     offset, text = reader.read()
     assert (reader.skipped, offset, text) == (16, 16, "∎∎")
     assert LogReader(path, tail=100).read() == (0, "x" * 10 + "∎" * 4)
+
+
+# -- the history, when this ccsup has it ----------------------------------------------------------
+
+
+def test_bars_and_a_past_turn_come_from_the_history_overlaid_by_the_bus(tmp_path):
+    history = pytest.importorskip("supervisor.history")
+    from supervisor.web.timeline import history_bars, past_turn, recent_bars
+
+    assert history_bars(tmp_path, 0.0) == [] and past_turn(tmp_path, "old") is None  # no file
+    db = history.open_writer(history.history_path(tmp_path))
+    holder = {"session": "s", "agent": "a"}
+    for topic, ts, body in [
+        ("turn.old.queued", 10.0, {"key": "codex", "holder": holder}),
+        ("turn.old.granted", 12.0, {"key": "codex", "index": 0}),
+        ("turn.old.started", 12.1, {"key": "codex", "guard": {"pid": 5}}),
+        ("turn.old.exited", 15.0, {"key": "codex", "code": 2, "signal": None, "wall_s": 2.9}),
+        ("turn.old.released", 15.5, {"key": "codex", "index": 0}),
+        ("turn.both.queued", 20.0, {"key": "codex", "holder": holder}),
+        ("turn.both.cancelled", 21.0, {"key": "codex", "reason": "cancelled"}),
+    ]:
+        db.execute("BEGIN")
+        history.apply_event(db, topic, {"v": 1, "ts": ts, "id": topic.split(".")[1], **body})
+        db.execute("COMMIT")
+    db.close()
+    past = history_bars(tmp_path, 0.0)
+    assert sorted((b["id"], b["outcome"], b["exit_code"]) for b in past) == [
+        ("both", "cancelled", None),
+        ("old", "released", 2),
+    ]
+    live = Live(clock=lambda: 30.0)
+    ev(live, "turn.both.queued", 20.0, id="both", key="codex", holder={"session": "newer"})
+    ev(live, "turn.both.cancelled", 21.0, id="both", key="codex")
+    bars = recent_bars(live, 0.0, past)
+    assert [(b["id"], b["session"]) for b in bars] == [("old", "s"), ("both", "newer")]
+    view = past_turn(tmp_path, "old")
+    assert view is not None and view["active"] is False
+    assert [e["topic"] for e in view["events"]] == [
+        f"turn.old.{kind}" for kind in ("queued", "granted", "started", "exited", "released")
+    ]
+    assert (view["exit"]["code"], view["usage"]) == (2, {"wall_s": 2.9})

@@ -48,9 +48,9 @@ from ..paths import TURN_ID, StatePaths
 from . import usage as usage_mod
 from .access import COOKIE, CSRF_HEADER, Gate
 from .link import Link
-from .live import KEEP_SECONDS, Live
+from .live import KEEP_SECONDS, Live, TurnView
 from .settings import Listen
-from .timeline import recent_bars
+from .timeline import history_bars, past_turn, recent_bars
 
 log = logging.getLogger("ccsup.web")
 
@@ -157,8 +157,21 @@ class Hub:
     def state(self) -> dict:
         return dict(self.live.state(self.usage))
 
-    def bars(self) -> list:
-        return list(recent_bars(self.live, time.time() - KEEP_SECONDS))
+    async def bars(self) -> list:
+        since = time.time() - KEEP_SECONDS
+        past = await self.link.run(history_bars, self.paths.root, since)
+        return list(recent_bars(self.live, since, past))
+
+    async def turn(self, turn_id: str) -> TurnView | None:
+        """A turn's view: what the bus showed, else (or when it showed no event) the history's."""
+        view = self.live.turn(turn_id)
+        if view is None or not view["events"]:
+            past = await self.link.run(past_turn, self.paths.root, turn_id)
+            if past is not None:
+                if view is not None:
+                    past["active"] = view["active"]
+                return past
+        return view
 
     def _broadcast(self, kind: str, data: Any) -> None:
         for queue in list(self.streams):
@@ -260,7 +273,7 @@ async def static(request: web.Request) -> web.Response:
 
 async def api_state(request: web.Request) -> web.Response:
     hub = request.app[HUB]
-    return _json({"state": hub.state(), "bars": hub.bars(), "now": time.time()})
+    return _json({"state": hub.state(), "bars": await hub.bars(), "now": time.time()})
 
 
 async def _sse(request: web.Request) -> web.StreamResponse:
@@ -294,9 +307,9 @@ async def _events(request: web.Request) -> web.StreamResponse:
     async with hub.stream() as queue:
         response = await _sse(request)
         await _send(response, "state", {**hub.state(), "now": time.time()})
-        await _send(response, "bars", {"full": True, "bars": hub.bars(), "now": time.time()})
+        await _send(response, "bars", {"full": True, "bars": await hub.bars(), "now": time.time()})
         if watch is not None:
-            await _send(response, "turn", hub.live.turn(watch))
+            await _send(response, "turn", await hub.turn(watch))
         while True:
             try:
                 async with asyncio.timeout(15):
@@ -312,7 +325,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
             elif kind == "bars":
                 await _send(response, "bars", {**data, "now": time.time()})
             elif kind == "turn" and watch is not None and data == watch:
-                await _send(response, "turn", hub.live.turn(watch))
+                await _send(response, "turn", await hub.turn(watch))
     return response
 
 
@@ -324,7 +337,7 @@ def _turn_id(request: web.Request) -> str:
 
 
 async def api_turn(request: web.Request) -> web.Response:
-    view = request.app[HUB].live.turn(_turn_id(request))
+    view = await request.app[HUB].turn(_turn_id(request))
     if view is None:
         return _error(404, "this page has not seen that turn, and it is not running now")
     return _json(view)
