@@ -377,6 +377,14 @@ def test_off_loopback_the_token_is_required(daemon, state_dir, web, browser):
     spent = page.context.browser.new_context().new_page()
     spent.goto(w.login_url)
     expect(spent.locator("body")).to_contain_text("that login code is spent")
+    spent.goto(w.url)  # the login form, with the token
+    spent.fill("input[name=token]", "wrong-" + TOKEN)
+    spent.click("button[type=submit]")
+    expect(spent.locator("body")).to_contain_text("wrong token")
+    spent.goto(w.url)
+    spent.fill("input[name=token]", TOKEN)
+    spent.click("button[type=submit]")
+    expect(spent.locator("#conn")).to_have_text("live")
 
     # A listen that is not loopback, without a token, is refused before anything binds.
     plain = config_file(state_dir, "codex = 1")

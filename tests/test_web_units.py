@@ -124,6 +124,11 @@ def test_hosts_tokens_and_changes():
         locked.check_change("POST", "h:1", None, None, authorization="Bearer " + token).status == 0
     )
     assert locked.check_change("POST", "h:1", None, None, authorization=None).status == 403
+    # The login form carries the token, not the page's header; its origin is still checked.
+    login = dict(csrf=None, authorization=None, login=True)
+    assert locked.check_change("POST", "h:1", "http://h:1", **login).status == 0
+    assert locked.check_change("POST", "h:1", "http://evil:1", **login).status == 403
+    assert locked.check_change("POST", "h:1", "https://h:1", **login).status == 0
 
 
 # -- the live model, from event histories ---------------------------------------------------------

@@ -8,8 +8,8 @@ The rules, in order, for every request:
    `Authorization: Bearer <token>` or the session cookie that `/login` set, either from the
    one-time code `ccsup web` prints or from the login form (the token, POSTed). Else 401.
 3. Changes (any method but GET/HEAD). A browser request (no bearer token) must come from this
-   origin: `Origin` equal to `http://<Host>`, and an `X-Ccsup-Csrf` header equal to the token
-   embedded in the page (a custom header makes a cross-site request need a CORS preflight, which
+   origin: `Origin` equal to `http://<Host>` (or https), and an `X-Ccsup-Csrf` header equal to
+   the token embedded in the page (the login form's POST carries the [web] token instead) (a custom header makes a cross-site request need a CORS preflight, which
    this server never grants). A bearer-token request is a script's: browsers cannot add it
    cross-site. The session cookie is also SameSite=Strict and HttpOnly.
 
@@ -86,11 +86,17 @@ class Gate:
         origin: str | None,
         csrf: str | None,
         authorization: str | None,
+        *,
+        login: bool = False,
     ) -> Verdict:
+        """`login`: the login form's POST, which carries the token itself instead of the header."""
         if method in SAFE_METHODS or self.bearer_ok(authorization):
             return ALLOWED
-        if origin is None or host is None or origin != f"http://{host}":
+        # https: the same page behind a TLS proxy that keeps the Host.
+        if host is None or origin not in (f"http://{host}", f"https://{host}"):
             return Verdict(403, f"a change must come from this page's origin, not {origin!r}")
+        if login:
+            return ALLOWED
         if csrf is None or not hmac.compare_digest(csrf.encode(), self.csrf.encode()):
             return Verdict(403, f"a change must carry this page's {CSRF_HEADER} header")
         return ALLOWED

@@ -238,6 +238,7 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
             request.headers.get("Origin"),
             request.headers.get(CSRF_HEADER),
             request.headers.get("Authorization"),
+            login=request.path == "/login",
         )
     if verdict.status:
         return _error(verdict.status, verdict.reason)
