@@ -199,13 +199,14 @@ def test_a_key_at_its_cap_shows_its_holders(daemon, state_dir, web, browser):
     w = web(d.config)
     with d.client() as client:
         first = hold(client, "codex", "s1", "alpha")
-        second = hold(client, "codex", "s2", "beta")
+        second = hold(client, "codex", "s2", "<i>beta</i>")  # shown as text, never as markup
         wait_until(lambda: slot_of(client, first) and slot_of(client, second), what="both held")
     page = page_of(browser, w.url)
     row = page.locator('#keys tr[data-key="codex"]')
     expect(row.locator(".badge")).to_have_text("full")
     expect(row.locator('[data-field="held"]')).to_have_text("2")
-    for turn_id, who in ((first, "s1 / alpha"), (second, "s2 / beta")):
+    assert page.locator("#holders i").count() == 0
+    for turn_id, who in ((first, "s1 / alpha"), (second, "s2 / <i>beta</i>")):
         holder = page.locator(f'#holders tr[data-turn="{turn_id}"]')
         expect(holder).to_contain_text(who)
         expect(holder).to_contain_text("held")

@@ -385,3 +385,33 @@ def test_bars_and_a_past_turn_come_from_the_history_overlaid_by_the_bus(tmp_path
         f"turn.old.{kind}" for kind in ("queued", "granted", "started", "exited", "released")
     ]
     assert (view["exit"]["code"], view["usage"]) == (2, {"wall_s": 2.9})
+
+
+def test_the_page_follows_a_supervisor_that_comes_and_goes(daemon, state_dir):
+    d = daemon(start=False)
+    web = subprocess.Popen(
+        [PYTHON, "-m", "supervisor", "--state-dir", str(state_dir), "--config", str(d.config)]
+        + ["web", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = web.stdout.readline().split()[3]
+
+        def state() -> dict:
+            with urllib.request.urlopen(url + "api/state", timeout=5) as r:
+                return json.load(r)["state"]
+
+        first = state()
+        assert first["connected"] is False and "no supervisor is running" in first["error"]
+        d.start()
+        assert wait_until(lambda: state()["supervisor"].get("pid"), what="connected") == d.proc.pid
+        d.kill()
+        wait_until(lambda: not state()["connected"], what="the supervisor's loss seen")
+        d.start()  # a new supervisor on the same state directory is picked up again
+        assert wait_until(lambda: state()["supervisor"].get("pid"), what="again") == d.proc.pid
+    finally:
+        web.send_signal(signal.SIGTERM)
+        assert web.wait(10) == 0
+        web.stdout.close()

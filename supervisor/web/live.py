@@ -225,7 +225,10 @@ class Live:
                     self.changed_bars.add(turn_id)
 
     def lost(self, reason: str) -> None:
+        """No answer from the supervisor: the slots shown stay (marked stale by `connected`); who
+        the supervisor was is forgotten, so a new one is not taken for the old."""
         self.connected = False
+        self.status = {}
         self.error = reason
         self.updated_at = self.clock()
 
