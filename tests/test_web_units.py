@@ -216,6 +216,36 @@ def test_pauses_and_rates_come_from_ps_and_a_pause_event_only_asks_for_ps_again(
     assert (key["paused_until"], key["paused_reason"], key["rate"]) == (500.0, "r", "3/1m")
     live.apply_ps({"slots": free, "waits": []}, {"pauses": {"codex": {"until": 7.0}}})
     assert live.state()["keys"][0]["paused_until"] == 7.0
+    # The admission work's shape: ps "keys" entries (a bare harness name's pause covers its
+    # keys), next_grant for the rate window, and why each waiter waits.
+    slots = [{"key": "opencode:xai", "index": 0, "cap": 1, "state": "held", "turn": "t"}]
+    why = {"reason": "paused", "until": 900.0, "detail": "opencode is paused until 15:00 (quota)"}
+    live.apply_ps(
+        {
+            "slots": slots,
+            "waits": [{"id": "w", "key": "opencode:xai", "position": 1, "why": why}],
+            "keys": [
+                {
+                    "key": "opencode",
+                    "paused": {"key": "opencode", "until": 900.0, "reason": "quota"},
+                    "next_grant": None,
+                    "waiting": None,
+                },
+            ],
+        }
+    )
+    state = live.state()
+    key = state["keys"][0]
+    assert (key["key"], key["paused_until"], key["paused_reason"]) == (
+        "opencode:xai",
+        900.0,
+        "quota",
+    )
+    assert state["waits"][0]["why"] == "opencode is paused until 15:00 (quota)"
+    live.apply_ps(
+        {"slots": slots, "waits": [], "keys": [{"key": "opencode:xai", "next_grant": 130.0}]}
+    )
+    assert live.state()["keys"][0]["next_grant"] == 130.0
 
 
 def test_size_the_model_stays_bounded_and_fast_at_100x():

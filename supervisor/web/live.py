@@ -61,6 +61,7 @@ class KeyView(TypedDict):
     paused_until: float | None
     paused_reason: str | None
     rate: str | None
+    next_grant: float | None  # when the key's start-rate window lets the next grant through
 
 
 class HolderView(TypedDict):
@@ -177,6 +178,13 @@ def _num(value: object) -> float | None:
 
 def _dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def _why(value: object) -> str | None:
+    """Why a waiter waits, as `ps` says it: a sentence, or {reason, until, detail}."""
+    if isinstance(value, dict):
+        return _str(value.get("detail")) or _str(value.get("reason"))
+    return _str(value)
 
 
 def _int(value: object) -> int | None:
@@ -351,7 +359,7 @@ class Live:
                     agent=_str(holder.get("agent")),
                     since=_num(wait.get("since")),
                     reservation=wait.get("reservation") is True,
-                    why=_str(wait.get("why")) or _str(wait.get("reason")),
+                    why=_why(wait.get("why")),
                 )
             )
         queue.sort(
@@ -381,18 +389,21 @@ class Live:
             paused_until=until,
             paused_reason=reason,
             rate=self._rate_of(key),
+            next_grant=_num(self._ps_key_entry(key).get("next_grant")),
         )
 
-    def _ps_key_entry(self, key: str) -> dict[str, Any]:
-        """What `ps` says of a key beyond its slots, in whichever shape it has (or {})."""
+    def _ps_key_entry(self, key: str, exact: bool = True) -> dict[str, Any]:
+        """What `ps` says of a key beyond its slots, in whichever shape it has (or {}); unless
+        `exact`, the entry of its harness (a bare name's pause covers its keys) serves too."""
         entries = self.ps.get("keys")
-        if isinstance(entries, dict):
-            entry = entries.get(key)
-            return entry if isinstance(entry, dict) else {}
-        if isinstance(entries, list):
-            for entry in entries:
-                if isinstance(entry, dict) and entry.get("key") == key:
-                    return entry
+        names = [key] if exact else [key, key.partition(":")[0]]
+        for name in names:
+            if isinstance(entries, dict) and isinstance(entries.get(name), dict):
+                return entries[name]
+            if isinstance(entries, list):
+                for entry in entries:
+                    if isinstance(entry, dict) and entry.get("key") == name:
+                        return entry
         return {}
 
     def _pause_of(self, key: str) -> tuple[float | None, str | None]:
@@ -400,7 +411,7 @@ class Live:
             if isinstance(source, dict) and isinstance(source.get(key), dict):
                 pause = source[key]
                 return _num(pause.get("until")), _str(pause.get("reason"))
-        entry = self._ps_key_entry(key)
+        entry = self._ps_key_entry(key, exact=False)
         paused = entry.get("paused")
         if isinstance(paused, dict):
             return _num(paused.get("until")), _str(paused.get("reason"))

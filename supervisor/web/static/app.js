@@ -16,6 +16,12 @@
     return el("span", { class: "cells", title: `${k.held + k.reserved + k.orphaned + k.unreadable} of ${k.cap} taken` }, ...cells);
   }
 
+  function rateText(k) {
+    const wait = k.next_grant ? k.next_grant - ccsup.now() : 0;
+    const next = wait > 0 ? "next start in " + age(wait) : "";
+    return [k.rate, next].filter(Boolean).join(", ");
+  }
+
   function renderKeys() {
     const rows = state.keys.map((k) => {
       const full = k.held + k.reserved + k.orphaned + k.unreadable >= k.cap && k.cap > 0;
@@ -29,13 +35,13 @@
         el("td", { class: "n" + (k.orphaned ? " warn" : "") }, k.orphaned),
         el("td", { class: "n", "data-field": "waiting" }, k.waiting),
         el("td", { class: "pause " + (paused ? "paused" : "muted") }, paused || "–"),
-        el("td", { class: "rate muted" }, k.rate || "–"));
+        el("td", { class: "rate muted" }, rateText(k) || "–"));
     });
     ccsup.replaceRows(document.querySelector("#keys tbody"), rows);
     // Pauses and start rates show only where the supervisor has them.
     const table = document.getElementById("keys");
     table.classList.toggle("no-pauses", !state.keys.some((k) => k.paused_until));
-    table.classList.toggle("no-rates", !state.keys.some((k) => k.rate));
+    table.classList.toggle("no-rates", !state.keys.some((k) => rateText(k)));
     document.getElementById("keys-empty").hidden = rows.length > 0;
   }
 
@@ -68,11 +74,13 @@
       el("td", { class: "n" }, w.position === null ? "–" : w.position),
       el("td", { class: "mono" }, turnLink(w.id), w.reservation ? el("span", { class: "badge" }, "reservation") : null),
       el("td", {}, who(w.session, w.agent)),
-      el("td", { title: (w.why || "") + " since " + clock(w.since) }, w.since ? age(now - w.since) : "–")));
+      el("td", { title: "since " + clock(w.since) }, w.since ? age(now - w.since) : "–"),
+      el("td", { class: "why muted" }, w.why || "")));
     if (state.waits.length > MAX_ROWS) {
-      rows.push(el("tr", {}, el("td", { colspan: 5, class: "muted" }, `and ${state.waits.length - MAX_ROWS} more waiting`)));
+      rows.push(el("tr", {}, el("td", { colspan: 6, class: "muted" }, `and ${state.waits.length - MAX_ROWS} more waiting`)));
     }
     ccsup.replaceRows(document.querySelector("#queue tbody"), rows);
+    document.getElementById("queue").classList.toggle("no-why", !state.waits.some((w) => w.why));
     document.getElementById("queue-empty").hidden = rows.length > 0;
   }
 
