@@ -147,6 +147,10 @@ class Hub:
 
     async def _usage_loop(self) -> None:
         while True:
+            if not self.streams:  # nobody looks: no pass over /proc
+                self.usage = {}
+                await asyncio.sleep(USAGE_EVERY)
+                continue
             works = usage_mod.works_of(self.live.ps.get("slots", []))
             samples = await self.link.run(usage_mod.sample, works)
             self.usage = {turn: (s.cpu_seconds, s.rss_bytes) for turn, s in samples.items()}
