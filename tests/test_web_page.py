@@ -398,3 +398,30 @@ def test_off_loopback_the_token_is_required(daemon, state_dir, web, browser):
     )
     assert refused.returncode == 2
     assert "192.0.2.1:0 is not a loopback address, so [web] token must be set" in refused.stderr
+
+
+def test_a_page_started_later_shows_finished_turns_from_the_history(
+    daemon, state_dir, web, browser
+):
+    pytest.importorskip("supervisor.history")
+    d = start_supervisor(daemon, state_dir, "codex = 1")
+    with d.client() as client:
+        turn_id = uuid.uuid4().hex
+        events = list(client.run_turn("codex", ["sh", "-c", "echo before; exit 4"], id=turn_id))
+        assert events[-1][0] == f"turn.{turn_id}.released"
+    from supervisor import history
+
+    wait_until(
+        lambda: any(r["id"] == turn_id for r in history.query(state_dir, limit=10)),
+        what="the turn in the history",
+    )
+    w = web(d.config)  # it never saw the turn on the bus
+    page = page_of(browser, w.url)
+    bar = page.locator(f'#timeline .bar[data-turn="{turn_id}"]')
+    expect(bar).to_have_attribute("data-outcome", "released")
+    turn = page.context.new_page()
+    turn.goto(f"{w.url}turn/{turn_id}")
+    expect(turn.locator('[data-fact="exit"]')).to_contain_text("code 4")
+    expect(turn.locator('#events tr[data-topic$=".released"]')).to_have_count(1)
+    expect(turn.locator("#stdout")).to_have_text("before\n")
+    expect(turn.locator("#cancel")).to_be_disabled()
