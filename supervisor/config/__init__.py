@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from ..admission_policy import AdmissionSettings
 from ..caps import Caps
 from ..web.settings import WebSettings
-from . import endpoints, guard, harness, slots, top, web
+from . import admission, endpoints, guard, harness, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -95,6 +96,7 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.CURVE_SECTION,
     harness.SECTION,
     web.SECTION,
+    admission.PAUSE_ON_SECTION,
 )
 
 
@@ -109,6 +111,7 @@ class Config:
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
     web: WebSettings = WebSettings()
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -128,6 +131,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
     web_settings = web.parse_web_section(c, table)
+    admission_settings = admission.parse_admission(c, table)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -151,6 +155,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         endpoints=endpoint_settings,
         harness=harnesses,
         web=web_settings,
+        admission=admission_settings,
     )
 
 
