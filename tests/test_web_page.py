@@ -425,3 +425,24 @@ def test_a_page_started_later_shows_finished_turns_from_the_history(
     expect(turn.locator('#events tr[data-topic$=".released"]')).to_have_count(1)
     expect(turn.locator("#stdout")).to_have_text("before\n")
     expect(turn.locator("#cancel")).to_be_disabled()
+
+
+def test_a_paused_key_shows_until_when_and_its_waiters_why(daemon, state_dir, web, browser):
+    d = start_supervisor(daemon, state_dir, "codex = 2")
+    w = web(d.config)
+    page = page_of(browser, w.url)
+    row = page.locator('#keys tr[data-key="codex"]')
+    expect(row).to_be_visible()
+    expect(page.locator("#keys th.pause")).to_be_hidden()  # no pause anywhere: no column
+    with d.client() as client:
+        paused = client.pause("codex", for_=600, reason="quota")
+        waiter = hold(client, "codex", "s1", "alpha")
+        expect(row.locator("td.pause")).to_contain_text("(quota)")
+        expect(row.locator("td.pause")).to_contain_text(
+            page.evaluate(f"ccsup.clock({paused['until']})")
+        )
+        why = page.locator(f'#queue tr[data-turn="{waiter}"] td.why')
+        expect(why).to_contain_text("paused")
+        client.resume("codex")
+        expect(page.locator(f'#holders tr[data-turn="{waiter}"]')).to_be_visible()
+        expect(page.locator("#keys th.pause")).to_be_hidden()
