@@ -162,17 +162,17 @@ def page_of(browser, url: str):
     return page
 
 
-def config_file(state_dir: Path, caps: str, web: str = "") -> Path:
+def config_file(state_dir: Path, caps: str, web: str = "", slots: str = "") -> Path:
     path = state_dir / "ccsup.toml"
     path.write_text(
-        f'[slots]\ncaps = {{ {caps} }}\n[guard]\ngrace = "300ms"\nscan = "200ms"\n{web}'
+        f'[slots]\ncaps = {{ {caps} }}\n{slots}\n[guard]\ngrace = "300ms"\nscan = "200ms"\n{web}'
     )
     return path
 
 
-def start_supervisor(daemon, state_dir: Path, caps: str, web: str = ""):
+def start_supervisor(daemon, state_dir: Path, caps: str, web: str = "", slots: str = ""):
     d = daemon(start=False, caps=caps)
-    d.config = config_file(state_dir, caps, web)
+    d.config = config_file(state_dir, caps, web, slots)
     return d.start()
 
 
@@ -446,3 +446,18 @@ def test_a_paused_key_shows_until_when_and_its_waiters_why(daemon, state_dir, we
         client.resume("codex")
         expect(page.locator(f'#holders tr[data-turn="{waiter}"]')).to_be_visible()
         expect(page.locator("#keys th.pause")).to_be_hidden()
+
+
+def test_a_rate_held_key_shows_when_it_may_start_again(daemon, state_dir, web, browser):
+    d = start_supervisor(daemon, state_dir, "codex = 2", slots='rates = { codex = "1/10m" }')
+    w = web(d.config)
+    page = page_of(browser, w.url)
+    row = page.locator('#keys tr[data-key="codex"]')
+    expect(row).to_be_visible()
+    expect(page.locator("#keys th.rate")).to_be_hidden()
+    with d.client() as client:
+        first = hold(client, "codex", "s1", "alpha")
+        expect(page.locator(f'#holders tr[data-turn="{first}"]')).to_be_visible()
+        second = hold(client, "codex", "s2", "beta")  # a free slot, but the window is spent
+        expect(page.locator(f'#queue tr[data-turn="{second}"]')).to_be_visible()
+        expect(row.locator("td.rate")).to_contain_text("next start in 9 min")
