@@ -40,6 +40,7 @@ from guardd.record import RecordError, read_json, record_groups
 from .errors import CcsupError
 from .gone import Probe, confirm_gone
 from .ledger import Ledger
+from .output import Chunk
 from .paths import StatePaths
 from .spawn import STATUS_UNKNOWN
 from .turns import Event, IllegalTransition, Item, Outcome, Reservation, State, Turn
@@ -397,11 +398,8 @@ class Endings:
             log.error("%s; stopping it", problem)
             self.happen(turn, What.CANCEL, reason=problem)
 
-    def _on_output(self, turn: Turn, stream: str, offset: int, data: bytes) -> None:
-        self.ledger.emit(
-            f"turn.{turn.id}.{stream}",
-            {"id": turn.id, "offset": offset, "data": data.decode("utf-8", errors="replace")},
-        )
+    def _on_output(self, turn: Turn, stream: str, chunk: Chunk) -> None:
+        self.ledger.emit(f"turn.{turn.id}.{stream}", chunk.body(turn.id))
 
     def _on_guard_exit(self, turn: Turn) -> None:
         assert turn.guard is not None

@@ -52,6 +52,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reload": ("reload", "reload"),
     "config": ("config", "config_group"),
     "web": ("web", "web"),
+    "history": ("history", "history"),
+    "show": ("show", "show"),
+    "metrics": ("metrics", "metrics"),
     "pause": ("pause", "pause"),
     "resume": ("resume", "resume"),
 }

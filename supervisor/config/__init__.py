@@ -44,8 +44,9 @@ from types import MappingProxyType
 
 from ..admission_policy import AdmissionSettings
 from ..caps import Caps
+from ..retention import LogLimits
 from ..web.settings import WebSettings
-from . import admission, endpoints, guard, harness, slots, top, web
+from . import admission, endpoints, guard, harness, logs, metrics, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -57,6 +58,7 @@ from .files import (
 )
 from .guard import DEFAULT_GRACE, DEFAULT_SCAN
 from .harness import Harness
+from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
 from .values import duration, size
@@ -96,6 +98,8 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.CURVE_SECTION,
     harness.SECTION,
     web.SECTION,
+    logs.SECTION,
+    metrics.SECTION,
     admission.PAUSE_ON_SECTION,
 )
 
@@ -111,6 +115,8 @@ class Config:
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
     web: WebSettings = WebSettings()
+    logs: LogLimits = logs.DEFAULTS  # [logs]
+    metrics: MetricsSettings = MetricsSettings()
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
 
     def __post_init__(self) -> None:
@@ -131,6 +137,8 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
     web_settings = web.parse_web_section(c, table)
+    log_limits = logs.parse_logs(c, table)
+    metrics_settings = metrics.parse_metrics(c, table)
     admission_settings = admission.parse_admission(c, table)
     c.raise_problems()
     # With no problem recorded, no value is None.
@@ -155,6 +163,8 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         endpoints=endpoint_settings,
         harness=harnesses,
         web=web_settings,
+        logs=log_limits,
+        metrics=metrics_settings,
         admission=admission_settings,
     )
 
