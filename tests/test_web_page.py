@@ -425,6 +425,11 @@ def test_a_page_started_later_shows_finished_turns_from_the_history(
     expect(turn.locator('#events tr[data-topic$=".released"]')).to_have_count(1)
     expect(turn.locator("#stdout")).to_have_text("before\n")
     expect(turn.locator("#cancel")).to_be_disabled()
+    from supervisor.paths import StatePaths
+
+    StatePaths(state_dir).output_log(turn_id, "stdout").unlink()  # as [logs] pruning would
+    turn.reload()
+    expect(turn.locator("#stdout-state")).to_have_text("(no log file: pruned, or never written)")
 
 
 def test_a_paused_key_shows_until_when_and_its_waiters_why(daemon, state_dir, web, browser):

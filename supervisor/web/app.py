@@ -425,7 +425,8 @@ async def _output(request: web.Request) -> web.StreamResponse:
                 rest = reader.finish()
                 if rest:
                     await _send(response, "chunk", {"offset": reader.offset, "text": rest})
-                await _send(response, "end", {"bytes": reader.offset})
+                missing = not reader.path.exists()  # pruned by [logs], or never written
+                await _send(response, "end", {"bytes": reader.offset, "missing": missing})
                 return response
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(OUTPUT_IDLE):

@@ -67,9 +67,11 @@
     });
     source.addEventListener("end", (ev) => {
       source.close();
-      status.textContent = "(" + JSON.parse(ev.data).bytes + " bytes" +
-        (pre.dataset.trimmed || status.textContent.includes("log file") ? ", the last part shown" : ", complete") + ")";
+      const end = JSON.parse(ev.data);
       pre.dataset.complete = "true";
+      if (end.missing) { status.textContent = "(no log file: pruned, or never written)"; return; }
+      status.textContent = "(" + end.bytes + " bytes" +
+        (pre.dataset.trimmed || status.textContent.includes("log file") ? ", the last part shown" : ", complete") + ")";
     });
   }
 
