@@ -14,6 +14,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -210,6 +211,8 @@ def test_a_key_at_its_cap_shows_its_holders(daemon, state_dir, web, browser):
         holder = page.locator(f'#holders tr[data-turn="{turn_id}"]')
         expect(holder).to_contain_text(who)
         expect(holder).to_contain_text("held")
+        # CPU and memory of the turn's processes now (sampled every 2 s while a page is open)
+        expect(holder.locator("td").nth(6)).to_have_text(re.compile(r"^\d+(\.\d)? (KiB|MiB)$"))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "web-main.png"), full_page=True)
 
