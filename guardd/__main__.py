@@ -1,10 +1,13 @@
 """`ccsup-guard` / `python -m guardd`: parse the arguments, then run one turn under a guard.
 
-    ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT] -- CMD [ARG...]
+    ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]
+                [--deadline-file F] -- CMD [ARG...]
 
 T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`; guardd.durations). Defaults come from the environment:
 CCSUP_GUARD_DIR (no record without it or --record-dir), CCSUP_GUARD_GRACE_MS (5000),
-CCSUP_GUARD_SCAN_MS (2000). A usage error exits 125, the guard's own failure status, so that a
+CCSUP_GUARD_SCAN_MS (2000), CCSUP_GUARD_DEADLINE_FILE (none). --deadline-file: a dead-man deadline
+the starter keeps pushing forward (guardd.deadman); when it passes, the guard ends the turn on its
+own. A usage error exits 125, the guard's own failure status, so that a
 caller never mistakes it for CMD's. The parser is hand-written: argparse costs a few milliseconds
 of every turn's start, and the grammar is small. Stateless.
 """
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
 
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
-    " -- CMD [ARG...]"
+    " [--deadline-file F] -- CMD [ARG...]"
 )
 _OPTIONS = {
     "--record-dir": "record_dir",
@@ -31,6 +34,7 @@ _OPTIONS = {
     "--scan": "scan",
     "--turn": "turn",
     "--bus": "bus",
+    "--deadline-file": "deadline_file",
 }
 
 
@@ -110,6 +114,7 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
         scan=scan,
         turn=turn,
         bus=values.get("bus") or None,
+        deadline_file=values.get("deadline_file") or env.get("CCSUP_GUARD_DEADLINE_FILE") or None,
     )
 
 

@@ -36,7 +36,7 @@ import signal
 import sys
 import time
 
-from guardd import linux, procs, record, scan
+from guardd import deadman, linux, procs, record, scan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
 if TYPE_CHECKING:
@@ -51,12 +51,13 @@ _WATCHED_SIGNALS = (signal.SIGCHLD, *_STOP_SIGNALS)
 _STOP_POLL = 0.02  # while stopping, groups whose members are not our children do not wake us
 _GIVE_UP_GRACES = 10
 _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
+_DEADLINE_POLL = 0.25  # seconds: how late a suspended-then-resumed machine may see its deadline
 
 
 class Options:
     """What `ccsup-guard` was asked to do (a plain class: dataclasses cost ~10 ms of a start)."""
 
-    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus")
+    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "deadline_file")
 
     def __init__(
         self,
@@ -66,9 +67,10 @@ class Options:
         scan: float = 2.0,
         turn: str | None = None,
         bus: str | None = None,
+        deadline_file: str | None = None,
     ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
-        self.turn, self.bus = turn, bus
+        self.turn, self.bus, self.deadline_file = turn, bus, deadline_file
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -148,6 +150,9 @@ class Guard:
         self.hints: Publisher | None = None
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
+        # The dead-man deadline (guardd.deadman), on CLOCK_BOOTTIME; re-read only when it comes.
+        self.stop_at = float("inf")
+        self.kill_at = float("inf")
 
     # --- the whole life, one call per step --------------------------------------------------
 
@@ -171,6 +176,8 @@ class Guard:
             self.hints = Publisher(self.opts.bus, self.turn, self.me.to_json())
         if self.parent_fd is None:
             self._begin_stop("parent_gone")
+        if self.opts.deadline_file is not None:
+            self.stop_at = 0.0  # read at the loop's first pass
         return self._loop(wake_fd)
 
     def _install_signals(self) -> int:
@@ -234,6 +241,8 @@ class Guard:
             timeout = next_scan - self.clock()
             if self.phase != "running":
                 timeout = min(timeout, self.deadline - self.clock(), _STOP_POLL)
+            elif self.opts.deadline_file is not None:
+                timeout = min(timeout, self._check_deadline())
             events = poller.poll(max(0, int(timeout * 1000) + 1))
             sigs = set()
             for fd, _ in events:
@@ -271,6 +280,24 @@ class Guard:
                 if self.eperm or self.clock() >= self.deadline:
                     return self._give_up()
                 self._kill_all()
+
+    def _check_deadline(self) -> float:
+        """Act on the dead-man deadline; returns how long the loop may sleep before it looks again.
+
+        poll() sleeps on CLOCK_MONOTONIC, which stops while the machine is suspended: the sleep is
+        capped so that a resumed machine notices a passed deadline within _DEADLINE_POLL.
+        """
+        path = self.opts.deadline_file
+        now = deadman.boottime()
+        if path is not None and now >= self.stop_at:
+            self.stop_at, self.kill_at, why = deadman.read_deadline(path)
+            if now >= self.stop_at:
+                late = now >= self.kill_at
+                self._begin_stop(f"deadline: {why}" if why else "deadline")
+                if late:  # the time the grace was meant to fit in has passed: no grace left
+                    self.deadline = self.clock()
+                return 0.0
+        return min(self.stop_at - now, _DEADLINE_POLL)
 
     # --- reaping, scanning, stopping -----------------------------------------------------------
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from . import history, metrics, protocol, restore, retention, spawn, store, views
+from .cluster_wiring import cluster_wiring
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .keyctl import KeyControl, admission_settings
@@ -119,12 +120,18 @@ class Daemon:
         self.keyctl = KeyControl(
             admission_settings(config), paths.root, publish=self.server.publish, clock=time.time
         )
+        # [cluster]: a cluster slot before the local one, for the keys it names (cluster_wiring).
+        self.cluster = cluster = cluster_wiring(config, paths.root, self.server.publish)
         self.manager = Manager(
             paths=self.paths,
-            gate=self.gate,
-            publish=self.server.publish,
+            gate=cluster.slot_gate(self.gate) if cluster else self.gate,
+            publish=cluster.publish if cluster else self.server.publish,
             settings=self._settings(self.config),
-            start_guard=self.launcher.start_guard,
+            start_guard=(
+                cluster.start_guard(self.launcher.start_guard)
+                if cluster
+                else self.launcher.start_guard
+            ),
             admission=self.keyctl,
             queue=self.keyctl.make_queue(),
         )
@@ -151,6 +158,9 @@ class Daemon:
 
     async def run(self) -> int:
         self.server.bind()
+        cluster = self.cluster
+        if cluster:
+            cluster.attach(self.manager)
         self.history.start()
         self.server.publish(
             "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
@@ -177,6 +187,8 @@ class Daemon:
         log.info("stopping: ending every turn")
         self.manager.begin_stop()
         await self.manager.wait_idle()
+        if cluster:
+            await cluster.close()  # every turn is gone: the lease and its keys may go
         ticker.cancel()
         self._pruning.cancel()
         if web is not None:
@@ -305,6 +317,8 @@ class Daemon:
 
     async def cmd_status(self, args: dict) -> dict:
         result = views.status(self.manager)
+        if self.cluster:
+            result["cluster"] = await self.cluster.status()
         result["caps"] = dict(self.gate.caps.caps)
         result["default_cap"] = self.gate.caps.default_cap
         result["bus_rejected"] = self.server.rejected_bus_messages
@@ -323,7 +337,10 @@ class Daemon:
         return self.manager.send(protocol.parse_send(args))
 
     async def cmd_ps(self, args: dict) -> dict:
-        return views.ps(self.manager)
+        result = views.ps(self.manager)
+        if self.cluster:
+            result["cluster"] = await self.cluster.view()
+        return result
 
     async def cmd_reap(self, args: dict) -> dict:
         return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}
@@ -348,6 +365,8 @@ class Daemon:
         config = load(self.config_path, os.environ)  # ConfigError: the old config stays
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
+        if self.cluster and config.cluster:
+            self.cluster.reload(config.cluster)
         self.manager.settings = self._settings(config)
         self.launcher.log_limit = self._log_limits().turn_max_bytes
         self.keyctl.retune(admission_settings(config))

@@ -14,7 +14,7 @@ found, the embedded `supervisor/default.toml` serves.
 
 The modules: `schema` (Section/Key, the Checker that collects problems with their lines),
 `values` (durations, sizes, caps, strings), one module per section (`top`, `slots`, `guard`,
-`endpoints`, `harness`), `files` (finding and reading the file, the state directory) and
+`endpoints`, `harness`, `cluster`), `files` (finding and reading the file, the state directory) and
 `template` (the commented default `ccsup config init` writes).
 
 How to add a section, say `[logs]`:
@@ -44,9 +44,10 @@ from types import MappingProxyType
 
 from ..admission_policy import AdmissionSettings
 from ..caps import Caps
+from ..cluster_settings import ClusterSettings
 from ..retention import LogLimits
 from ..web.settings import WebSettings
-from . import admission, endpoints, guard, harness, logs, metrics, slots, top, web
+from . import admission, cluster, endpoints, guard, harness, logs, metrics, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -101,6 +102,7 @@ SECTIONS: tuple[Section, ...] = (
     logs.SECTION,
     metrics.SECTION,
     admission.PAUSE_ON_SECTION,
+    cluster.SECTION,
 )
 
 
@@ -118,6 +120,7 @@ class Config:
     logs: LogLimits = logs.DEFAULTS  # [logs]
     metrics: MetricsSettings = MetricsSettings()
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
+    cluster: ClusterSettings | None = None  # [cluster]: caps across machines (supervisor.cluster)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -140,6 +143,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     log_limits = logs.parse_logs(c, table)
     metrics_settings = metrics.parse_metrics(c, table)
     admission_settings = admission.parse_admission(c, table)
+    cluster_settings = cluster.parse_cluster(c, table, guard_settings.grace, env)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -166,6 +170,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         logs=log_limits,
         metrics=metrics_settings,
         admission=admission_settings,
+        cluster=cluster_settings,
     )
 
 
