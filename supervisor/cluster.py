@@ -61,7 +61,6 @@ from .cluster_settings import FENCE_MARGIN, ClusterSettings
 from .errors import ConfigError
 from .etcd import (
     EtcdClient,
-    EtcdError,
     KeyValue,
     WatchBatch,
     compare_create,
@@ -71,6 +70,7 @@ from .etcd import (
     op_put,
     txn_range_kvs,
 )
+from .etcd_transport import EtcdError
 
 log = logging.getLogger("ccsup.cluster")
 
