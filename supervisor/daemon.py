@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import history, metrics, protocol, restore, retention, spawn, store, views
+from . import history_writer, metrics, protocol, restore, retention, spawn, store, views
 from .cluster_wiring import cluster_wiring
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
@@ -138,7 +138,7 @@ class Daemon:
         self.keyctl.attach(self.manager)
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
-        self.history = history.Recorder(paths.root)  # writes in a thread of its own
+        self.history = history_writer.Recorder(paths.root)  # writes in a thread of its own
         self.server.observers.append(self.history.observe)
         self.launcher.on_truncated = self._log_truncated
         self.launcher.log_limit = self._log_limits().turn_max_bytes
