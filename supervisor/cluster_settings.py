@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # supervisor.etcd (http.client, ssl) costs ~20 ms: loaded only with [cluster]
-    from .etcd import EtcdSettings
+    from .etcd_transport import EtcdSettings
 
 DEFAULT_LEASE_TTL = 10.0
 DEFAULT_PREFIX = "/ccsup"
@@ -50,7 +50,7 @@ class ClusterSettings:
         object.__setattr__(self, "prefix", self.prefix.rstrip("/") or DEFAULT_PREFIX)
 
     def etcd_settings(self) -> EtcdSettings:
-        from .etcd import EtcdSettings
+        from .etcd_transport import EtcdSettings
 
         return EtcdSettings(
             endpoints=tuple(self.etcd),
@@ -120,7 +120,7 @@ def parse_cluster(
     from .caps import check_cap, key_problem  # the one place that says what a key and a cap are
     from .config.values import duration  # imported here: supervisor.config imports this module
     from .errors import UsageError
-    from .etcd import PASSWORD_ENV, EtcdError, check_endpoint
+    from .etcd_transport import PASSWORD_ENV, EtcdError, check_endpoint
 
     ok = True
 

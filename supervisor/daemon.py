@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import fdlimit, history, metrics, protocol, restore, retention, store, views
+from . import fdlimit, history_writer, metrics, protocol, restore, retention, store, views
 from .cluster_wiring import cluster_wiring
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
@@ -139,7 +139,7 @@ class Daemon:
         self.keyctl.attach(self.manager)
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
-        self.history = history.Recorder(paths.root)  # writes in a thread of its own
+        self.history = history_writer.Recorder(paths.root)  # writes in a thread of its own
         self.server.observers.append(self.history.observe)
         self.launcher.on_truncated = self._log_truncated
         self.launcher.log_limit = self._log_limits().turn_max_bytes
@@ -180,6 +180,7 @@ class Daemon:
         await self.reap_orphans()
         self._pruning = asyncio.create_task(self._prune_logs_periodically())
         sd_notify("READY=1")
+        web = _web_beside(self.config, self.paths.root, self.config_path)
         ticker = asyncio.create_task(self._tick())
         await self._stop.wait()
         sd_notify("STOPPING=1")
@@ -191,6 +192,10 @@ class Daemon:
             await cluster.close()  # every turn is gone: the lease and its keys may go
         ticker.cancel()
         self._pruning.cancel()
+        if web is not None:
+            from .web import beside
+
+            await beside.stop(web)
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
@@ -405,6 +410,15 @@ class Daemon:
 
     def handle_bad_bus(self, topic: str, body: dict | None, reason: str) -> None:
         log.warning("ignored a bad bus message on %r: %s", topic[:64], reason)
+
+
+def _web_beside(config: Config, state_dir: Path, config_path: str | None):
+    """`[web] listen`: the page's process, started beside the daemon (supervisor.web.beside)."""
+    if config.web.listen is None:
+        return None
+    from .web import beside
+
+    return beside.start(state_dir, config_path)
 
 
 def serve(

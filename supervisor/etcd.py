@@ -1,101 +1,32 @@
-"""A small etcd v3 client over etcd's JSON gateway (HTTP/1.1), from the standard library.
+"""A small etcd v3 client over etcd's JSON gateway (HTTP/1.1): the KV, lease and watch calls.
 
 What it knows: the gateway's paths and JSON shapes (keys and values base64, 64-bit numbers as
-strings), members and failover between them, user/password auth, TLS client certificates, and the
-rule that plain http goes only to a loopback address unless `insecure` says otherwise. What it does
-not know: ccsup's keys, leases' meaning, fencing (supervisor.cluster) or any event loop.
+strings), the results (KeyValue, RangeResult, TxnResult, WatchBatch), the txn compare and op
+builders, and the watch's stream of batches. What it does not know: members, failover, TLS or
+auth (supervisor.etcd_transport, which carries every call), ccsup's keys, leases' meaning,
+fencing (supervisor.cluster) or any event loop.
 
-Design note.
-- Why the gateway and not a library: every maintained Python etcd v3 client speaks gRPC, whose
-  protobuf pins conflict with other packages and which does not survive fork (the guard zygote
-  forks). The gateway is part of every etcd 3.4+ member and needs only http.client.
-- Every call is blocking and bounded by a timeout; the supervisor calls it from threads, never on
-  its event loop. A call opens its own connection (no shared socket across threads).
-- Failover: a call goes to the member that last answered; a member that cannot be reached, times
-  out or says it has no leader is skipped and the next is tried; when none answers, the call raises
-  EtcdError(unavailable=True). A retried put or txn may have been applied once already: callers use
-  only operations for which that is harmless (a put of the same key and value; a delete guarded
-  by a compare).
-- Errors at this boundary are one type, EtcdError, whose message names the member and the
-  operation and says what to do.
+Design note. Why the gateway and not a library: every maintained Python etcd v3 client speaks
+gRPC, whose protobuf pins conflict with other packages and which does not survive fork (the guard
+zygote forks). The gateway is part of every etcd 3.4+ member and needs only http.client. Every
+call is blocking and bounded by a timeout (see supervisor.etcd_transport for failover, and which
+calls may be retried).
 
-State: none stored. A restarted client starts over with the first member; an auth token is fetched
-again when etcd says it is invalid or expired.
+State: none stored.
 """
 
 from __future__ import annotations
 
 import base64
 import http.client
-import ipaddress
 import json
-import os
 import socket
-import ssl
 import threading
-import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
-from supervisor.errors import CcsupError
-
-PASSWORD_ENV = "CCSUP_ETCD_PASSWORD"
-
-# Gateway answers that mean "this member cannot serve now; another may".
-_RETRY_ELSEWHERE = ("no leader", "leader changed", "timed out", "not capable", "unhealthy")
-_BAD_TOKEN = ("invalid auth token", "user name is empty")
-
-
-class EtcdError(CcsupError):
-    """An etcd call failed. unavailable: no member could serve it (network, quorum, timeout)."""
-
-    code = "etcd"
-
-    def __init__(self, message: str, *, unavailable: bool = False):
-        super().__init__(message)
-        self.unavailable = unavailable
-
-
-@dataclass(frozen=True)
-class EtcdSettings:
-    endpoints: tuple[str, ...]
-    user: str | None = None
-    password: str | None = None  # else $CCSUP_ETCD_PASSWORD when user is set
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    insecure: bool = False
-    timeout: float = 2.0
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_endpoint(url: str, insecure: bool) -> tuple[str, str, int]:
-    """(scheme, host, port) of a member URL; refuses plain http off this machine unless insecure."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise EtcdError(f"etcd endpoint {url!r}: expected http://HOST:PORT or https://HOST:PORT")
-    if parsed.path not in ("", "/"):
-        raise EtcdError(f"etcd endpoint {url!r}: no path expected after HOST:PORT")
-    if parsed.scheme == "http" and not insecure and not is_loopback(parsed.hostname):
-        raise EtcdError(
-            f"etcd endpoint {url!r}: plain http to another machine sends the lease and the"
-            " password in the clear; use https (with ca_file, cert_file, key_file) or set"
-            " insecure = true in [cluster]"
-        )
-    try:
-        port = parsed.port or 2379
-    except ValueError:
-        raise EtcdError(f"etcd endpoint {url!r}: the port is not a number") from None
-    return parsed.scheme, parsed.hostname, port
+from .etcd_transport import EtcdError, EtcdSettings, EtcdTransport
 
 
 def _b64(data: str | bytes) -> str:
@@ -224,42 +155,13 @@ class MemberStatus:
     version: str | None = None
 
 
-@dataclass
-class _Auth:
-    token: str | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 class EtcdClient:
     """Blocking calls to an etcd cluster's JSON gateway, with failover; see the module docstring."""
 
     def __init__(self, settings: EtcdSettings):
-        if not settings.endpoints:
-            raise EtcdError("no etcd endpoint given: list the members in [cluster] etcd")
         self.settings = settings
-        self._members = [check_endpoint(url, settings.insecure) for url in settings.endpoints]
-        self._current = 0
-        self._auth = _Auth()
-        self._password = settings.password
-        if settings.user and self._password is None:
-            self._password = os.environ.get(PASSWORD_ENV)
-            if self._password is None:
-                raise EtcdError(
-                    f"etcd user {settings.user!r} has no password: set ${PASSWORD_ENV}"
-                    " or [cluster] auth.password"
-                )
-        self._ssl: ssl.SSLContext | None = None
-        if any(scheme == "https" for scheme, _, _ in self._members):
-            try:
-                ctx = ssl.create_default_context(cafile=settings.ca_file)
-                if settings.cert_file:
-                    ctx.load_cert_chain(settings.cert_file, settings.key_file)
-            except (OSError, ssl.SSLError) as e:
-                raise EtcdError(
-                    f"unable to load the etcd TLS files (ca_file {settings.ca_file},"
-                    f" cert_file {settings.cert_file}, key_file {settings.key_file}): {e}"
-                ) from None
-            self._ssl = ctx
+        self._transport = EtcdTransport(settings)
+        self._call = self._transport.call
 
     # --- the calls --------------------------------------------------------------------------
 
@@ -344,10 +246,10 @@ class EtcdClient:
     def members_status(self, timeout: float = 1.0) -> list[MemberStatus]:
         """Each member's own answer (no failover): for `ccsup status`."""
         found = []
-        for i in range(len(self._members)):
+        for i in range(len(self.settings.endpoints)):
             url = self.settings.endpoints[i]
             try:
-                answer = self._request(i, "/v3/maintenance/status", {}, timeout)
+                answer = self._transport.request(i, "/v3/maintenance/status", {}, timeout)
             except EtcdError as e:
                 found.append(MemberStatus(url, ok=False, error=e.message))
                 continue
@@ -370,102 +272,7 @@ class EtcdClient:
             body["range_end"] = _b64(prefix_end(key))
         if start_revision:
             body["start_revision"] = str(start_revision)
-        return Watch(self, {"create_request": body}, key)
-
-    # --- plumbing ---------------------------------------------------------------------------
-
-    def _connect(self, index: int, timeout: float) -> http.client.HTTPConnection:
-        scheme, host, port = self._members[index]
-        if scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
-        return http.client.HTTPConnection(host, port, timeout=timeout)
-
-    def _headers(self, index: int, timeout: float) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self.settings.user:
-            headers["Authorization"] = self._token(index, timeout)
-        return headers
-
-    def _token(self, index: int, timeout: float, fresh: bool = False) -> str:
-        with self._auth.lock:
-            if self._auth.token is None or fresh:
-                body = {"name": self.settings.user, "password": self._password}
-                answer = self._post(index, "/v3/auth/authenticate", body, {}, timeout)
-                token = answer.get("token")
-                if not token:
-                    raise EtcdError(
-                        f"etcd at {self.settings.endpoints[index]} refused user"
-                        f" {self.settings.user!r}: {answer.get('error') or answer}"
-                    )
-                self._auth.token = token
-            return self._auth.token
-
-    def _post(
-        self, index: int, path: str, body: dict, headers: dict[str, str], timeout: float
-    ) -> dict[str, Any]:
-        url = self.settings.endpoints[index]
-        conn = self._connect(index, timeout)
-        try:
-            conn.request(
-                "POST", path, json.dumps(body), {"Content-Type": "application/json", **headers}
-            )
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as e:
-            raise EtcdError(f"etcd member {url} did not answer: {e}", unavailable=True) from None
-        finally:
-            conn.close()
-        try:
-            answer = json.loads(data) if data else {}
-        except ValueError:
-            raise EtcdError(
-                f"etcd member {url} answered {resp.status} with something not JSON: {data[:200]!r}",
-                unavailable=True,
-            ) from None
-        if not isinstance(answer, dict):
-            raise EtcdError(f"etcd member {url} answered {answer!r}", unavailable=True)
-        message = answer.get("error") or answer.get("message")
-        if resp.status != 200 or (message and "result" not in answer):
-            text = str(message or data[:200])
-            retry = resp.status in (502, 503, 504) or any(s in text for s in _RETRY_ELSEWHERE)
-            raise EtcdError(f"etcd member {url} refused {path}: {text}", unavailable=retry)
-        err = answer.get("error")
-        if isinstance(err, dict):  # a streamed answer's error
-            raise EtcdError(f"etcd member {url} refused {path}: {err.get('message')}")
-        return answer
-
-    def _request(self, index: int, path: str, body: dict, timeout: float) -> dict[str, Any]:
-        try:
-            return self._post(index, path, body, self._headers(index, timeout), timeout)
-        except EtcdError as e:
-            if self.settings.user and any(s in e.message for s in _BAD_TOKEN):
-                token = self._token(index, timeout, fresh=True)
-                return self._post(index, path, body, {"Authorization": token}, timeout)
-            raise
-
-    def _call(
-        self, path: str, body: dict, what: str, timeout: float | None = None
-    ) -> dict[str, Any]:
-        timeout = self.settings.timeout if timeout is None else timeout
-        failures = []
-        start = self._current
-        n = len(self._members)
-        for step in range(n):
-            index = (start + step) % n
-            try:
-                answer = self._request(index, path, body, timeout)
-            except EtcdError as e:
-                if not e.unavailable:
-                    raise EtcdError(f"unable to {what}: {e.message}") from None
-                failures.append(e.message)
-                continue
-            self._current = index
-            return answer
-        raise EtcdError(
-            f"unable to {what}: no etcd member answered ({'; '.join(failures)});"
-            " check that the members in [cluster] etcd are up and reachable",
-            unavailable=True,
-        )
+        return Watch(self._transport, {"create_request": body}, key)
 
 
 class Watch:
@@ -475,46 +282,24 @@ class Watch:
     EtcdError(unavailable=True) and the caller opens a new watch from the last revision it saw.
     """
 
-    def __init__(self, client: EtcdClient, body: dict, key: str):
-        self._client, self._body, self._key = client, body, key
+    def __init__(self, transport: EtcdTransport, body: dict, key: str):
+        self._transport, self._body, self._key = transport, body, key
         self._conn: http.client.HTTPConnection | None = None
         self._sock: socket.socket | None = None
         self._closed = False
         self._lock = threading.Lock()
 
     def _open(self) -> http.client.HTTPResponse:
-        client = self._client
-        failures = []
-        n = len(client._members)
-        for step in range(n):
-            index = (client._current + step) % n
-            url = client.settings.endpoints[index]
-            conn = client._connect(index, client.settings.timeout)
-            try:
-                headers = client._headers(index, client.settings.timeout)
-                conn.request("POST", "/v3/watch", json.dumps(self._body), headers)
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException, EtcdError) as e:
+        conn, resp = self._transport.open_stream("/v3/watch", self._body, f"watch {self._key}")
+        with self._lock:
+            if self._closed:
                 conn.close()
-                failures.append(f"{url}: {e}")
-                continue
-            if resp.status != 200:
-                failures.append(f"{url}: HTTP {resp.status}: {resp.read()[:200]!r}")
-                conn.close()
-                continue
-            with self._lock:
-                if self._closed:
-                    conn.close()
-                    raise EtcdError("the watch was closed", unavailable=True)
-                self._conn = conn
-                self._sock = conn.sock
-            if self._sock is not None:
-                self._sock.settimeout(None)  # a watch is quiet for as long as nothing changes
-            return resp
-        raise EtcdError(
-            f"unable to watch {self._key}: no etcd member answered ({'; '.join(failures)})",
-            unavailable=True,
-        )
+                raise EtcdError("the watch was closed", unavailable=True)
+            self._conn = conn
+            self._sock = conn.sock
+        if self._sock is not None:
+            self._sock.settimeout(None)  # a watch is quiet for as long as nothing changes
+        return resp
 
     def __iter__(self) -> Iterator[WatchBatch]:
         resp = self._open()

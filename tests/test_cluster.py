@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, EventLog, RunningDaemon, wait_until
 
-from supervisor.etcd import EtcdClient, EtcdSettings
+from supervisor.etcd import EtcdClient
+from supervisor.etcd_transport import EtcdSettings
 
 pytestmark = pytest.mark.timeout(90)
 WITNESS = str(Path(__file__).with_name("cluster_witness.py"))

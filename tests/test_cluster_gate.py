@@ -13,7 +13,8 @@ import pytest
 from guardd import deadman
 from supervisor.cluster import ClusterGate
 from supervisor.cluster_settings import FENCE_MARGIN, ClusterSettings
-from supervisor.etcd import EtcdClient, EtcdSettings
+from supervisor.etcd import EtcdClient
+from supervisor.etcd_transport import EtcdSettings
 
 pytestmark = pytest.mark.timeout(60)
 TTL = 2.0

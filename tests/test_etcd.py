@@ -14,14 +14,8 @@ import uuid
 import pytest
 from etcd_cluster import etcd_binary, free_ports
 
-from supervisor.etcd import (
-    EtcdClient,
-    EtcdError,
-    EtcdSettings,
-    compare_lease,
-    op_delete,
-    op_put,
-)
+from supervisor.etcd import EtcdClient, compare_lease, op_delete, op_put
+from supervisor.etcd_transport import EtcdError, EtcdSettings
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import wait_until
 
 from supervisor import history, protocol
-from supervisor.history import HistoryError, Recorder, outcome_of, query, show
+from supervisor.history import HistoryError, outcome_of, query, show
+from supervisor.history_writer import Recorder
 
 
 def feed(state_dir, events):

@@ -46,7 +46,8 @@ from ..admission_policy import AdmissionSettings
 from ..caps import Caps
 from ..cluster_settings import ClusterSettings
 from ..retention import LogLimits
-from . import admission, cluster, endpoints, guard, harness, logs, metrics, slots, top
+from ..web.settings import WebSettings
+from . import admission, cluster, endpoints, guard, harness, logs, metrics, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -97,6 +98,7 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.SECTION,
     endpoints.CURVE_SECTION,
     harness.SECTION,
+    web.SECTION,
     logs.SECTION,
     metrics.SECTION,
     admission.PAUSE_ON_SECTION,
@@ -114,6 +116,7 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    web: WebSettings = WebSettings()
     logs: LogLimits = logs.DEFAULTS  # [logs]
     metrics: MetricsSettings = MetricsSettings()
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
@@ -136,6 +139,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     guard_settings = guard.parse_guard(c, table)
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
+    web_settings = web.parse_web_section(c, table)
     log_limits = logs.parse_logs(c, table)
     metrics_settings = metrics.parse_metrics(c, table)
     admission_settings = admission.parse_admission(c, table)
@@ -162,6 +166,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=guard_settings.scan,
         endpoints=endpoint_settings,
         harness=harnesses,
+        web=web_settings,
         logs=log_limits,
         metrics=metrics_settings,
         admission=admission_settings,

@@ -101,7 +101,7 @@ def observers_and_index() -> dict[str, float]:
     import tempfile
 
     from supervisor import logindex
-    from supervisor.history import Recorder
+    from supervisor.history_writer import Recorder
     from supervisor.metrics import Metrics
 
     with tempfile.TemporaryDirectory() as tmp:
