@@ -42,11 +42,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 from guardd import procs
 from guardd.record import RecordError, read_json, record_groups
 
-from . import __version__, reaper, spawn, store
+from . import __version__, containment, reaper, spawn, store
 from .paths import StatePaths
 from .protocol import HolderInfo, ProtocolError, ReserveArgs, SendArgs, TurnArgs, parse_holder
 from .slots import Holder, SlotGate
@@ -62,6 +63,9 @@ PERSISTED = frozenset(
     {Event.QUEUED, Event.GRANTED, Event.CANCELLED, Event.RELEASED, Event.REJECTED}
 )
 RETRY_INTERVAL = 0.25  # how often waiters retry slots that other processes may have freed
+GROUPS_BATCH = 0.05  # seconds: group hints of a turn are taken together, at most this often
+SLOT_GROUPS_ALWAYS = 64  # a slot record with up to this many groups is rewritten at every batch
+SLOT_GROUPS_EVERY = 1.0  # seconds: beyond that, at most this often (the guard record has them all)
 
 
 @dataclass
@@ -116,6 +120,9 @@ class Manager:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._deadlines: dict[str, float] = {}  # wait deadlines (epoch), for queue.json
         self._confirming: set[str] = set()
+        self._confirm_again: dict[str, tuple[dict | None, bool]] = {}  # asked while confirming
+        self._slot_groups_at: dict[str, float] = {}  # turn -> when its slot record got groups
+        self._groups_due: set[str] = set()  # turns whose group hints wait to be taken
         self._pending: list[tuple[str, dict]] = []  # events held back until the batch is saved
         self._must_save = False
         self._batch_depth = 0
@@ -159,6 +166,7 @@ class Manager:
 
     def _finish(self, item: Turn | Reservation) -> None:
         self.turns.pop(item.id, None)
+        self._slot_groups_at.pop(item.id, None)
         if self.reservations.pop(item.id, None) is not None and isinstance(item, Reservation):
             if self._holders.get(item.holder_key) == item.id:
                 del self._holders[item.holder_key]
@@ -618,13 +626,14 @@ class Manager:
         turn = self.turns.get(parts[1])
         if turn is None or turn.guard is None or turn.state.terminal or turn.state is State.GONE:
             return
+        kind = parts[2]
+        if kind == "group":
+            self._groups_hinted(turn)  # the record is read later, once for many hints
+            return
         record = self._read_guard_record(turn)
         if record is None:
             return
-        kind = parts[2]
-        if kind == "group":
-            self._publish_new_groups(turn, record)
-        elif kind == "exited":
+        if kind == "exited":
             if exit_from_record(record) is not None:
                 self._learn_exit(turn, record, None)
         elif kind == "gone" and record.get("state") == "gone":
@@ -632,17 +641,48 @@ class Manager:
                 self._confirm_gone(turn, record, guard_done=False)
             )
 
-    def _publish_new_groups(self, turn: Turn, record: dict) -> None:
-        groups = record_groups(record)
+    def _groups_hinted(self, turn: Turn, delay: float = GROUPS_BATCH) -> None:
+        """A turn forking hundreds of groups sends a hint for each: its record is read (in a
+        thread) at most once per GROUPS_BATCH, not once per hint (that was groups^2 on the loop),
+        and its slot record rewritten (an fsync, ~8 ms with 800 groups) at most once per
+        SLOT_GROUPS_EVERY once it holds more than SLOT_GROUPS_ALWAYS groups."""
+        if turn.id in self._groups_due:
+            return
+        self._groups_due.add(turn.id)
+        asyncio.get_running_loop().create_task(self._publish_hinted_groups(turn, delay))
+
+    async def _publish_hinted_groups(self, turn: Turn, delay: float) -> None:
+        try:
+            await asyncio.sleep(delay)
+            guard = cast(spawn.Guard, turn.guard)  # set before any hint is taken
+            groups = await asyncio.to_thread(containment.recorded_groups, guard.record_path)
+        finally:
+            self._groups_due.discard(turn.id)
+        if groups is None or turn.state.terminal or turn.state is State.GONE:
+            return
+        self._publish_new_groups(turn, groups)
+
+    def _publish_new_groups(self, turn: Turn, groups: list) -> None:
         for group in groups:
             if group not in turn.groups_seen:
                 turn.groups_seen.add(group)
                 self._emit(f"turn.{turn.id}.group", {"id": turn.id, **group.to_json()})
-        turn.slot.record_work(turn.guard.identity, str(turn.guard.record_path), groups)
+        now = time.monotonic()
+        since = now - self._slot_groups_at.get(turn.id, 0.0)
+        if len(groups) <= SLOT_GROUPS_ALWAYS or since >= SLOT_GROUPS_EVERY:
+            self._slot_groups_at[turn.id] = now
+            turn.slot.record_work(turn.guard.identity, str(turn.guard.record_path), groups)
+        else:  # the last groups still reach the slot record, a little later
+            self._groups_hinted(turn, SLOT_GROUPS_EVERY - since)
 
     async def _confirm_gone(self, turn: Turn, record: dict | None, *, guard_done: bool) -> None:
         """Check the work is gone (ending it if the guard could not), then release the slot."""
         if turn.id in self._confirming:
+            # Judged in a thread now, so one may be under way: look again when it is done.
+            self._confirm_again[turn.id] = (
+                record,
+                guard_done or self._confirm_again.get(turn.id, (None, False))[1],
+            )
             return
         self._confirming.add(turn.id)
         try:
@@ -652,9 +692,7 @@ class Manager:
                 # marker reads every process's environment, so it is done only when the guard did
                 # not end its own work (killed outright, or gave up): its "gone" covers them.
                 ended_by_guard = (record or {}).get("state") == "gone"
-                alive = any(procs.group_alive(g) for g in groups) or (
-                    not ended_by_guard and bool(procs.processes_with_env("CCSUP_TURN", turn.id))
-                )
+                alive = await containment.work_running(groups, turn.id, sweep=not ended_by_guard)
                 if alive:
                     log.warning(
                         "turn %s: the guard ended but its work did not; ending it now", turn.id
@@ -667,7 +705,7 @@ class Manager:
                             "turn %s: work still alive; the slot stays held and is retried", turn.id
                         )
                         return
-            elif any(procs.group_alive(g) for g in groups):
+            elif await containment.work_running(groups, turn.id, sweep=False):
                 return  # a hint that does not hold: the groups still run
             if turn.state.terminal or turn.state is State.GONE:
                 return
@@ -677,6 +715,15 @@ class Manager:
             self._release(turn)
         finally:
             self._confirming.discard(turn.id)
+            self._confirm_later(turn)
+
+    def _confirm_later(self, turn: Turn) -> None:
+        again = self._confirm_again.pop(turn.id, None)
+        if again is not None and not (turn.state.terminal or turn.state is State.GONE):
+            record, guard_done = again
+            asyncio.get_running_loop().create_task(
+                self._confirm_gone(turn, record, guard_done=guard_done)
+            )
 
     def _release(self, turn: Turn) -> None:
         index = turn.slot.index

@@ -6,8 +6,9 @@ to the grace for them to go, then SIGKILL what is left together with every proce
 carries the turn's `CCSUP_TURN=<turn>` marker in its environment (an escapee in a group nobody
 recorded), and confirm everything gone within a bounded wait.
 
-Knows signals and group liveness (from guardd); nothing of slots or records. A group that
-group_alive says is gone is never signalled: its pgid may belong to someone else by now. Holds no
+Knows signals and group liveness (from guardd); nothing of slots or records. Each round judges
+every group together (guardd.procs.live_groups: one pass over /proc, not one per group). A group
+that live_groups says is gone is never signalled: its pgid may belong to someone else by now. Holds no
 state: running it again on the same work is safe (what is gone is skipped), and stopping half-way
 leaves the work partly ended, which the next run finishes.
 """
@@ -70,9 +71,10 @@ def _signal_all(
 ) -> bool:
     """Send each signal to what is alive; True when some signal was refused (EPERM)."""
     denied = False
+    live = procs.live_groups(groups)
     for sig in sigs:
         for group in groups:
-            if not procs.group_alive(group):
+            if group not in live:
                 continue
             try:
                 procs.signal_group(group.pgid, sig)
@@ -91,7 +93,7 @@ def _all_gone(groups: list[Group], guard: Identity | None, marked: list[Identity
         return False
     if any(procs.process_running(i) for i in marked):
         return False
-    return not any(procs.group_alive(g) for g in groups)
+    return not procs.live_groups(groups)
 
 
 def _wait_gone(groups, guard, marked, timeout: float) -> bool:
@@ -104,7 +106,8 @@ def _wait_gone(groups, guard, marked, timeout: float) -> bool:
 
 
 def _describe(groups, guard, marked) -> str:
-    parts = [f"group {g.pgid}" for g in groups if procs.group_alive(g)]
+    live = procs.live_groups(groups)
+    parts = [f"group {g.pgid}" for g in groups if g in live]
     if guard is not None and procs.process_running(guard):
         parts.append(f"guard {guard.pid}")
     parts.extend(f"process {i.pid}" for i in marked if procs.process_running(i))

@@ -214,7 +214,7 @@ def work_alive(work: dict, path="slot record") -> bool:
     guard, groups = work_groups(work, path)
     if guard is not None and procs.process_running(guard):
         return True
-    return any(procs.group_alive(g) for g in groups)
+    return bool(procs.live_groups(groups))  # one pass over /proc, whatever the number of groups
 
 
 # ---- locks ---------------------------------------------------------------------------------
