@@ -5,12 +5,15 @@ life: a second daemon finds it taken and says who runs; the kernel frees it when
 even by SIGKILL, so a stale lock never blocks a restart. Signals are turned into the same calls as
 the control commands (SIGTERM/SIGINT = quit, SIGHUP = reload).
 
-State question: at start the daemon reads every slot the last one left (through the slot gate):
-orphaned work is reaped and its slot released, with `slot.<key>.orphaned` and `slot.<key>.reaped`
-on the bus; then queue.json comes back through the manager (`supervisor.restored` says what came
-back; a bad file is moved aside and each problem is a `supervisor.error` event and a log line).
-This happens before the sockets serve, so no new request can jump what was waiting before. Stale ipc socket files are replaced (we hold the
-instance lock, so nobody else uses them).
+Start-up, in order: the sockets are bound (stale ipc socket files are replaced: we hold the
+instance lock, so nobody else uses them) and `supervisor.started` is published; the guard zygote
+starts; queue.json comes back (supervisor.restore: `supervisor.restored` says what came back; a
+bad file is moved aside and each problem is a `supervisor.error` event and a log line) and the
+restored waiters are granted what is free; only then do the sockets serve requests, so no new
+request can jump what was waiting before. After that, orphaned slots the last supervisor left
+are reaped (`slot.<key>.orphaned`, `slot.<key>.reaped`; their work ends in a thread, so requests
+are served meanwhile), the turns it was running are settled as their slots come free, and
+waiters are granted again; then READY for systemd, and the periodic tick (retries, reaping).
 Stopping half-way (SIGKILL): the guards see their parent gone and end their work; the next start
 reaps whatever is left.
 """
@@ -27,7 +30,7 @@ import socket
 import sys
 from pathlib import Path
 
-from . import protocol, spawn, store
+from . import protocol, restore, spawn, store, views
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -102,19 +105,21 @@ class Daemon:
         self.config_path = config_path
         self.caps_override = caps_override or {}
         endpoints = config.endpoints.resolve(paths.root)
+        control, bus_in, bus_out = endpoints.control, endpoints.bus_in, endpoints.bus_out
+        assert control is not None and bus_in is not None and bus_out is not None  # resolved
         # Guards publish their hints without keys: over CURVE tcp they get a private ipc bus-in.
-        self._bus_in = (
-            endpoints.bus_in
-            if endpoints.bus_in.startswith("ipc://")
-            else paths.endpoint("guard-bus")
-        )
-        guard_bus = None if self._bus_in == endpoints.bus_in else self._bus_in
-        self.server = Server(
-            endpoints.control, endpoints.bus_in, endpoints.bus_out, endpoints.curve, guard_bus
-        )
+        self._bus_in = bus_in if bus_in.startswith("ipc://") else paths.endpoint("guard-bus")
+        guard_bus = None if self._bus_in == bus_in else self._bus_in
+        self.server = Server(control, bus_in, bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
-        self.manager: Manager | None = None
         self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
+        self.manager = Manager(
+            paths=self.paths,
+            gate=self.gate,
+            publish=self.server.publish,
+            settings=self._settings(self.config),
+            start_guard=self.launcher.start_guard,
+        )
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
 
@@ -129,13 +134,6 @@ class Daemon:
 
     async def run(self) -> int:
         self.server.bind()
-        self.manager = Manager(
-            paths=self.paths,
-            gate=self.gate,
-            publish=self.server.publish,
-            settings=self._settings(self.config),
-            start_guard=self.launcher.start_guard,
-        )
         self.server.publish(
             "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
         )
@@ -143,7 +141,7 @@ class Daemon:
             "started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source
         )
         self.launcher.start()  # before restore, which may start guards
-        self.restore()  # before any request is served: nothing new can jump what was waiting
+        self.restore_queue()  # before any request is served: nothing new can jump what was waiting
         self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.quit)
@@ -167,10 +165,10 @@ class Daemon:
         log.info("stopped")
         return 0
 
-    def restore(self) -> None:
+    def restore_queue(self) -> None:
         saved, problem = store.load(self.paths.queue)
         problems = [problem] if problem else []
-        problems += self.manager.restore(saved, self.gate.inspect_all())
+        problems += restore.restore(self.manager, saved, self.gate.inspect_all())
         for text in problems:
             log.error("%s", text)
             self.server.publish(
@@ -179,7 +177,7 @@ class Daemon:
         restored = {
             "waiting": len(self.manager.queue),
             "reservations": len(self.manager.reservations),
-            "lost": len(self.manager.lost_running),
+            "lost": len(self.manager.ledger.lost_running),
             "problems": len(problems),
         }
         self.server.publish("supervisor.restored", restored)
@@ -212,8 +210,8 @@ class Daemon:
         for view in reaped:
             self.server.publish(f"slot.{view.key}.reaped", view.to_json())
         if reaped:
-            if self.manager.lost_running:
-                self.manager.settle_lost(self.gate.inspect_all())
+            if self.manager.ledger.lost_running:
+                restore.settle_lost(self.manager, self.gate.inspect_all())
             self.manager.grant_waiters()
         return [view.to_json() for view in reaped]
 
@@ -234,7 +232,7 @@ class Daemon:
             ) from None
 
     async def cmd_status(self, args: dict) -> dict:
-        result = self.manager.status()
+        result = views.status(self.manager)
         result["caps"] = dict(self.gate.caps.caps)
         result["default_cap"] = self.gate.caps.default_cap
         result["bus_rejected"] = self.server.rejected_bus_messages
@@ -253,7 +251,7 @@ class Daemon:
         return self.manager.send(protocol.parse_send(args))
 
     async def cmd_ps(self, args: dict) -> dict:
-        return self.manager.ps()
+        return views.ps(self.manager)
 
     async def cmd_reap(self, args: dict) -> dict:
         return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .caps import key_problem
+from .holder import LABELS as HOLDER_LABELS
+from .holder import Holder
 from .paths import TURN_ID
 
 VERSION = 1
@@ -44,8 +46,6 @@ ERROR_CODES = (
     "stopping",  # the supervisor is shutting down and takes no new work
     "failed",  # the command was understood but could not be carried out
 )
-
-HOLDER_LABELS = ("session", "agent", "harness", "model", "effort", "mode")
 
 
 class ProtocolError(Exception):
@@ -228,27 +228,9 @@ def check_key(value: Any) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class HolderInfo:
-    session: str | None = None
-    agent: str | None = None
-    harness: str | None = None
-    model: str | None = None
-    effort: str | None = None
-    mode: str | None = None
-    pid: int | None = None  # the requester's pid, watched when given
-    start: int | None = None  # its start ticks; read at request time when only pid is given
-
-    def labels(self) -> dict:
-        return {name: getattr(self, name) for name in HOLDER_LABELS}
-
-    def to_json(self) -> dict:
-        return {**self.labels(), "pid": self.pid, "start": self.start}
-
-
-def parse_holder(value: Any) -> HolderInfo:
+def parse_holder(value: Any) -> Holder:
     if value is None:
-        return HolderInfo()
+        return Holder()
     if not isinstance(value, dict):
         raise _bad("'holder' must be an object")
     unknown = set(value) - set(HOLDER_LABELS) - {"pid", "start"}
@@ -257,7 +239,7 @@ def parse_holder(value: Any) -> HolderInfo:
     labels = {name: _opt_str(value, name, 256) for name in HOLDER_LABELS}
     pid = _opt_int(value, "pid", 1, 1 << 22)
     start = _opt_int(value, "start", 0, 1 << 62)
-    return HolderInfo(**labels, pid=pid, start=start)
+    return Holder(**labels, pid=pid, start=start)
 
 
 def _wait_timeout(args: dict) -> float | None:
@@ -278,7 +260,7 @@ class TurnArgs:
     argv: list[str]
     cwd: str | None = None
     env: dict = field(default_factory=dict)  # name -> str | None (None removes)
-    holder: HolderInfo = HolderInfo()
+    holder: Holder = Holder()
     reservation: str | None = None
     wait_timeout: float | None = None
 
@@ -351,7 +333,7 @@ def parse_turn(args: dict) -> TurnArgs:
 class ReserveArgs:
     id: str | None
     key: str
-    holder: HolderInfo
+    holder: Holder
     wait_timeout: float | None = None
 
 

@@ -64,12 +64,12 @@ from guardd.record import RecordError, read_json, record_groups, write_json
 
 from .caps import MACHINE_KEY, Caps, check_key, key_problem
 from .errors import CcsupError, UsageError, os_failure
+from .holder import Holder
 from .reaper import end_work
 
 SLOT_VERSION = 1
 FREE, RESERVED, HELD, ORPHANED, UNREADABLE = "free", "reserved", "held", "orphaned", "unreadable"
 TAKEN = (RESERVED, HELD, ORPHANED, UNREADABLE)
-_LABELS = ("session", "agent", "harness", "model", "effort", "mode")
 _LOCK_RETRIES = 3  # a lock file replaced under us this many times in a row: treat the slot as busy
 
 
@@ -80,37 +80,6 @@ def available_memory() -> int:
             if line.startswith(b"MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise CcsupError("unable to read available memory from /proc/meminfo: no MemAvailable line")
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a slot: a process (pid + start ticks) and the labels it was asked with."""
-
-    pid: int
-    start: int
-    session: str | None = None
-    agent: str | None = None
-    harness: str | None = None
-    model: str | None = None
-    effort: str | None = None
-    mode: str | None = None
-
-    def to_json(self) -> dict:
-        data = {"pid": self.pid, "start": self.start}
-        data.update((name, getattr(self, name)) for name in _LABELS)
-        return data
-
-    @classmethod
-    def from_json(cls, d: dict) -> Holder:
-        return cls(int(d["pid"]), int(d["start"]), **{name: d.get(name) for name in _LABELS})
-
-    @classmethod
-    def this_process(cls, **labels) -> Holder:
-        pid = os.getpid()
-        start = procs.start_ticks(pid)
-        if start is None:
-            raise CcsupError(f"unable to read the start time of this process ({pid}) from /proc")
-        return cls(pid, start, **labels)
 
 
 @dataclass

@@ -9,7 +9,10 @@ Every event is named by its bus topic suffix: applying event E publishes `turn.<
 table is also the order in which a subscriber sees a turn's events. A pair missing from the table
 is a bug in the caller and raises IllegalTransition; it is never silently ignored.
 
-Knows states and events; nothing of slots, processes or sockets.
+Restore replays a saved item's past events through this same table (without publishing them
+again), so no code anywhere sets a state directly.
+
+Knows states and events; nothing of slots, processes or sockets (it names their types only).
 """
 
 from __future__ import annotations
@@ -17,8 +20,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from .protocol import HolderInfo
+from guardd.procs import Group, Identity
+
+from .holder import Holder
+
+if TYPE_CHECKING:
+    from .slots import Slot
+    from .world import Guard
 
 
 class State(enum.Enum):
@@ -81,7 +91,20 @@ class IllegalTransition(RuntimeError):
     pass
 
 
-def next_state(state: State, event: Event, table: dict = TRANSITIONS, what: str = "turn") -> State:
+class Outcome(TypedDict):
+    """CMD's outcome as `turn.<id>.exited` gives it: code as a shell reports it (128+N)."""
+
+    code: int | None
+    signal: int | None
+    reason: str | None
+
+
+def next_state(
+    state: State,
+    event: Event,
+    table: dict[tuple[State, Event], State] = TRANSITIONS,
+    what: str = "turn",
+) -> State:
     try:
         return table[(state, event)]
     except KeyError:
@@ -98,28 +121,29 @@ class Turn:
     key: str
     argv: list[str]
     cwd: str | None
-    env: dict  # never written to records, logs or events
-    holder: HolderInfo
+    env: dict[str, str | None]  # never written to records, logs or events
+    holder: Holder
     requested_at: float = field(default_factory=time.time)
     wait_timeout: float | None = None
     reservation: str | None = None
     state: State = State.NEW
-    exit: dict | None = None  # {"code","signal","reason"} once known
+    exit: Outcome | None = None  # once known
     stop_reason: str | None = None
-    slot: object = None  # supervisor.slots.Slot while granted
-    guard: object = None  # supervisor.spawn.Guard once started
-    requester: object = None  # guardd.procs.Identity of the requester, when watched
-    groups_seen: set = field(default_factory=set)  # groups already published as turn.<id>.group
+    slot: Slot | None = None  # while granted
+    guard: Guard | None = None  # once started
+    requester: Identity | None = None  # when watched
+    groups_seen: set[Group] = field(default_factory=set)  # published as turn.<id>.group
+    followed: bool = True  # False when the guard runs but its pipes and exit could not be watched
 
     def advance(self, event: Event) -> State:
         self.state = next_state(self.state, event)
         return self.state
 
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, Any]:
         """What events and ps say about the turn: never its environment."""
         return {"id": self.id, "key": self.key}
 
-    def to_json(self, wait_deadline: float | None) -> dict:
+    def to_json(self, wait_deadline: float | None) -> dict[str, Any]:
         """A waiting turn as queue.json keeps it (env included: the file is 0600)."""
         return {
             "id": self.id,
@@ -140,29 +164,29 @@ class Reservation:
 
     id: str
     key: str
-    holder: HolderInfo
+    holder: Holder
     requested_at: float = field(default_factory=time.time)
     wait_timeout: float | None = None
     state: State = State.NEW
     until: float | None = None  # epoch seconds, once granted
-    slot: object = None
-    requester: object = None
+    slot: Slot | None = None
+    requester: Identity | None = None
 
     def advance(self, event: Event) -> State:
         self.state = next_state(self.state, event, RESERVATION_TRANSITIONS, "reservation")
         return self.state
 
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, Any]:
         return {"id": self.id, "key": self.key, "reservation": True}
 
     @property
-    def holder_key(self) -> tuple | None:
+    def holder_key(self) -> tuple[str | None, str | None, str] | None:
         """One reservation per holder and key; a holder with neither session nor agent is anonymous."""
         if self.holder.session is None and self.holder.agent is None:
             return None
         return (self.holder.session, self.holder.agent, self.key)
 
-    def to_json(self, wait_deadline: float | None) -> dict:
+    def to_json(self, wait_deadline: float | None) -> dict[str, Any]:
         return {
             "id": self.id,
             "key": self.key,
@@ -172,3 +196,6 @@ class Reservation:
             "state": self.state.value,
             "until": self.until,
         }
+
+
+Item = Turn | Reservation  # what waits in the queue and speaks on turn.<id>.*

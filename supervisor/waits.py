@@ -6,12 +6,15 @@ grants only the head of a key. Keys are independent: a full key blocks only its 
 the oldest waiter of any key.
 
 In memory only; the daemon persists what it must. Knows ordering, nothing of slots or processes.
+The ordering is replaceable: the manager takes any `Queue` in its constructor (a fairness across
+sessions, say, orders each key's waiters differently behind the same methods).
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, order=True)
@@ -19,6 +22,20 @@ class Waiter:
     requested_at: float
     id: str
     key: str
+
+
+class Queue(Protocol):
+    """What the manager, the ledger and restore use of a wait queue."""
+
+    def __len__(self) -> int: ...
+    def __contains__(self, item_id: str) -> bool: ...
+    def add(self, key: str, item_id: str, requested_at: float) -> int: ...
+    def replace(self, old_id: str, new_id: str) -> None: ...
+    def remove(self, item_id: str) -> bool: ...
+    def head(self, key: str) -> str | None: ...
+    def position(self, item_id: str) -> int | None: ...
+    def keys_by_age(self) -> list[str]: ...
+    def all(self) -> list[Waiter]: ...
 
 
 class WaitQueue:
@@ -39,7 +56,7 @@ class WaitQueue:
         waiter = Waiter(requested_at, item_id, key)
         bisect.insort(self._by_key.setdefault(key, []), waiter)
         self._by_id[item_id] = waiter
-        return self.position(item_id)
+        return bisect.bisect_left(self._by_key[key], waiter) + 1
 
     def replace(self, old_id: str, new_id: str) -> None:
         """new_id takes old_id's place (a turn binding a reservation that still waits)."""
@@ -72,9 +89,6 @@ class WaitQueue:
 
     def keys_by_age(self) -> list[str]:
         return sorted(self._by_key, key=lambda k: self._by_key[k][0])
-
-    def waiting(self, key: str) -> list[Waiter]:
-        return list(self._by_key.get(key, ()))
 
     def all(self) -> list[Waiter]:
         """Every waiter, keys in order of their heads' age, each key oldest first."""

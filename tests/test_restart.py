@@ -6,13 +6,33 @@ import json
 import subprocess
 import time
 
-from conftest import wait_until
+from conftest import PYTHON, wait_until
 
 HOLDER = {"session": "s1", "agent": "a1"}
 
 
 def queue_file(state_dir) -> dict:
     return json.loads((state_dir / "queue.json").read_text())
+
+
+# Holds the codex slot from outside the supervisor (the gate is a library any local program may
+# use), once the killed supervisor's turn has let go of it, until told to release.
+HOLD_CODEX = r"""
+import sys, time
+from pathlib import Path
+from supervisor.caps import Caps
+from supervisor.slots import Holder, SlotGate
+gate = SlotGate(Path(sys.argv[1]), Caps(caps={"codex": 1}))
+deadline = time.monotonic() + 20
+holder = Holder.this_process(agent="outside")
+while (slot := gate.try_acquire("codex", holder, turn="outside")) is None:
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.02)
+print("held", flush=True)
+sys.stdin.readline()
+slot.release()
+"""
 
 
 def test_waiting_turns_and_reservations_come_back_in_order_after_a_sigkill(
@@ -32,23 +52,39 @@ def test_waiting_turns_and_reservations_come_back_in_order_after_a_sigkill(
     assert [w["id"] for w in saved["waiting"]] == ["w0", "w1", "w2"]
     assert (state_dir / "queue.json").stat().st_mode & 0o777 == 0o600
     d.kill()
-    d.start()
-    log = event_log(d)
-    with d.client() as client:
-        ps = client.ps()
-        waits = [
-            w["id"] for w in ps["waits"]
-        ]  # the head may already run: busy's work died with its guard
-        order = ["w0", "w1", "w2", "rq"]  # (all of them may have been granted already: waits == [])
-        assert waits == order[len(order) - len(waits) :]
-        assert {s["key"]: s["state"] for s in ps["slots"]}["claude"] == "reserved"
-        wait_until(
-            lambda: witness.exists() and witness.read_text() == "w0\nw1\nw2\n",
-            timeout=20,
-            what="the restored turns to run in order",
-        )
-        log.wait_for("turn.rq.granted")
-        assert client.reserve("claude", holder=HOLDER)["reservation"] == "held"
+    # busy's guard ends its work when its parent dies; then an outside holder takes the slot, so
+    # the restarted supervisor can grant nothing of codex and must show every waiter, in order.
+    outside = subprocess.Popen(
+        [PYTHON, "-c", HOLD_CODEX, str(state_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert outside.stdout.readline() == "held\n"
+        d.start()
+        log = event_log(d)
+        with d.client() as client:
+            ps = client.ps()
+            assert [w["id"] for w in ps["waits"]] == ["w0", "w1", "w2", "rq"]
+            slots = {s["key"]: (s["state"], s["turn"]) for s in ps["slots"]}
+            assert slots == {"codex": ("reserved", "outside"), "claude": ("reserved", None)}
+            outside.stdin.write("release\n")
+            outside.stdin.flush()
+            assert outside.wait(10) == 0
+            wait_until(
+                lambda: witness.exists() and witness.read_text() == "w0\nw1\nw2\n",
+                timeout=20,
+                what="the restored turns to run in order",
+            )
+            log.wait_for("turn.rq.granted")
+            granted = [t for t in log.topics("turn.") if t.endswith(".granted")]
+            assert granted == [f"turn.{i}.granted" for i in ("w0", "w1", "w2", "rq")]
+            assert client.reserve("claude", holder=HOLDER)["reservation"] == "held"
+    finally:
+        if outside.poll() is None:
+            outside.kill()
+            outside.wait()
 
 
 def test_the_turns_a_dead_supervisor_was_running_end_with_one_terminal_event(

@@ -1,0 +1,74 @@
+"""Confirmed gone: the supervisor's own judgment that a turn's work has ended, never a hint's.
+
+`confirm_gone` is the one function that decides; the ending table (supervisor.endings) releases a
+slot only on its True. It is async, and that is its boundary with the event loop: anything that
+waits or grows with the size of a turn runs behind it, in a worker thread: judging the recorded
+groups (guardd.procs.live_groups: one pass over /proc for all of them), the sweep for escapees
+(every process's environment) and ending leftover work (`reaper.end_work`, which waits a grace).
+A turn with 800 groups and 1,200 processes thus costs the loop nothing while it is judged.
+
+The rule: after a hint (`guard.<turn>.gone`, guard_done False) the groups the guard recorded must
+all be gone, or nothing happens. After the guard process itself ended (guard_done True), its
+recorded groups are judged; when it did not end its own work (killed outright, or gave up: its
+record is not `gone`), processes still marked `CCSUP_TURN=<turn>` count too; whatever lives is
+ended here (SIGTERM, grace, SIGKILL) and must then be confirmed gone.
+
+Knows guard records' groups and /proc (through guardd.procs and supervisor.reaper); nothing of
+slots, queues or events. `Probe` is the outside world, replaced by a fake in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from guardd import procs
+from guardd.procs import Group
+from guardd.record import record_groups
+
+from . import reaper
+
+log = logging.getLogger("ccsup.gone")
+
+
+class Probe:
+    """How the judgment looks at the machine (real by default)."""
+
+    def groups_alive(self, groups: list[Group]) -> bool:
+        """Blocking, run in a thread: one pass over /proc whatever the number of groups."""
+        return bool(procs.live_groups(groups))
+
+    def escapees(self, turn_id: str) -> bool:
+        return bool(procs.processes_with_env(reaper.TURN_ENV, turn_id))
+
+    def end_work(self, groups: list[Group], turn_id: str, grace: float) -> bool:
+        """Blocking (waits up to a grace and more): only ever called in a thread."""
+        return reaper.end_work(groups, turn=turn_id, grace=grace)
+
+
+async def confirm_gone(
+    record: dict[str, Any] | None,
+    turn_id: str,
+    *,
+    guard_done: bool,
+    grace: float,
+    probe: Probe,
+) -> bool:
+    """True when the turn's work is confirmed gone (ended here first if the guard could not)."""
+    groups = record_groups(record) if record else []
+    if not guard_done:
+        # A hint that does not hold changes nothing.
+        return not await asyncio.to_thread(probe.groups_alive, groups)
+    ended_by_guard = (record or {}).get("state") == "gone"
+    if await asyncio.to_thread(_work_left, probe, groups, turn_id, not ended_by_guard):
+        log.warning("turn %s: the guard ended but its work did not; ending it now", turn_id)
+        if not await asyncio.to_thread(probe.end_work, groups, turn_id, grace):
+            log.error("turn %s: work still alive; the slot stays held and is retried", turn_id)
+            return False
+    return True
+
+
+def _work_left(probe: Probe, groups: list[Group], turn_id: str, sweep: bool) -> bool:
+    """Blocking (a worker thread): do recorded groups, or (sweep) marked escapees, still run?"""
+    return probe.groups_alive(groups) or (sweep and probe.escapees(turn_id))
