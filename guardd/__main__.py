@@ -1,6 +1,9 @@
 """`ccsup-guard` / `python -m guardd`: parse the arguments, then run one turn under a guard.
 
-    ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT] -- CMD [ARG...]
+    ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]
+                [--cgroup PATH] -- CMD [ARG...]
+
+--cgroup PATH: run CMD in that cgroup2 cgroup (created when missing; see guardd.cgroup).
 
 T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`). Defaults come from the environment:
 CCSUP_GUARD_DIR (no record without it or --record-dir), CCSUP_GUARD_GRACE_MS (5000),
@@ -18,7 +21,7 @@ from guardd.guard import EXIT_GUARD_FAILURE, Options, run_guard
 
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
-    " -- CMD [ARG...]"
+    " [--cgroup PATH] -- CMD [ARG...]"
 )
 _UNITS = (("ms", 0.001), ("s", 1.0), ("m", 60.0))
 _OPTIONS = {
@@ -27,6 +30,7 @@ _OPTIONS = {
     "--scan": "scan",
     "--turn": "turn",
     "--bus": "bus",
+    "--cgroup": "cgroup",
 }
 
 
@@ -111,6 +115,7 @@ def parse_args(args: list[str], env: dict | None = None) -> Options:
         scan=scan,
         turn=turn,
         bus=values.get("bus") or None,
+        cgroup=values.get("cgroup") or None,
     )
 
 

@@ -38,7 +38,7 @@ import signal
 import sys
 import time
 
-from guardd import linux, procs, record, scan
+from guardd import cgroup, linux, procs, record, scan
 
 EXIT_GUARD_FAILURE = 125
 EXIT_NOT_EXECUTABLE = 126
@@ -54,7 +54,7 @@ _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
 class Options:
     """What `ccsup-guard` was asked to do (a plain class: dataclasses cost ~10 ms of a start)."""
 
-    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus")
+    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "cgroup")
 
     def __init__(
         self,
@@ -64,9 +64,10 @@ class Options:
         scan: float = 2.0,
         turn: str | None = None,
         bus: str | None = None,
+        cgroup: str | None = None,
     ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
-        self.turn, self.bus = turn, bus
+        self.turn, self.bus, self.cgroup = turn, bus, cgroup
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -154,6 +155,8 @@ class Guard:
         )
         if self.record_file is not None:
             self._prepare_record_dir()
+        if self.opts.cgroup is not None:
+            self._prepare_cgroup()
         failed = self._spawn_cmd()
         if failed is not None:
             return failed
@@ -185,6 +188,13 @@ class Guard:
                 f"unable to create record directory {self.opts.record_dir}: {e.strerror}"
             ) from None
 
+    def _prepare_cgroup(self) -> None:
+        assert self.opts.cgroup is not None
+        try:
+            cgroup.create(self.opts.cgroup)
+        except OSError as e:
+            raise GuardFailure(str(e)) from None
+
     def _spawn_cmd(self) -> int | None:
         """Fork and exec CMD in a new group; None when it runs, else the exit code to return."""
         argv = self.opts.argv
@@ -192,7 +202,7 @@ class Guard:
         errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
         pid = os.fork()
         if pid == 0:
-            _exec_child(argv, env, errw)  # never returns
+            _exec_child(argv, env, errw, self.opts.cgroup)  # never returns
         os.close(errw)
         try:
             os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
@@ -204,10 +214,18 @@ class Guard:
         if not err:
             self.own = procs.Group(pid, procs.start_ticks(pid))
             return None
-        errno_ = int(err)
         # The loop (the one reaper) has not started and this child is our only one: wait for it.
         os.waitpid(pid, 0)
         self.has_children = False
+        if err.startswith(_CGROUP_FAILED):
+            errno_ = int(err[len(_CGROUP_FAILED) :])
+            self.reason = f"unable to join cgroup {self.opts.cgroup}: {os.strerror(errno_)}"
+            print(f"ccsup-guard: {self.reason}", file=sys.stderr)
+            self.exit = _Exit(EXIT_GUARD_FAILURE, None)
+            self.state = "gone"
+            self._write_record()
+            return EXIT_GUARD_FAILURE
+        errno_ = int(err)
         code = EXIT_NOT_FOUND if errno_ in (2, 20) else EXIT_NOT_EXECUTABLE  # ENOENT, ENOTDIR
         what = "not_found" if code == EXIT_NOT_FOUND else "not_executable"
         self.reason = f"{what}: unable to run {argv[0]}: {os.strerror(errno_)}"
@@ -222,6 +240,7 @@ class Guard:
         poller.register(wake_fd, select.POLLIN)
         if self.parent_fd is not None:
             poller.register(self.parent_fd, select.POLLIN)
+        events_fd = self._watch_cgroup(poller)
         next_scan = self.clock() + self.opts.scan
         while True:
             timeout = next_scan - self.clock()
@@ -232,6 +251,8 @@ class Guard:
             for fd, _ in events:
                 if fd == wake_fd:
                     sigs.update(_drain(wake_fd))
+                elif fd == events_fd:
+                    _rearm(events_fd)  # populated changed: the checks below look
                 elif fd == self.parent_fd:
                     poller.unregister(fd)
                     os.close(fd)
@@ -264,6 +285,21 @@ class Guard:
                 if self.eperm or self.clock() >= self.deadline:
                     return self._give_up()
                 self._kill_all()
+
+    def _watch_cgroup(self, poller: select.poll) -> int | None:
+        """cgroup.events notifies (POLLPRI) when `populated` changes: the loop wakes at the end of
+        the last process of the turn without polling for it."""
+        if self.opts.cgroup is None:
+            return None
+        try:
+            fd = os.open(
+                os.path.join(self.opts.cgroup, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC
+            )
+        except OSError:
+            return None  # the checks still read it by path
+        _rearm(fd)
+        poller.register(fd, select.POLLPRI)
+        return fd
 
     # --- reaping, scanning, stopping -----------------------------------------------------------
 
@@ -336,10 +372,22 @@ class Guard:
         self.deadline = self.clock() + self.opts.grace
 
     def _kill_all(self) -> None:
+        if self.opts.cgroup is not None:
+            self._kill_cgroup()
         self._signal_groups(self._all_groups(), signal.SIGKILL)  # own group last
         for proc in self.descendants.values():
             if not proc.zombie:
                 procs.signal_process(procs.Identity(proc.pid, proc.start), signal.SIGKILL)
+
+    def _kill_cgroup(self) -> None:
+        assert self.opts.cgroup is not None
+        try:
+            cgroup.kill(self.opts.cgroup)
+        except OSError as e:
+            note = str(e)
+            if note not in self.eperm:
+                self.eperm.append(note)
+            print(f"ccsup-guard: {note}", file=sys.stderr)
 
     def _all_groups(self) -> list[procs.Group]:
         """Every recorded group in the order seen, the own group last."""
@@ -371,6 +419,8 @@ class Guard:
     def _all_gone(self) -> bool:
         if self.has_children:
             return False
+        if self.opts.cgroup is not None and cgroup.populated(self.opts.cgroup):
+            return False  # the kernel's own word: something of the turn still runs
         return not procs.live_groups(self._all_groups())
 
     def _finish(self) -> int:
@@ -413,6 +463,7 @@ class Guard:
             "exit": self.exit.to_json() if self.exit else None,
             "reason": self.reason,
             "started_at": self.started_at,
+            "cgroup": self.opts.cgroup,
         }
 
     def _write_record(self) -> None:
@@ -428,6 +479,14 @@ class Guard:
             )
 
 
+def _rearm(fd: int) -> None:
+    """Read a kernfs file that notified, so that its next change notifies again."""
+    try:
+        os.pread(fd, 4096, 0)
+    except OSError:
+        pass  # the cgroup is being removed: nothing more will come
+
+
 def _drain(fd: int) -> set[int]:
     sigs = set()
     while True:
@@ -440,8 +499,20 @@ def _drain(fd: int) -> set[int]:
         sigs.update(data)
 
 
-def _exec_child(argv: list[str], env: dict, errw: int) -> None:
-    """In the forked child: a new group, default dispositions, empty mask, then exec CMD."""
+_CGROUP_FAILED = b"cgroup:"
+
+
+def _exec_child(argv: list[str], env: dict, errw: int, cgroup_path: str | None = None) -> None:
+    """In the forked child: the turn's cgroup (before anything runs), a new group, default
+    dispositions, empty mask, then exec CMD."""
+    if cgroup_path is not None:
+        try:
+            cgroup.join(cgroup_path)
+        except OSError as e:
+            try:
+                os.write(errw, _CGROUP_FAILED + str(e.errno or 0).encode())
+            finally:
+                os._exit(EXIT_GUARD_FAILURE)
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         signal.set_wakeup_fd(-1)

@@ -13,10 +13,14 @@ Holds no state.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
+from guardd import cgroup
 from guardd.record import RecordError, read_json
+
+log = logging.getLogger("ccsup.containment")
 
 
 def read_record(record_path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -26,3 +30,118 @@ def read_record(record_path: str | os.PathLike[str]) -> dict[str, Any] | None:
         return read_json(record_path)
     except (OSError, RecordError):
         return None
+
+
+# -- the turns' cgroups --------------------------------------------------------------------------
+
+OFF = "off"
+AUTO = "auto"
+
+
+class Cgroups:
+    """Where this supervisor puts its turns' cgroups, or why it does not (`[guard] cgroup`).
+
+    `base` is the writable cgroup2 directory found (auto) or named (a path); each supervisor makes
+    one parent below it, `ccsup.<pid>.<start ticks>`, and a cgroup per turn in that parent. With
+    no base, turns are contained by the guard's subreaper + process groups alone (`mode` groups).
+    """
+
+    def __init__(self, setting: str, base: str | None, why: str | None, parent: str | None):
+        self.setting = setting
+        self.base = base
+        self.why = why  # why cgroups are not used (None when they are)
+        self.parent = parent
+
+    @property
+    def mode(self) -> str:
+        return "cgroup" if self.parent is not None else "groups"
+
+    @classmethod
+    def start(cls, setting: str, pid: int, start: int) -> Cgroups:
+        """Resolve the setting now (a path was checked by the config already, and is checked
+        again: a hierarchy can change under a running system). Removes stale parents of dead
+        supervisors (empty ones only)."""
+        if setting == OFF:
+            return cls(setting, None, '[guard] cgroup = "off"', None)
+        if setting == AUTO:
+            base = cgroup.find_auto()
+            if base is None:
+                why = "no writable cgroup2 hierarchy found (auto): subreaper and process groups"
+                return cls(setting, None, why, None)
+        else:
+            base = setting
+            problem = cgroup.usable(base)
+            if problem is not None:
+                raise cgroup.CgroupError(0, f"[guard] cgroup: {problem}")
+        cgroup.remove_stale_parents(base, _supervisor_running)
+        return cls(setting, base, None, cgroup.supervisor_parent(base, pid, start))
+
+    def describe(self) -> dict[str, Any]:
+        """For `status`: which containment runs, and where or why not."""
+        return {"containment": self.mode, "cgroup": self.parent, "cgroup_why_not": self.why}
+
+    def turn_path(self, turn_id: str) -> str | None:
+        """The cgroup a turn's guard runs CMD in (the guard creates it), or None without cgroups."""
+        if self.parent is None:
+            return None
+        return cgroup.turn_cgroup(self.parent, turn_id)
+
+    def close(self) -> None:
+        """At the supervisor's stop: remove its parent (only when every turn cgroup is gone)."""
+        if self.parent is not None:
+            try:
+                cgroup.remove(self.parent)
+            except OSError:
+                pass  # a turn cgroup still in it: the next supervisor's reaper finishes it
+
+
+def start_cgroups(config: Any) -> Cgroups:
+    """The daemon's Cgroups from `[guard] cgroup` (default auto); a configured path that is not
+    usable is a configuration error (exit 2), naming the key."""
+    from guardd.procs import identity_of
+
+    from .errors import ConfigError
+
+    me = identity_of(os.getpid())
+    assert me is not None  # this very process
+    setting = getattr(config, "guard_cgroup", AUTO)
+    try:
+        cgroups = Cgroups.start(setting, me.pid, me.start)
+    except OSError as e:
+        raise ConfigError(str(e)) from None
+    if cgroups.why is not None:
+        log.info("turns are contained without cgroups: %s", cgroups.why)
+    else:
+        log.info("each turn runs in a cgroup under %s", cgroups.parent)
+    return cgroups
+
+
+def _supervisor_running(pid: int, start: int) -> bool:
+    from guardd.procs import Identity, process_running
+
+    return process_running(Identity(pid, start))
+
+
+def cgroup_populated(path: str) -> bool:
+    """Blocking but constant: `populated 1` in the cgroup's cgroup.events (missing: empty)."""
+    try:
+        return cgroup.populated(path)
+    except OSError:
+        return True  # unreadable: not known to be empty
+
+
+def remove_cgroup(path: str | None) -> None:
+    """After the release: rmdir the turn's cgroup (refused by the kernel while populated)."""
+    if not path:
+        return
+    try:
+        if not cgroup.remove(path):
+            log.warning("unable to remove cgroup %s: it still holds processes", path)
+            return
+        parent = os.path.dirname(path)
+        owner = os.path.basename(parent)[len(cgroup.PARENT_PREFIX) :].split(".")
+        if os.path.basename(parent).startswith(cgroup.PARENT_PREFIX) and len(owner) == 2:
+            if all(p.isdigit() for p in owner) and not _supervisor_running(*map(int, owner)):
+                cgroup.remove(parent)  # a dead supervisor's parent, once its last turn is reaped
+    except OSError as e:
+        log.warning("%s", e)

@@ -30,7 +30,7 @@ import socket
 import sys
 from pathlib import Path
 
-from . import protocol, restore, spawn, store, views
+from . import containment, protocol, restore, spawn, store, views
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -113,12 +113,14 @@ class Daemon:
         self.server = Server(control, bus_in, bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
         self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
+        self.cgroups = containment.start_cgroups(config)
         self.manager = Manager(
             paths=self.paths,
             gate=self.gate,
             publish=self.server.publish,
             settings=self._settings(self.config),
             start_guard=self.launcher.start_guard,
+            cgroups=self.cgroups,
         )
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
@@ -161,6 +163,7 @@ class Daemon:
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
         self.launcher.close()
+        self.cgroups.close()
         self.server.close()
         log.info("stopped")
         return 0
@@ -236,6 +239,7 @@ class Daemon:
         result["caps"] = dict(self.gate.caps.caps)
         result["default_cap"] = self.gate.caps.default_cap
         result["bus_rejected"] = self.server.rejected_bus_messages
+        result.update(self.cgroups.describe())
         return result
 
     async def cmd_turn(self, args: dict) -> dict:

@@ -178,6 +178,7 @@ class Endings:
         settings: Callable[[], GuardSettings],
         on_capacity: Callable[[], None],
         probe: Probe,
+        cgroups: containment.Cgroups | None = None,
     ):
         self.ledger = ledger
         self.paths = paths
@@ -185,6 +186,8 @@ class Endings:
         self.settings = settings
         self.on_capacity = on_capacity
         self.probe = probe
+        self.cgroups = cgroups  # where turns' cgroups go; None: no cgroups (tests, "off")
+        self._cgroup_of: dict[str, str] = {}  # turn -> its cgroup, removed after the release
         self._confirming: set[str] = set()
         self._confirm_again: dict[str, tuple[dict[str, Any] | None, bool]] = {}
         self._groups_due: set[str] = set()  # turns whose group hints wait to be taken
@@ -284,7 +287,11 @@ class Endings:
             since = now - self._slot_groups_at.get(turn.id, 0.0)
             if len(groups) <= SLOT_GROUPS_ALWAYS or since >= SLOT_GROUPS_EVERY:
                 self._slot_groups_at[turn.id] = now
-                turn.slot.record_work(turn.guard.identity, str(turn.guard.record_path), groups)
+                cgroup = self._cgroup_of.get(turn.id)
+                extra = {"cgroup": cgroup} if cgroup is not None else {}
+                turn.slot.record_work(
+                    turn.guard.identity, str(turn.guard.record_path), groups, **extra
+                )
             else:  # the last groups still reach the slot record, a little later
                 self.groups_hinted(turn, SLOT_GROUPS_EVERY - since)
 
@@ -346,6 +353,7 @@ class Endings:
         index = slot.index if slot is not None else None
         if slot is not None:
             slot.release()
+        containment.remove_cgroup(self._cgroup_of.pop(turn.id, None))  # empty: confirmed gone
         with self.ledger.batch():
             self.ledger.apply(turn, Event.GONE)
             self.ledger.apply(turn, Event.RELEASED, index=index)
@@ -411,6 +419,8 @@ class Endings:
             why = f"unable to create the turn's log directory {log_dir}: {e.strerror or e}"
             self.happen(turn, What.START_FAILED, reason=why)
             return
+        cgroup = self.cgroups.turn_path(turn.id) if self.cgroups is not None else None
+        extra = {"cgroup": cgroup} if cgroup is not None else {}
         try:
             guard = self.start_guard(
                 turn.id,
@@ -421,6 +431,7 @@ class Endings:
                 grace=settings.grace,
                 scan=settings.scan,
                 bus=settings.bus_in,
+                **extra,
             )
         except OSError as e:
             why = f"unable to start the guard: {e.strerror or e}"
@@ -428,6 +439,8 @@ class Endings:
             return
         turn.guard = guard
         turn.env = {}  # the guard has it; nothing keeps it longer
+        if cgroup is not None:
+            self._cgroup_of[turn.id] = cgroup
         problem = None
         try:
             guard.attach(
@@ -442,7 +455,7 @@ class Endings:
         else:
             try:
                 assert turn.slot is not None
-                turn.slot.record_work(guard.identity, str(guard.record_path), [])
+                turn.slot.record_work(guard.identity, str(guard.record_path), [], **extra)
             except (OSError, CcsupError) as e:
                 problem = f"unable to record the work of turn {turn.id} in its slot: {e}"
         self.happen(turn, What.STARTED)

@@ -27,7 +27,7 @@ from guardd import procs
 from guardd.procs import Group
 from guardd.record import record_groups
 
-from . import reaper
+from . import containment, reaper
 
 log = logging.getLogger("ccsup.gone")
 
@@ -39,12 +39,18 @@ class Probe:
         """Blocking, run in a thread: one pass over /proc whatever the number of groups."""
         return bool(procs.live_groups(groups))
 
+    def cgroup_populated(self, path: str) -> bool:
+        """Blocking but constant: the kernel's `populated` of the turn's cgroup."""
+        return containment.cgroup_populated(path)
+
     def escapees(self, turn_id: str) -> bool:
         return bool(procs.processes_with_env(reaper.TURN_ENV, turn_id))
 
-    def end_work(self, groups: list[Group], turn_id: str, grace: float) -> bool:
+    def end_work(
+        self, groups: list[Group], turn_id: str, grace: float, cgroup: str | None = None
+    ) -> bool:
         """Blocking (waits up to a grace and more): only ever called in a thread."""
-        return reaper.end_work(groups, turn=turn_id, grace=grace)
+        return reaper.end_work(groups, turn=turn_id, grace=grace, cgroup=cgroup)
 
 
 async def confirm_gone(
@@ -57,18 +63,26 @@ async def confirm_gone(
 ) -> bool:
     """True when the turn's work is confirmed gone (ended here first if the guard could not)."""
     groups = record_groups(record) if record else []
+    cgroup = (record or {}).get("cgroup")
+    cgroup = cgroup if isinstance(cgroup, str) and cgroup else None
     if not guard_done:
         # A hint that does not hold changes nothing.
-        return not await asyncio.to_thread(probe.groups_alive, groups)
+        return not await asyncio.to_thread(_work_left, probe, groups, turn_id, False, cgroup)
     ended_by_guard = (record or {}).get("state") == "gone"
-    if await asyncio.to_thread(_work_left, probe, groups, turn_id, not ended_by_guard):
+    if await asyncio.to_thread(_work_left, probe, groups, turn_id, not ended_by_guard, cgroup):
         log.warning("turn %s: the guard ended but its work did not; ending it now", turn_id)
-        if not await asyncio.to_thread(probe.end_work, groups, turn_id, grace):
+        ending = (groups, turn_id, grace, cgroup) if cgroup else (groups, turn_id, grace)
+        if not await asyncio.to_thread(probe.end_work, *ending):
             log.error("turn %s: work still alive; the slot stays held and is retried", turn_id)
             return False
     return True
 
 
-def _work_left(probe: Probe, groups: list[Group], turn_id: str, sweep: bool) -> bool:
-    """Blocking (a worker thread): do recorded groups, or (sweep) marked escapees, still run?"""
+def _work_left(
+    probe: Probe, groups: list[Group], turn_id: str, sweep: bool, cgroup: str | None = None
+) -> bool:
+    """Blocking (a worker thread): does the turn's cgroup hold anything (the kernel's word, checked
+    again here before any release), or do recorded groups, or (sweep) marked escapees, still run?"""
+    if cgroup is not None and probe.cgroup_populated(cgroup):
+        return True
     return probe.groups_alive(groups) or (sweep and probe.escapees(turn_id))

@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterable
 
 from guardd import procs
+from guardd.cgroup import kill as kill_cgroup
+from guardd.cgroup import wait_empty
 from guardd.procs import Group, Identity
 
 TURN_ENV = "CCSUP_TURN"
@@ -36,12 +38,16 @@ def end_work(
     guard: Identity | None = None,
     turn: str | None = None,
     grace: float = 5.0,
+    cgroup: str | None = None,
 ) -> bool:
-    """End the work; True when it is confirmed gone, False when something still runs."""
+    """End the work; True when it is confirmed gone, False when something still runs.
+
+    With the turn's cgroup, SIGKILL goes to all of it at once (cgroup.kill) after the grace, and
+    gone also needs `populated 0`, waited for on cgroup.events' notification."""
     groups = list(dict.fromkeys(groups))
     marked = _marked(turn)
     denied = _signal_all(groups, guard, marked, (signal.SIGTERM, signal.SIGCONT))
-    _wait_gone(groups, guard, marked, grace)
+    _wait_gone(groups, guard, marked, grace, cgroup)
     # Escapees may have started during the grace: look again before the firm round.
     marked = list(dict.fromkeys(marked + _marked(turn)))
     if not _all_gone(groups, guard, marked):
@@ -53,7 +59,13 @@ def end_work(
             left,
         )
         denied |= _signal_all(groups, guard, marked, (signal.SIGKILL,))
-    if _wait_gone(groups, guard, marked, max(CONFIRM_MIN, grace)):
+    if cgroup is not None:
+        try:
+            kill_cgroup(cgroup)
+        except OSError as e:
+            log.error("%s", e)
+            denied = True
+    if _wait_gone(groups, guard, marked, max(CONFIRM_MIN, grace), cgroup):
         return True
     reason = "permission denied" if denied else "still alive after SIGKILL"
     log.error(
@@ -96,8 +108,10 @@ def _all_gone(groups: list[Group], guard: Identity | None, marked: list[Identity
     return not procs.live_groups(groups)
 
 
-def _wait_gone(groups, guard, marked, timeout: float) -> bool:
+def _wait_gone(groups, guard, marked, timeout: float, cgroup: str | None = None) -> bool:
     deadline = time.monotonic() + timeout
+    if cgroup is not None and not wait_empty(cgroup, timeout):
+        return False
     while not _all_gone(groups, guard, marked):
         if time.monotonic() >= deadline:
             return False

@@ -63,6 +63,7 @@ from guardd.procs import Group, Identity
 from guardd.record import RecordError, read_json, record_groups, write_json
 
 from .caps import MACHINE_KEY, Caps, check_key, key_problem
+from .containment import cgroup_populated, remove_cgroup
 from .errors import CcsupError, UsageError, os_failure
 from .holder import Holder
 from .reaper import end_work
@@ -183,6 +184,9 @@ def work_alive(work: dict, path="slot record") -> bool:
     guard, groups = work_groups(work, path)
     if guard is not None and procs.process_running(guard):
         return True
+    cgroup = work.get("cgroup")
+    if isinstance(cgroup, str) and cgroup and cgroup_populated(cgroup):
+        return True  # the kernel's word: something of the turn runs in its cgroup
     return bool(procs.live_groups(groups))  # one pass over /proc, whatever the number of groups
 
 
@@ -279,7 +283,9 @@ class Slot:
         if self.machine is not None:
             self.machine.bind(turn=turn, reservation=reservation)
 
-    def record_work(self, guard: Identity, record_path: str, groups: list[Group]) -> None:
+    def record_work(
+        self, guard: Identity, record_path: str, groups: list[Group], cgroup: str | None = None
+    ) -> None:
         """Record the work running under this slot: a dead holder's slot then stays taken while it lives."""
         self._check_held("record work in")
         self.record["work"] = {
@@ -287,9 +293,11 @@ class Slot:
             "record": None if record_path is None else str(record_path),
             "groups": [g.to_json() for g in groups],
         }
+        if cgroup is not None:
+            self.record["work"]["cgroup"] = cgroup  # the turn's cgroup: the reaper ends it by that
         self._write()
         if self.machine is not None:
-            self.machine.record_work(guard, record_path, groups)
+            self.machine.record_work(guard, record_path, groups, cgroup)
 
     def release(self) -> None:
         """Mark the record released, then unlock (the machine slot too). Idempotent.
@@ -634,7 +642,11 @@ class SlotGate:
             except RecordError:
                 # The guard record cannot be read: end what the slot record itself names.
                 guard, _, groups = _work_parts(work, path)
-            if not end_work(groups, guard=guard, turn=record.get("turn"), grace=grace):
+            cgroup = work.get("cgroup") if isinstance(work.get("cgroup"), str) else None
+            ended = end_work(
+                groups, guard=guard, turn=record.get("turn"), grace=grace, cgroup=cgroup
+            )
+            if not ended:
                 return f"unable to end the work of slot {view.key}#{view.index}: still running after SIGKILL"
             record["released"] = True
             record["updated_at"] = self.clock()
@@ -642,6 +654,7 @@ class SlotGate:
                 write_json(path, record, 0o600)
             except OSError as e:
                 return f"unable to write slot record {path}: {e.strerror}"
+            remove_cgroup(cgroup)  # confirmed empty; a second slot of the same work finds none
             return True
         except RecordError as e:
             return str(e)

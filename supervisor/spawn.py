@@ -220,7 +220,14 @@ class Guard:
 
 
 def guard_args(
-    turn_id: str, argv: list[str], *, record_dir: Path, grace: float, scan: float, bus: str | None
+    turn_id: str,
+    argv: list[str],
+    *,
+    record_dir: Path,
+    grace: float,
+    scan: float,
+    bus: str | None,
+    cgroup: str | None = None,
 ) -> list[str]:
     """`ccsup-guard` arguments for one turn."""
     args = [
@@ -235,6 +242,8 @@ def guard_args(
     ]
     if bus:
         args += ["--bus", bus]
+    if cgroup:
+        args += ["--cgroup", cgroup]
     return [*args, "--", *argv]
 
 
@@ -259,11 +268,14 @@ def start_guard(
     grace: float,
     scan: float,
     bus: str | None,
+    cgroup: str | None = None,
 ) -> Guard:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
-    args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
+    args = guard_args(
+        turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
+    )
     popen = subprocess.Popen(
         guard_command(args),  # python -I -S: see guardd.launch
         cwd=cwd,
@@ -353,6 +365,7 @@ class Launcher:
         grace: float,
         scan: float,
         bus: str | None,
+        cgroup: str | None = None,
     ) -> Guard:
         """As `start_guard`: a Guard for the turn, or OSError when it cannot be started."""
         if self.zygote is None:
@@ -365,8 +378,11 @@ class Launcher:
                 grace=grace,
                 scan=scan,
                 bus=bus,
+                cgroup=cgroup,
             )
-        args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
+        args = guard_args(
+            turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
+        )
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
@@ -397,6 +413,7 @@ class Launcher:
                 grace=grace,
                 scan=scan,
                 bus=bus,
+                cgroup=cgroup,
             )
         guard = ForkedGuard(
             turn_id,

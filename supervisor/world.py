@@ -70,6 +70,7 @@ class StartGuard(Protocol):
         grace: float,
         scan: float,
         bus: str | None,
+        cgroup: str | None = None,
     ) -> Guard: ...
 
 

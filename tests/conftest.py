@@ -196,6 +196,25 @@ def daemon(state_dir):
                 d.stop(timeout=20)
             except Exception:
                 d.kill()
+    for d in started:
+        if d.proc is not None:
+            remove_supervisor_cgroups(d.proc.pid)
+
+
+def remove_supervisor_cgroups(pid: int) -> None:
+    """The cgroups a (stopped or killed) supervisor of this test made, `ccsup.<pid>.*`: whatever
+    is still inside is killed, then they are removed (no cgroup named ccsup is left behind)."""
+    from guardd import cgroup
+
+    base = cgroup.find_auto()
+    if base is None:
+        return
+    for parent in Path(base).glob(f"ccsup.{pid}.*"):
+        for sub in [*parent.iterdir(), parent]:
+            if sub.is_dir():
+                cgroup.kill(str(sub))
+                cgroup.wait_empty(str(sub), 5)
+                cgroup.remove(str(sub))
 
 
 class EventLog:

@@ -1,0 +1,178 @@
+"""cgroup v2 containment, where a writable cgroup2 hierarchy exists (skipped cleanly elsewhere):
+CMD runs inside its turn's cgroup from its first instruction, the end is cgroup.kill, gone is
+`populated 0`, and work nothing else knows of (no recorded group, no turn marker) is ended by its
+cgroup when guard and supervisor were both killed outright."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import wait_until
+
+from guardd import cgroup, procs
+from guardd.launch import guard_command
+from supervisor import containment
+
+BASE = cgroup.find_auto()
+pytestmark = pytest.mark.skipif(BASE is None, reason="no writable cgroup2 hierarchy here")
+
+# A child that leaves the turn's group and session, drops its environment (no CCSUP_TURN marker)
+# and ignores SIGTERM: only SIGKILL ends it, and only a cgroup knows it once nobody recorded it.
+HIDDEN = (
+    "setsid env -i sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 300' & "
+    "cat /proc/self/cgroup > {cgfile}; exec sleep 300"
+)
+
+
+@pytest.fixture
+def test_cgroup():
+    """A cgroup path for one test (`ccsup.test.<uuid>`), removed afterwards."""
+    path = os.path.join(BASE, f"ccsup.test.{uuid.uuid4().hex[:8]}")
+    yield path
+    for sub in sorted(Path(path).glob("**/"), key=lambda p: -len(p.parts)):
+        cgroup.kill(str(sub))
+        cgroup.wait_empty(str(sub), 5)
+        cgroup.remove(str(sub))
+
+
+@pytest.fixture
+def hidden():
+    """Pid files of hidden children (no test marker: the leftover check cannot see them); each is
+    killed by identity after the test, whatever happened."""
+    files: list[Path] = []
+    yield files
+    for path in files:
+        if path.exists() and path.read_text().strip():
+            pid = int(path.read_text())
+            stat = procs.read_stat(pid)
+            if stat is not None and not stat.zombie:
+                procs.signal_process(procs.Identity(pid, stat.start), signal.SIGKILL)
+
+
+@pytest.fixture
+def ended():
+    """Guards a test started directly: killed after it if still running."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def read_pid(path: Path) -> int:
+    return int(wait_until(lambda: path.exists() and path.read_text().strip(), what=str(path)))
+
+
+def test_cmd_runs_in_its_cgroup_from_the_start_and_a_stubborn_child_ends_by_cgroup_kill(
+    test_cgroup, tmp_path, hidden, ended
+):
+    turn = os.path.join(test_cgroup, "turn.t1")
+    pidfile, cgfile = tmp_path / "child.pid", tmp_path / "cgroup"
+    guard = subprocess.Popen(
+        guard_command(["--record-dir", str(tmp_path), "--grace", "0.3", "--cgroup", turn, "--"])
+        + ["sh", "-c", HIDDEN.format(pidfile=pidfile, cgfile=cgfile)],
+        start_new_session=True,
+    )
+    hidden.append(pidfile)
+    ended.append(guard)
+    child = procs.identity_of(read_pid(pidfile))
+    wait_until(lambda: cgfile.exists() and cgfile.read_text(), what="CMD's cgroup")
+    assert f"0::{turn[len(BASE) :]}\n" in cgfile.read_text()  # CMD's first command ran inside
+    assert cgroup.populated(turn)
+    assert f"{child.pid}\n" in Path(turn, "cgroup.procs").read_text()
+    guard.send_signal(signal.SIGTERM)
+    assert guard.wait(10) == 128 + signal.SIGTERM
+    assert not procs.process_running(child)
+    assert not cgroup.populated(turn)
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert record["cgroup"] == turn and record["state"] == "gone"
+
+
+def test_a_cgroup_the_guard_cannot_use_fails_the_guard_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    guard = subprocess.run(
+        guard_command(["--record-dir", str(tmp_path), "--cgroup", "/proc/self/nonsense", "--"])
+        + ["touch", str(marker)],
+        capture_output=True,
+        timeout=10,
+    )
+    assert guard.returncode == 125
+    assert b"unable to create cgroup /proc/self/nonsense" in guard.stderr
+    assert not marker.exists()
+
+
+def test_auto_without_a_writable_cgroup2_falls_back_and_says_why(monkeypatch):
+    monkeypatch.setattr(cgroup, "find_auto", lambda: None)
+    found = containment.Cgroups.start("auto", 1, 1)
+    assert found.describe() == {
+        "containment": "groups",
+        "cgroup": None,
+        "cgroup_why_not": "no writable cgroup2 hierarchy found (auto): subreaper and process groups",
+    }
+    off = containment.Cgroups.start("off", 1, 1)
+    assert off.mode == "groups" and off.parent is None
+
+
+def test_supervisor_status_says_cgroup_and_a_turn_runs_in_its_own_removed_after_release(
+    daemon, event_log, state_dir, tmp_path, hidden
+):
+    d = daemon(grace="300ms")
+    log = event_log(d)
+    client = d.client()
+    status = client.status()
+    me = procs.identity_of(d.proc.pid)
+    parent = os.path.join(BASE, f"ccsup.{me.pid}.{me.start}")
+    assert status["containment"] == "cgroup" and status["cgroup"] == parent
+    pidfile, cgfile = tmp_path / "child.pid", tmp_path / "cgroup"
+    hidden.append(pidfile)
+    client.turn("codex", ["sh", "-c", HIDDEN.format(pidfile=pidfile, cgfile=cgfile)], id="t1")
+    child = procs.identity_of(read_pid(pidfile))
+    turn = os.path.join(parent, "turn.t1")
+    wait_until(lambda: cgfile.exists() and cgfile.read_text(), what="CMD's cgroup")
+    assert f"0::{turn[len(BASE) :]}\n" in cgfile.read_text()
+    slot = json.loads((state_dir / "slots" / "codex" / "slot-0.json").read_text())
+    assert slot["work"]["cgroup"] == turn
+    client.cancel("t1")
+    log.wait_for("turn.t1.released")
+    assert not procs.process_running(child)
+    assert not os.path.exists(turn)
+    client.close()
+    assert d.stop() == 0
+    assert not os.path.exists(parent)
+
+
+def test_work_nobody_recorded_is_ended_by_its_cgroup_after_guard_and_supervisor_die(
+    daemon, state_dir, tmp_path, hidden
+):
+    # scan 60s: the hidden child's group is never recorded (no child of CMD exits to wake a scan)
+    d = daemon(grace="300ms", scan="60s")
+    client = d.client()
+    pidfile, cgfile = tmp_path / "child.pid", tmp_path / "cgroup"
+    hidden.append(pidfile)
+    client.turn("codex", ["sh", "-c", HIDDEN.format(pidfile=pidfile, cgfile=cgfile)], id="t1")
+    child = procs.identity_of(read_pid(pidfile))
+    slot = wait_until(
+        lambda: json.loads((state_dir / "slots" / "codex" / "slot-0.json").read_text())["work"],
+        what="the slot's work",
+    )
+    guard = procs.identity_of(slot["guard"]["pid"])
+    record = json.loads(Path(slot["record"]).read_text())
+    assert all(g["pgid"] != child.pid for g in record["groups"])  # nobody recorded it
+    client.close()
+    procs.signal_process(guard, signal.SIGSTOP)  # it must not end the work when its parent dies
+    d.kill()
+    procs.signal_process(guard, signal.SIGKILL)
+    wait_until(lambda: not procs.process_running(guard), what="the guard gone")
+    assert procs.process_running(child)  # only the cgroup still knows it
+    d2 = daemon(grace="300ms", scan="200ms")
+    wait_until(lambda: not procs.process_running(child), timeout=15, what="the child ended")
+    wait_until(lambda: not os.path.exists(slot["cgroup"]), what="the cgroup removed")
+    with d2.client() as client:
+        assert all(s["state"] == "free" for s in client.ps()["slots"])
