@@ -176,3 +176,16 @@ def test_work_nobody_recorded_is_ended_by_its_cgroup_after_guard_and_supervisor_
     wait_until(lambda: not os.path.exists(slot["cgroup"]), what="the cgroup removed")
     with d2.client() as client:
         assert all(s["state"] == "free" for s in client.ps()["slots"])
+
+
+def test_the_unit_delegates_and_auto_puts_turns_beside_the_daemons_leaf(test_cgroup, monkeypatch):
+    unit = (Path(__file__).parent.parent / "contrib" / "systemd" / "ccsup.service").read_text()
+    settings = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#")
+    )
+    assert settings["Delegate"] == "yes"
+    assert settings["DelegateSubgroup"] == cgroup.SUPERVISOR_LEAF
+    leaf = os.path.join(test_cgroup, cgroup.SUPERVISOR_LEAF)
+    os.makedirs(leaf)
+    monkeypatch.setattr(cgroup, "own_cgroup", lambda: leaf[len(BASE) :])
+    assert cgroup.find_auto() == test_cgroup
