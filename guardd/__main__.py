@@ -5,7 +5,7 @@
 
 --cgroup PATH: run CMD in that cgroup2 cgroup (created when missing; see guardd.cgroup).
 
-T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`). Defaults come from the environment:
+T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`; guardd.durations). Defaults come from the environment:
 CCSUP_GUARD_DIR (no record without it or --record-dir), CCSUP_GUARD_GRACE_MS (5000),
 CCSUP_GUARD_SCAN_MS (2000). A usage error exits 125, the guard's own failure status, so that a
 caller never mistakes it for CMD's. The parser is hand-written: argparse costs a few milliseconds
@@ -17,13 +17,17 @@ from __future__ import annotations
 import os
 import sys
 
+from guardd.durations import parse_duration
 from guardd.guard import EXIT_GUARD_FAILURE, Options, run_guard
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
     " [--cgroup PATH] -- CMD [ARG...]"
 )
-_UNITS = (("ms", 0.001), ("s", 1.0), ("m", 60.0))
 _OPTIONS = {
     "--record-dir": "record_dir",
     "--grace": "grace",
@@ -38,23 +42,18 @@ class UsageError(ValueError):
     pass
 
 
-def parse_duration(text: str, what: str) -> float:
-    """'0.5' -> 0.5, '500ms' -> 0.5, '2s' -> 2.0, '1m' -> 60.0; seconds, >= 0."""
-    value, scale = text.strip(), 1.0
-    for unit, factor in _UNITS:
-        if value.endswith(unit) and value[: -len(unit)][-1:].isdigit():
-            value, scale = value[: -len(unit)], factor
-            break
+def _duration(text: str, what: str) -> float:
+    """A duration option in seconds, finite and >= 0."""
     try:
-        seconds = float(value) * scale
+        seconds = parse_duration(text)
     except ValueError:
         raise UsageError(f"{what}: {text!r} is not a duration (like 0.5, 500ms, 2s)") from None
-    if not seconds >= 0 or seconds == float("inf"):
+    if seconds == float("inf"):
         raise UsageError(f"{what}: {text!r} must be a finite duration >= 0")
     return seconds
 
 
-def _env_ms(env: dict, name: str, default_ms: int) -> float:
+def _env_ms(env: Mapping[str, str], name: str, default_ms: int) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
         return default_ms / 1000.0
@@ -67,7 +66,7 @@ def _env_ms(env: dict, name: str, default_ms: int) -> float:
     return ms / 1000.0
 
 
-def parse_args(args: list[str], env: dict | None = None) -> Options:
+def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options:
     env = os.environ if env is None else env
     values: dict[str, str] = {}
     i = 0
@@ -94,12 +93,12 @@ def parse_args(args: list[str], env: dict | None = None) -> Options:
     if not argv:
         raise UsageError("no command given")
     grace = (
-        parse_duration(values["grace"], "--grace")
+        _duration(values["grace"], "--grace")
         if "grace" in values
         else _env_ms(env, "CCSUP_GUARD_GRACE_MS", 5000)
     )
     scan = (
-        parse_duration(values["scan"], "--scan")
+        _duration(values["scan"], "--scan")
         if "scan" in values
         else _env_ms(env, "CCSUP_GUARD_SCAN_MS", 2000)
     )

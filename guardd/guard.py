@@ -40,6 +40,10 @@ import time
 
 from guardd import cgroup, linux, procs, record, scan
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
+if TYPE_CHECKING:
+    from guardd.hints import Publisher
+
 EXIT_GUARD_FAILURE = 125
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
@@ -74,7 +78,7 @@ class Options:
             return NotImplemented
         return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
 
-    __hash__ = None  # mutable, like the dataclass it replaces
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
@@ -98,7 +102,10 @@ class _Exit:
         return cls(os.waitstatus_to_exitcode(status), None)
 
     def exit_code(self) -> int:
-        return 128 + self.signal if self.signal is not None else self.code
+        if self.signal is not None:
+            return 128 + self.signal
+        assert self.code is not None  # from_status gives a code whenever there is no signal
+        return self.code
 
     def to_json(self) -> dict:
         return {"code": self.code, "signal": self.signal}
@@ -119,7 +126,9 @@ class Guard:
         self.opts = opts
         self.clock = clock
         pid = os.getpid()
-        self.me = procs.identity_of(pid)
+        me = procs.identity_of(pid)
+        assert me is not None  # our own /proc entry exists while we run
+        self.me = me
         self.my_pgid = os.getpgrp()
         self.turn = self.opts.turn or new_turn_id()
         self.started_at = time.time()
@@ -130,7 +139,7 @@ class Guard:
         self.own: procs.Group | None = None
         self.groups: dict[procs.Group, float] = {}  # group -> seen_at, in the order seen
         self.by_pgid: dict[int, procs.Group] = {}  # the latest recorded group of each pgid
-        self.descendants: dict[int, scan.Proc] = {}
+        self.descendants: dict[int, procs.Stat] = {}
         self.scanner = scan.Scanner(pid)  # holds /proc files of what it saw: cheaper rescans
         self.exit: _Exit | None = None
         self.state = "running"
@@ -139,7 +148,7 @@ class Guard:
         self.phase = "running"  # running -> terminating -> killing
         self.deadline = 0.0
         self.eperm: list[str] = []
-        self.hints = None
+        self.hints: Publisher | None = None
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
 
@@ -153,8 +162,8 @@ class Guard:
             if self._given_parent_fd is not None
             else linux.open_parent_pidfd()
         )
-        if self.record_file is not None:
-            self._prepare_record_dir()
+        if self.opts.record_dir:
+            self._prepare_record_dir(self.opts.record_dir)
         if self.opts.cgroup is not None:
             self._prepare_cgroup()
         failed = self._spawn_cmd()
@@ -180,12 +189,12 @@ class Guard:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED_SIGNALS)
         return rfd
 
-    def _prepare_record_dir(self) -> None:
+    def _prepare_record_dir(self, record_dir: str) -> None:
         try:
-            os.makedirs(self.opts.record_dir, exist_ok=True)
+            os.makedirs(record_dir, exist_ok=True)
         except OSError as e:
             raise GuardFailure(
-                f"unable to create record directory {self.opts.record_dir}: {e.strerror}"
+                f"unable to create record directory {record_dir}: {e.strerror}"
             ) from None
 
     def _prepare_cgroup(self) -> None:
@@ -263,7 +272,7 @@ class Guard:
                     self._begin_stop(f"signal:{signal.Signals(sig).name}")
             cmd_exited = self._reap()
             if cmd_exited:
-                if self.hints:
+                if self.hints and self.exit is not None:
                     self.hints.publish("exited", **self.exit.to_json())
                 if self.phase == "running":
                     self._begin_stop("exited")  # writes the record, exit included
@@ -488,7 +497,7 @@ def _rearm(fd: int) -> None:
 
 
 def _drain(fd: int) -> set[int]:
-    sigs = set()
+    sigs: set[int] = set()
     while True:
         try:
             data = os.read(fd, 512)

@@ -11,7 +11,6 @@ import ctypes
 import os
 
 PR_SET_CHILD_SUBREAPER = 36
-PR_GET_CHILD_SUBREAPER = 37
 
 
 def _prctl():
@@ -27,16 +26,6 @@ def register_subreaper() -> None:
     if _prctl()(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unable to set PR_SET_CHILD_SUBREAPER: {os.strerror(err)}")
-
-
-def is_subreaper() -> bool:
-    flag = ctypes.c_int(0)
-    prctl = _prctl()
-    prctl.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    if prctl(PR_GET_CHILD_SUBREAPER, ctypes.addressof(flag), 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unable to read PR_GET_CHILD_SUBREAPER: {os.strerror(err)}")
-    return bool(flag.value)
 
 
 def open_parent_pidfd() -> int | None:

@@ -16,14 +16,16 @@ Single processes are signalled through a pidfd opened *before* the identity chec
 and the signal are about the same process. Groups are signalled with killpg; the caller keeps the
 id pinned (by being the subreaper that has not yet reaped a member, or by knowing it alive).
 
-Knows /proc and signals; nothing of records, slots or the bus. Standard library only.
+Every reader of /proc in ccsup is here: a process's stat (one parser, for the guard's scan too),
+its environment, the flocks held (/proc/locks, and a process's own fdinfo) and the memory
+available (/proc/meminfo). Knows /proc and signals; nothing of records, slots or the bus.
+Standard library only.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import signal
 
 _GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)
 
@@ -35,9 +37,9 @@ class _Value:
     9-13 ms of every start. Subclasses name their fields in `__slots__`, in order.
     """
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object) -> None:
         names = self.__slots__
         if len(args) > len(names):
             raise TypeError(
@@ -82,17 +84,31 @@ class _Value:
 
 
 class Stat(_Value):
-    """The fields of /proc/<pid>/stat that ccsup uses: pid, state, ppid, pgid, sid, start
-    (field 22: clock ticks since boot)."""
+    """The fields of /proc/<pid>/stat that ccsup uses: pid, state, ppid, pgid, sid, threads
+    (field 20) and start (field 22: clock ticks since boot)."""
 
-    __slots__ = ("pid", "state", "ppid", "pgid", "sid", "start")
-    __match_args__ = __slots__
+    __slots__ = ("pid", "state", "ppid", "pgid", "sid", "threads", "start")
+    __match_args__ = ("pid", "state", "ppid", "pgid", "sid", "threads", "start")
     pid: int
     state: str
     ppid: int
     pgid: int
     sid: int
+    threads: int
     start: int
+
+    def __init__(
+        self, pid: int, state: str, ppid: int, pgid: int, sid: int, threads: int, start: int
+    ):
+        # Positional and direct: the guard's scan builds one per descendant at every scan.
+        setattr_ = object.__setattr__
+        setattr_(self, "pid", pid)
+        setattr_(self, "state", state)
+        setattr_(self, "ppid", ppid)
+        setattr_(self, "pgid", pgid)
+        setattr_(self, "sid", sid)
+        setattr_(self, "threads", threads)
+        setattr_(self, "start", start)
 
     @property
     def zombie(self) -> bool:
@@ -103,7 +119,7 @@ class Identity(_Value):
     """One process: pid plus start ticks."""
 
     __slots__ = ("pid", "start")
-    __match_args__ = __slots__
+    __match_args__ = ("pid", "start")
     pid: int
     start: int
 
@@ -119,7 +135,7 @@ class Group(_Value):
     """One process group: pgid plus the leader's start ticks (None: leader gone when first seen)."""
 
     __slots__ = ("pgid", "leader_start")
-    __match_args__ = __slots__
+    __match_args__ = ("pgid", "leader_start")
     pgid: int
     leader_start: int | None
 
@@ -133,16 +149,18 @@ class Group(_Value):
 
 
 def parse_stat(pid: int, data: bytes) -> Stat:
+    """The text of /proc/<pid>/stat, parsed. The one parser of it in ccsup."""
     # The command name (field 2) is in parentheses and may itself hold ')' or spaces.
-    fields = data[data.rindex(b")") + 2 :].split()
-    # fields[0] is field 3 of the man page, so field N is fields[N - 3].
+    fields = data[data.rindex(b")") + 2 :].split(maxsplit=20)
+    # fields[0] is field 3 of proc(5), so field N is fields[N - 3].
     return Stat(
-        pid=pid,
-        state=fields[0].decode(),
-        ppid=int(fields[1]),
-        pgid=int(fields[2]),
-        sid=int(fields[3]),
-        start=int(fields[19]),
+        pid,
+        fields[0].decode(),
+        int(fields[1]),
+        int(fields[2]),
+        int(fields[3]),
+        int(fields[17]),
+        int(fields[19]),
     )
 
 
@@ -282,13 +300,6 @@ def live_groups(groups, procs: dict[int, Stat] | None = None) -> set[Group]:
     }
 
 
-def group_members(pgid: int, procs: dict[int, Stat] | None = None) -> list[Stat]:
-    """Every process (zombies included) whose pgid is this one."""
-    if procs is None:
-        procs = snapshot()
-    return [s for s in procs.values() if s.pgid == pgid]
-
-
 def signal_process(ident: Identity, sig: int) -> bool:
     """Send sig to exactly that process. False when it is gone or its pid is another's now."""
     try:
@@ -299,6 +310,8 @@ def signal_process(ident: Identity, sig: int) -> bool:
         # The pidfd pins the process: if the start matches now, the signal reaches this one.
         if start_ticks(ident.pid) != ident.start:
             return False
+        import signal  # here: `ccsup ps` reads /proc through this module and sends no signal
+
         signal.pidfd_send_signal(fd, sig)
         return True
     except ProcessLookupError:
@@ -340,14 +353,69 @@ def processes_with_env(
     ]
 
 
-def boot_time() -> float:
-    """Epoch seconds of boot, from /proc/stat's btime."""
-    with open("/proc/stat", "rb") as f:
+# -- locks and memory ------------------------------------------------------------------------------
+
+
+def file_key(st: os.stat_result) -> tuple[int, int, int]:
+    """A file's (major, minor, inode), the way /proc/locks and fdinfo name it."""
+    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+
+
+def held_locks() -> set[tuple[int, int, int]]:
+    """(major, minor, inode) of every file with a granted flock, from /proc/locks, in one read.
+
+    OSError when /proc/locks cannot be read. The first read in a process waits for the kernel's
+    file-lock semaphore (an RCU grace period, about 10 ms): callers that ask about one lock whose
+    holder they know try `holds_flock` first.
+    """
+    with open("/proc/locks", "rb") as f:
+        data = f.read()
+    held = set()
+    for line in data.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 3236 fe:00:2146412 0 EOF"; a blocked waiter has "->" second.
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != b"FLOCK":
+            continue
+        major, minor, inode = parts[5].split(b":")
+        held.add((int(major, 16), int(minor, 16), int(inode)))
+    return held
+
+
+def holds_flock(pid: int, st: os.stat_result) -> bool:
+    """Whether process pid holds a flock on the file `st` describes, by its fdinfo.
+
+    False when that cannot be shown (a process gone or not ours, no such lock): not a "no", only
+    "ask /proc/locks".
+    """
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            target = os.stat(f"{fd_dir}/{name}")
+            if (target.st_dev, target.st_ino) != (st.st_dev, st.st_ino):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{name}", "rb") as f:
+                info = f.read()
+        except OSError:
+            continue
+        # "lock:\t1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF", for locks held through this fd
+        if any(
+            line.startswith(b"lock:") and b" FLOCK " in line and b"->" not in line
+            for line in info.splitlines()
+        ):
+            return True
+    return False
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo, in bytes; OSError when it cannot be read."""
+    with open("/proc/meminfo", "rb") as f:
         for line in f:
-            if line.startswith(b"btime "):
-                return float(line.split()[1])
-    raise OSError(errno.ENOENT, "no btime in /proc/stat")
-
-
-def ticks_to_epoch(ticks: int) -> float:
-    return boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+            if line.startswith(b"MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OSError(
+        errno.ENOENT, "unable to read available memory: /proc/meminfo has no MemAvailable"
+    )

@@ -61,8 +61,8 @@ def read_json(path: str | os.PathLike, max_version: int = RECORD_VERSION) -> dic
 
 # --- Guard records ----------------------------------------------------------------------------
 # `<record-dir>/<guard pid>-<guard start>.json`, written by guardd.guard, read by the supervisor
-# and its reaper. A guard killed outright leaves its last record behind; `work_alive` then says
-# whether what it recorded still runs.
+# and its reaper. A guard killed outright leaves its last record behind; `groups_alive` then says
+# whether the groups it recorded still run.
 
 
 def record_file(record_dir: str | os.PathLike, guard) -> str:
@@ -89,7 +89,7 @@ def record_groups(record: dict) -> list:
     return groups
 
 
-def work_alive(record: dict) -> bool:
+def groups_alive(record: dict) -> bool:
     """Does any group of this guard record still run anything (guardd.procs.live_groups: one
     pass over /proc for all of them)?"""
     from guardd.procs import live_groups

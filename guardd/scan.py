@@ -28,21 +28,7 @@ from __future__ import annotations
 
 import os
 
-
-class Proc:
-    """One descendant as the scan saw it. A plain slotted class: cheap to build, and importing
-    typing or dataclasses for it would cost the guard's start more than the scan saves."""
-
-    __slots__ = ("pid", "ppid", "pgid", "start", "zombie")
-
-    def __init__(self, pid: int, ppid: int, pgid: int, start: int, zombie: bool):
-        self.pid, self.ppid, self.pgid, self.start, self.zombie = pid, ppid, pgid, start, zombie
-
-    def __repr__(self) -> str:
-        return (
-            f"Proc(pid={self.pid}, ppid={self.ppid}, pgid={self.pgid}, start={self.start},"
-            f" zombie={self.zombie})"
-        )
+from .procs import Stat, parse_stat
 
 
 def _read(path: str) -> bytes | None:
@@ -65,19 +51,11 @@ def _open(path: str) -> int:
         return -1
 
 
-def _parse(pid: int, data: bytes) -> tuple[Proc, int]:
-    fields = data[data.rindex(b")") + 2 :].split(maxsplit=20)
-    # fields[N - 3] is field N of proc(5): 3 state, 4 ppid, 5 pgrp, 20 num_threads, 22 starttime.
-    state = fields[0]
-    proc = Proc(pid, int(fields[1]), int(fields[2]), int(fields[19]), state in (b"Z", b"X", b"x"))
-    return proc, int(fields[17])
-
-
-def _stat(pid: int) -> tuple[Proc, int] | None:
+def _stat(pid: int) -> Stat | None:
     data = _read(f"/proc/{pid}/stat")
     if not data:
         return None
-    return _parse(pid, data)
+    return parse_stat(pid, data)
 
 
 def children_of(pid: int, threads: int = 0) -> list[int]:
@@ -97,21 +75,20 @@ def children_of(pid: int, threads: int = 0) -> list[int]:
     return found
 
 
-def descendants(root: int) -> dict[int, Proc]:
+def descendants(root: int) -> dict[int, Stat]:
     """Every descendant of root (zombies included), by pid; root itself is not included."""
-    found: dict[int, Proc] = {}
+    found: dict[int, Stat] = {}
     todo = children_of(root)
     while todo:
         pid = todo.pop()
         if pid in found:
             continue
-        got = _stat(pid)
-        if got is None:
+        proc = _stat(pid)
+        if proc is None:
             continue  # exited and reaped since its parent's list was read
-        proc, threads = got
         found[pid] = proc
         # A zombie leader may still have live threads with children: look at every thread then.
-        todo.extend(children_of(pid, 0 if proc.zombie else threads))
+        todo.extend(children_of(pid, 0 if proc.zombie else proc.threads))
     return found
 
 
@@ -133,38 +110,37 @@ class Scanner:
         # pid -> [start, stat fd, children fd or -1]
         self._held: dict[int, list] = {}
 
-    def descendants(self) -> dict[int, Proc]:
-        found: dict[int, Proc] = {}
+    def descendants(self) -> dict[int, Stat]:
+        found: dict[int, Stat] = {}
         todo = children_of(self.root)
         while todo:
             pid = todo.pop()
             if pid in found:
                 continue
-            got = self._stat(pid)
-            if got is None:
+            proc = self._stat(pid)
+            if proc is None:
                 continue
-            proc, threads = got
             found[pid] = proc
             held = self._held.get(pid)
-            if held is not None and threads == 1 and not proc.zombie:
+            if held is not None and proc.threads == 1 and not proc.zombie:
                 if held[2] < 0:
                     held[2] = _open(f"/proc/{pid}/task/{pid}/children")
                 data = _pread(held[2]) if held[2] >= 0 else None
                 if data is not None:
                     todo.extend(int(c) for c in data.split())
                     continue
-            todo.extend(children_of(pid, 0 if proc.zombie else threads))
+            todo.extend(children_of(pid, 0 if proc.zombie else proc.threads))
         for pid in [p for p in self._held if p not in found]:
             self._drop(pid)
         return found
 
-    def _stat(self, pid: int) -> tuple[Proc, int] | None:
+    def _stat(self, pid: int) -> Stat | None:
         held = self._held.get(pid)
         if held is not None:
             data = _pread(held[1])
             if data:
-                got = _parse(pid, data)
-                if got[0].start == held[0]:
+                got = parse_stat(pid, data)
+                if got.start == held[0]:
                     return got
             self._drop(pid)  # gone, or (never through a held file, but checked) another process
         fd = _open(f"/proc/{pid}/stat")
@@ -177,11 +153,11 @@ class Scanner:
         if not data:
             os.close(fd)
             return None
-        got = _parse(pid, data)
-        if got[0].zombie or len(self._held) >= self.max_held:
+        got = parse_stat(pid, data)
+        if got.zombie or len(self._held) >= self.max_held:
             os.close(fd)
         else:
-            self._held[pid] = [got[0].start, fd, -1]
+            self._held[pid] = [got.start, fd, -1]
         return got
 
     def _drop(self, pid: int) -> None:

@@ -44,6 +44,9 @@ each spawned child's status over the socket. If it dies first, that status is lo
 then has the guard's record (its `exit`, written when CMD exited) and treats a guard with neither as
 lost.
 
+The supervisor's end of the socket is guardd.zygote_handle; this module is the wire and the zygote
+process itself.
+
 State: none on disk. The zygote lives as long as its supervisor and its socket; a supervisor that
 starts again starts a new zygote. It has no configuration of its own: every request carries the
 guard's arguments, cwd and whole environment.
@@ -59,20 +62,18 @@ import signal
 import socket
 import struct
 import sys
-import time
 
 from guardd import linux, procs
 from guardd.guard import EXIT_GUARD_FAILURE
-from guardd.launch import zygote_command
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 _HEADER = struct.Struct(">I")
 MAX_MESSAGE = 16 << 20  # a request larger than this goes the old way (the caller decides)
 _MAX_FDS = 8  # ancillary room per read; a request carries 3, an answer 1
 _READ_SIZE = 1 << 16
-
-
-class ZygoteGone(Exception):
-    """The zygote has ended (or was ended) and started nothing for this request."""
 
 
 def encode(message: tuple) -> bytes:
@@ -84,7 +85,7 @@ def encode(message: tuple) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
-class _Inbox:
+class Inbox:
     """Bytes and fds as they come off the stream, cut into messages."""
 
     def __init__(self):
@@ -131,7 +132,7 @@ class _Inbox:
         self.fds = []
 
 
-def _send(sock: socket.socket, message: tuple, fds: list[int] = ()) -> None:
+def _send(sock: socket.socket, message: tuple, fds: Sequence[int] = ()) -> None:
     data = encode(message)
     sent = socket.send_fds(sock, [data], fds) if fds else sock.send(data)
     if sent < len(data):
@@ -149,7 +150,7 @@ class _Zygote:
     def __init__(self, sock: socket.socket, parent_fd: int):
         self.sock = sock
         self.parent_fd = parent_fd
-        self.inbox = _Inbox()
+        self.inbox = Inbox()
         self.spawned: set[int] = set()  # children announced to the supervisor, not yet reaped
         # What a fresh interpreter has, so that each child gets it back (we change SIGCHLD only).
         self.chld_handler = signal.getsignal(signal.SIGCHLD)
@@ -181,7 +182,8 @@ class _Zygote:
                         raise OSError(
                             f"unable to serve the zygote socket: unknown request {message[0]!r}"
                         )
-                    self._spawn(*message[1:], self.inbox.take_fds(3))
+                    _, args, cwd, env = message
+                    self._spawn(args, cwd, env, self.inbox.take_fds(3))
 
     def _reap(self) -> None:
         while True:
@@ -343,204 +345,3 @@ def main(argv: list[str] | None = None) -> int:
         return _Zygote(sock, parent_fd).serve()
     except (BrokenPipeError, ConnectionResetError):
         return 0  # the supervisor went away while we answered
-
-
-# -- the supervisor's handle -----------------------------------------------------------------------
-
-
-class Spawned:
-    """A guard the zygote forked: its pid, start ticks, and a pidfd on it (ours to close)."""
-
-    __slots__ = ("pid", "start", "pidfd")
-
-    def __init__(self, pid: int, start: int, pidfd: int):
-        self.pid, self.start, self.pidfd = pid, start, pidfd
-
-
-class Zygote:
-    """The supervisor's end: start the zygote, ask it for guards, collect their exit statuses.
-
-    Not thread-safe; one caller (the daemon's event loop). `fileno()` turns readable when reports
-    (or EOF) arrive: then call `poll_reports()`. `spawn` blocks for the zygote's answer (a fork,
-    ~1-3 ms) and keeps any report read meanwhile for the next `poll_reports()`.
-    """
-
-    def __init__(self, proc, sock: socket.socket):
-        self.proc = proc
-        self.sock = sock
-        self.inbox = _Inbox()
-        self.reports: list[tuple[int, int]] = []
-        self.replies: list[tuple] = []
-        self.alive = True
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    @classmethod
-    def start(cls, python: str | None = None, timeout: float = 10.0) -> Zygote:
-        """Start a zygote and wait until it is ready. OSError or ZygoteGone when it cannot be."""
-        import subprocess
-
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            proc = subprocess.Popen(
-                zygote_command(["--fd", str(theirs.fileno())], python),
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,  # nothing of a terminal reaches it, as with guards
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        zygote = cls(proc, ours)
-        try:
-            try:
-                reply = zygote._await_reply(time.monotonic() + timeout)
-            except TimeoutError:
-                raise ZygoteGone(f"the zygote was not ready within {timeout:g} s") from None
-            if reply[0] != "ready":
-                raise ZygoteGone(f"the zygote answered {reply[0]!r} instead of ready")
-        except BaseException:
-            zygote.close(timeout=0)
-            raise
-        return zygote
-
-    def spawn(
-        self,
-        args: list[str],
-        *,
-        cwd: str | None,
-        env: dict,
-        stdio: tuple[int, int, int],
-        timeout: float = 5.0,
-    ) -> Spawned:
-        """Fork a guard running `ccsup-guard ARGS` with these stdio fds (the caller closes its
-        copies after). OSError: the child could not be set up (its errno, e.g. a bad cwd).
-        ValueError: the request is too large for the wire. ZygoteGone: the zygote is gone or was
-        given up here, and no guard runs for this request: start it another way."""
-        data = encode(("spawn", list(args), cwd, env))
-        if not self.alive:
-            raise ZygoteGone("the zygote has already ended")
-        deadline = time.monotonic() + timeout
-        try:
-            self._send_request(data, list(stdio), deadline)
-            reply = self._await_reply(deadline)
-        except TimeoutError:
-            # Stuck (stopped, or starved): end it. What it sent before dying still counts; a
-            # child it forked but did not announce reads EOF for its go and never runs a guard.
-            self._stop(kill=True)
-            self._read_available()
-            if not self.replies:
-                raise ZygoteGone(
-                    f"the zygote did not answer within {timeout:g} s; it was killed"
-                ) from None
-            reply = self.replies.pop(0)
-        if reply[0] == "spawned":
-            (pidfd,) = self.inbox.take_fds(1)
-            return Spawned(reply[1], reply[2], pidfd)
-        if reply[0] == "failed":
-            errno_, operation = reply[1], reply[2]
-            if operation == "chdir":
-                raise OSError(errno_, os.strerror(errno_), cwd)  # what Popen raises
-            raise OSError(errno_, f"{os.strerror(errno_)} ({operation})")
-        raise ZygoteGone(f"the zygote answered {reply[0]!r} to a spawn")
-
-    def poll_reports(self) -> list[tuple[int, int]]:
-        """(pid, returncode) of every guard reaped since the last call; reads what is there."""
-        if self.alive:
-            self._read_available()
-        reports, self.reports = self.reports, []
-        return reports
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Stop the zygote (EOF on its socket) and reap it; killed after `timeout`."""
-        self.alive = False
-        if self.sock.fileno() >= 0:
-            self.sock.close()
-        if self.proc.poll() is None:
-            import subprocess
-
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.inbox.close()
-
-    # -- internals ------------------------------------------------------------------------------
-
-    def _stop(self, kill: bool) -> None:
-        self.alive = False
-        if kill and self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-    def _send_request(self, data: bytes, fds: list[int], deadline: float) -> None:
-        view = memoryview(data)
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLOUT | select.POLLIN)
-        while view:
-            try:
-                sent = socket.send_fds(self.sock, [view], fds) if fds else self.sock.send(view)
-            except BlockingIOError:
-                sent = 0
-            except OSError as e:  # EPIPE, ECONNRESET: it is gone
-                self._gone()
-                raise ZygoteGone(f"unable to send to the zygote: {e.strerror}") from None
-            if sent:
-                view, fds = view[sent:], []
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            for _, event in poller.poll(left * 1000):
-                if event & select.POLLIN:  # read its reports meanwhile: it may be blocked on them
-                    self._read_available()
-                    if not self.alive:
-                        raise ZygoteGone("the zygote ended while we sent a request")
-
-    def _await_reply(self, deadline: float) -> tuple:
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN)
-        while not self.replies:
-            if not self.alive:
-                raise ZygoteGone("the zygote ended without answering")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            if poller.poll(left * 1000):
-                self._read_available()
-        return self.replies.pop(0)
-
-    def _read_available(self) -> None:
-        while True:
-            try:
-                more = self.inbox.receive(self.sock)
-            except BlockingIOError:
-                more = True
-                break
-            except OSError:
-                more = False
-            finally:
-                for message in self.inbox.messages():
-                    if message[0] == "exited":
-                        self.reports.append((message[1], message[2]))
-                    else:
-                        self.replies.append(message)
-            if not more:
-                break
-        if not more:
-            self._gone()
-
-    def _gone(self) -> None:
-        """EOF or a reset: it exited (or is exiting, and its socket is all it had for us)."""
-        if self.alive:
-            self._stop(kill=True)  # already ending; a kill only makes the wait short

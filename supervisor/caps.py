@@ -41,11 +41,14 @@ def key_problem(key: object, *, reserved_ok: bool = False) -> str | None:
     return None
 
 
-def check_key(key: object, *, reserved_ok: bool = False) -> str:
+def check_key(key: object, *, reserved_ok: bool = False, name: str = "cap key") -> str:
+    """The key, or UsageError "bad <name> <key>: <problem>" (a long key shown cut short)."""
     problem = key_problem(key, reserved_ok=reserved_ok)
     if problem:
-        raise UsageError(f"bad cap key {key!r}: {problem}")
-    return key  # type: ignore[return-value]
+        shown = repr(key[:140]) if isinstance(key, str) else f"of type {type(key).__name__}"
+        raise UsageError(f"bad {name} {shown}: {problem}")
+    assert isinstance(key, str)  # key_problem refuses anything else
+    return key
 
 
 def check_cap(name: str, value: object) -> int:

@@ -22,12 +22,7 @@ is free now) or a plain failure "did not answer" (the lock is held: the daemon i
 Control replies are matched by request id: a late reply to an earlier, timed-out request is
 dropped, and the DEALER is replaced after a timeout so that nothing stale stays queued on it.
 
-A bus subscription is live only once the supervisor has seen it; the client subscribes to its
-topics and to a unique `ccsup.hello.<nonce>` topic, and returns once the supervisor's answer on
-that topic arrives (re-subscribing every 0.5 s, as the XPUB only answers a new subscription).
-Every supervisor event carries `seq`; a subscription to everything ("") counts the holes in it
-(`gaps`, and `on_gap`), so a caller can catch up with `ps`. A filtered subscription sees holes by
-design and counts none.
+A bus subscription (supervisor.subscription) is live before `subscribe` returns it.
 
 Client keys on tcp://. A supervisor with tcp:// endpoints lets in only the CURVE clients whose
 public keys its `[endpoints.curve] client_keys` lists, so a client brings its own key pair: the
@@ -51,21 +46,22 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from guardd import procs
+
 from . import protocol
-from .errors import CcsupError, ConfigError, NotRunning, UsageError
-from .paths import StatePaths
+from .errors import CcsupError, ConfigError, NotRunning, UsageError, exit_code_for
+from .paths import StatePaths, ipc_path
+
+if TYPE_CHECKING:
+    from .config import CurveKeys, Endpoints
+    from .subscription import Subscription
 
 LINGER_MS = 100
-HELLO_PREFIX = "ccsup.hello."
-HELLO_RETRY = 0.5
-TERMINAL = ("released", "cancelled", "rejected")
 CLIENT_KEY_ENV = "CCSUP_CLIENT_SECRET_KEY"
-# Reply codes that mean the request itself was wrong (the CLI exits 2 for them).
-_USAGE_CODES = ("bad_request", "too_large", "unknown_command", "unsupported_version")
 
 
 class RemoteError(CcsupError):
@@ -74,11 +70,7 @@ class RemoteError(CcsupError):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
-        self.exit_code = 2 if code in _USAGE_CODES else 1
-
-
-def is_terminal(topic: str) -> bool:
-    return topic.startswith("turn.") and topic.rsplit(".", 1)[-1] in TERMINAL
+        self.exit_code = exit_code_for(code)
 
 
 def not_running_message(state_dir: Path) -> str:
@@ -88,60 +80,14 @@ def not_running_message(state_dir: Path) -> str:
 # -- is a supervisor there? ------------------------------------------------------------------------
 
 
-def _held_in_proc_locks(st: os.stat_result) -> bool | None:
-    """Whether /proc/locks lists a lock on this inode; None when /proc/locks cannot be read."""
-    try:
-        with open("/proc/locks") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    for line in lines:
-        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; blocked waiters have a "->" field.
-        fields = line.split()
-        if "->" in fields:
-            continue
-        for field in fields:
-            parts = field.split(":")
-            if len(parts) == 3:
-                try:
-                    found = (int(parts[0], 16), int(parts[1], 16), int(parts[2]))
-                except ValueError:
-                    continue
-                if found == want:
-                    return True
-                break
-    return False
-
-
 def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:
-    """Whether the process whose pid the lock file records holds a flock on it, by its fdinfo.
-
-    False when that cannot be shown (no pid, a process gone or not ours, no such lock): not a
-    "no", only "ask /proc/locks".
-    """
+    """Whether the process whose pid the lock file records holds its flock (by that process's
+    fdinfo); False when that cannot be shown: not a "no", only "ask /proc/locks"."""
     try:
         pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
-        fd_dir = f"/proc/{pid}/fd"
-        names = os.listdir(fd_dir)
     except (OSError, ValueError):
         return False
-    for name in names:
-        try:
-            target = os.stat(f"{fd_dir}/{name}")
-            if (target.st_dev, target.st_ino) != (st.st_dev, st.st_ino):
-                continue
-            with open(f"/proc/{pid}/fdinfo/{name}") as f:
-                info = f.read()
-        except OSError:
-            continue
-        # "lock:\t1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF", for locks held through this fd
-        if any(
-            line.startswith("lock:") and " FLOCK " in line and "->" not in line
-            for line in info.splitlines()
-        ):
-            return True
-    return False
+    return procs.holds_flock(pid, st)
 
 
 def lock_held(lock_path: Path) -> bool:
@@ -156,9 +102,10 @@ def lock_held(lock_path: Path) -> bool:
         st = os.fstat(fd)
         if _held_by_recorded_pid(fd, st):
             return True
-        held = _held_in_proc_locks(st)
-        if held is not None:
-            return held
+        try:
+            return procs.file_key(st) in procs.held_locks()
+        except OSError:
+            pass  # /proc/locks cannot be read
         try:  # fallback probe: may, for an instant, look taken to a starting daemon
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as e:
@@ -168,10 +115,6 @@ def lock_held(lock_path: Path) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def _ipc_path(endpoint: str) -> Path | None:
-    return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
 
 
 # -- the client ------------------------------------------------------------------------------------
@@ -190,23 +133,19 @@ class Client:
         self,
         state_dir: Path,
         *,
-        endpoints: Any = None,
+        endpoints: Endpoints | None = None,
         timeout: float = 5.0,
         client_secret_key: str | None = None,
     ):
         self.state_dir = Path(state_dir)
         self.paths = StatePaths(self.state_dir)
         self.timeout = timeout
-        if endpoints is None:
-            self.control_endpoint = self.paths.endpoint("control")
-            self.bus_in_endpoint = self.paths.endpoint("bus-in")
-            self.bus_out_endpoint = self.paths.endpoint("bus-out")
-            self._curve = None
-        else:
-            self.control_endpoint = endpoints.control
-            self.bus_in_endpoint = endpoints.bus_in
-            self.bus_out_endpoint = endpoints.bus_out
-            self._curve = getattr(endpoints, "curve", None)
+        # An endpoint not given is the state directory's default.
+        self.control_endpoint = (endpoints and endpoints.control) or self.paths.endpoint("control")
+        self.bus_in_endpoint = (endpoints and endpoints.bus_in) or self.paths.endpoint("bus-in")
+        self.bus_out_endpoint = (endpoints and endpoints.bus_out) or self.paths.endpoint("bus-out")
+        self._curve: CurveKeys | None = endpoints.curve if endpoints else None
+        self._client_key: tuple[str, str] | None  # (secret key, where it came from)
         if client_secret_key is not None:
             self._client_key = (client_secret_key, "the client_secret_key argument")
         elif os.environ.get(CLIENT_KEY_ENV):
@@ -268,8 +207,8 @@ class Client:
 
     def running(self) -> bool:
         """Whether a supervisor holds this state directory's lock (and its control socket exists)."""
-        path = _ipc_path(self.control_endpoint)
-        if path is not None and not path.exists():
+        path = ipc_path(self.control_endpoint)
+        if path is not None and not os.path.exists(path):
             return False  # checked first: it is cheaper than the lock
         return lock_held(self.paths.lock)
 
@@ -383,9 +322,11 @@ class Client:
         self.check_running()
         sock = self._socket(zmq.SUB, self.bus_out_endpoint)
         sock.rcvhwm = 0  # a slow reader queues rather than loses; seq still reveals any loss
+        from .subscription import Subscription  # here: `ccsup ps` and `status` subscribe to nothing
+
         sub = Subscription(sock, list(prefixes), on_gap=on_gap)
         try:
-            sub._handshake(self.timeout if timeout is None else timeout)
+            sub.handshake(self.timeout if timeout is None else timeout)
         except BaseException:
             sub.close()
             raise
@@ -462,116 +403,3 @@ def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> di
         if value is not None:
             args[name] = value
     return args
-
-
-class Subscription:
-    """A live SUB on the bus: recv(timeout) -> (topic, body) | None, iteration, close."""
-
-    def __init__(
-        self,
-        sock: zmq.Socket,
-        prefixes: list[str],
-        *,
-        on_gap: Callable[[int, int], None] | None = None,
-    ):
-        self._sock = sock
-        self.prefixes = prefixes
-        self.live = False
-        self.gaps = 0  # events missed, by seq (counted only when subscribed to everything)
-        self.on_gap = on_gap
-        self._check_seq = "" in prefixes
-        self._last_seq: int | None = None
-        self._pending: list[tuple[str, dict]] = []
-        for prefix in prefixes:
-            sock.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-
-    def _handshake(self, timeout: float) -> None:
-        hello = f"{HELLO_PREFIX}{uuid.uuid4().hex}".encode()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.live:
-            self._sock.setsockopt(zmq.SUBSCRIBE, hello)
-            retry_at = min(deadline, time.monotonic() + HELLO_RETRY)
-            while not self.live:
-                left = retry_at - time.monotonic()
-                if left <= 0 or not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                    if time.monotonic() >= retry_at:
-                        break
-                    continue
-                frames = self._sock.recv_multipart()
-                if frames and frames[0] == hello:
-                    self.live = True
-                else:
-                    self._accept(frames)
-            self._sock.setsockopt(zmq.UNSUBSCRIBE, hello)
-
-    def _accept(self, frames: list[bytes]) -> None:
-        """Queue one received message, unless it is not an event or someone else's hello."""
-        try:
-            topic, body = protocol.decode_event(frames)
-        except protocol.ProtocolError:
-            return  # anyone may publish on the bus; garbage is not an event
-        if topic.startswith(HELLO_PREFIX):
-            return
-        seq = body.get("seq")
-        if self._check_seq and isinstance(seq, int) and not isinstance(seq, bool):
-            if self._last_seq is not None and seq > self._last_seq + 1:
-                missed = seq - self._last_seq - 1
-                self.gaps += missed
-                if self.on_gap is not None:
-                    self.on_gap(self._last_seq + 1, seq)
-            # a lower seq is a restarted supervisor: follow its count from here
-            self._last_seq = seq
-        self._pending.append((topic, body))
-
-    def peek(self, timeout: float) -> bool:
-        """Wait up to timeout for an event to be available without taking it."""
-        if self._pending:
-            return True
-        deadline = time.monotonic() + timeout
-        while not self._pending:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                if time.monotonic() >= deadline:
-                    return False
-                continue
-            self._accept(self._sock.recv_multipart())
-        return True
-
-    def recv(self, timeout: float | None = None) -> tuple[str, dict] | None:
-        """The next event, waiting up to timeout seconds (None: forever); None on timeout."""
-        if timeout is None:
-            while not self.peek(3600.0):
-                pass
-        elif not self.peek(timeout):
-            return None
-        return self._pending.pop(0)
-
-    def __iter__(self) -> Iterator[tuple[str, dict]]:
-        while True:
-            yield self.recv()  # type: ignore[misc]
-
-    def until_terminal(
-        self, *, idle_check: Callable[[], None] | None = None, idle: float = 1.0
-    ) -> Iterator[tuple[str, dict]]:
-        """Events up to and including the first terminal one (released, cancelled, rejected).
-
-        `idle_check` runs after every `idle` seconds without an event; it raises to end the wait
-        (Client.check_running: the supervisor is gone, so no terminal event will come).
-        """
-        while True:
-            event = self.recv(idle if idle_check else None)
-            if event is None:
-                idle_check()  # type: ignore[misc]
-                continue
-            yield event
-            if is_terminal(event[0]):
-                return
-
-    def close(self) -> None:
-        self._sock.close(linger=0)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

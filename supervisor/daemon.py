@@ -34,7 +34,7 @@ from . import containment, protocol, restore, spawn, store, views
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .manager import RETRY_INTERVAL, Manager, Settings
-from .paths import StatePaths
+from .paths import StatePaths, ipc_path
 from .protocol import ProtocolError, Request
 from .server import Server
 from .slots import ORPHANED, SlotGate
@@ -106,9 +106,9 @@ class Daemon:
         self.caps_override = caps_override or {}
         endpoints = config.endpoints.resolve(paths.root)
         control, bus_in, bus_out = endpoints.control, endpoints.bus_in, endpoints.bus_out
-        assert control is not None and bus_in is not None and bus_out is not None  # resolved
+        assert control and bus_in and bus_out  # resolve fills in every default
         # Guards publish their hints without keys: over CURVE tcp they get a private ipc bus-in.
-        self._bus_in = bus_in if bus_in.startswith("ipc://") else paths.endpoint("guard-bus")
+        self._bus_in = bus_in if ipc_path(bus_in) is not None else paths.endpoint("guard-bus")
         guard_bus = None if self._bus_in == bus_in else self._bus_in
         self.server = Server(control, bus_in, bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
@@ -226,8 +226,8 @@ class Daemon:
             return await handler(request.args)
         except ProtocolError:
             raise
-        except CcsupError as e:
-            raise ProtocolError("failed", e.message) from None
+        except CcsupError as e:  # a bad config on reload is a usage error: the CLI exits 2
+            raise ProtocolError(e.code, e.message) from None
         except Exception as e:  # a bug must not take the supervisor down with it
             log.exception("bug while answering %s", request.cmd)
             raise ProtocolError(

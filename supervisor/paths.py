@@ -16,6 +16,12 @@ from pathlib import Path
 from .errors import CcsupError, os_failure
 
 TURN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+IPC = "ipc://"
+
+
+def ipc_path(endpoint: str) -> str | None:
+    """The socket file of an ipc:// endpoint; None for another transport."""
+    return endpoint[len(IPC) :] if endpoint.startswith(IPC) else None
 
 
 @dataclass(frozen=True)
@@ -52,8 +58,9 @@ class StatePaths:
         return self.root / "finished.log"
 
     def endpoint(self, name: str) -> str:
-        """The default ipc:// endpoint: control, bus-in or bus-out."""
-        return f"ipc://{self.root / name}"
+        """The default ipc:// endpoint named `name` in the state directory (control, bus-in,
+        bus-out, guard-bus): the one place these endpoints are made."""
+        return f"{IPC}{self.root / name}"
 
     def turn_dir(self, turn_id: str) -> Path:
         if not TURN_ID.match(turn_id):

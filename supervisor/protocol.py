@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .caps import key_problem
+from .caps import check_key
+from .errors import UsageError
 from .holder import LABELS as HOLDER_LABELS
 from .holder import Holder
 from .paths import TURN_ID
@@ -220,12 +221,12 @@ def check_id(value: Any, name: str = "id") -> str:
     return value
 
 
-def check_key(value: Any) -> str:
-    problem = key_problem(value)
-    if problem:
-        shown = repr(value[:140]) if isinstance(value, str) else f"of type {type(value).__name__}"
-        raise _bad(f"bad 'key' {shown}: {problem}")
-    return value
+def _key(value: Any) -> str:
+    """A request's cap key (caps.check_key), refused as a bad_request."""
+    try:
+        return check_key(value, name="'key'")
+    except UsageError as e:
+        raise _bad(e.message) from None
 
 
 def parse_holder(value: Any) -> Holder:
@@ -295,7 +296,7 @@ def _reject_unknown(args: dict, known: set[str], what: str) -> None:
 def parse_turn(args: dict) -> TurnArgs:
     _reject_unknown(args, _TURN_FIELDS, "a turn request")
     turn_id = None if args.get("id") is None else check_id(args["id"])
-    key = check_key(args.get("key"))
+    key = _key(args.get("key"))
     argv = args.get("argv")
     if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGV:
         raise _bad(f"'argv' must be a non-empty list of at most {MAX_ARGV} strings")
@@ -341,7 +342,7 @@ def parse_reserve(args: dict) -> ReserveArgs:
     _reject_unknown(args, {"id", "key", "holder", "wait_timeout", "v", "ts"}, "a reserve request")
     res_id = None if args.get("id") is None else check_id(args["id"])
     return ReserveArgs(
-        res_id, check_key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args)
+        res_id, _key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args)
     )
 
 
@@ -371,4 +372,4 @@ def parse_send(args: dict) -> SendArgs:
 def parse_reap(args: dict) -> str | None:
     _reject_unknown(args, {"key"}, "a reap request")
     key = args.get("key")
-    return None if key is None else check_key(key)
+    return None if key is None else _key(key)

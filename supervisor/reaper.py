@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
 from collections.abc import Iterable
 
 from guardd import procs
 from guardd.cgroup import kill as kill_cgroup
 from guardd.cgroup import wait_empty
 from guardd.procs import Group, Identity
+
+from .polling import wait_until
 
 TURN_ENV = "CCSUP_TURN"
 POLL = 0.01  # seconds between liveness checks while waiting
@@ -109,14 +110,12 @@ def _all_gone(groups: list[Group], guard: Identity | None, marked: list[Identity
 
 
 def _wait_gone(groups, guard, marked, timeout: float, cgroup: str | None = None) -> bool:
-    deadline = time.monotonic() + timeout
     if cgroup is not None and not wait_empty(cgroup, timeout):
+        return False  # woken by cgroup.events, not polled
+    try:
+        return wait_until(lambda: _all_gone(groups, guard, marked), timeout, POLL)
+    except TimeoutError:
         return False
-    while not _all_gone(groups, guard, marked):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL)
-    return True
 
 
 def _describe(groups, guard, marked) -> str:

@@ -38,6 +38,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -45,6 +46,10 @@ from zmq.utils import z85
 
 from . import protocol
 from .errors import ConfigError
+from .paths import ipc_path
+
+if TYPE_CHECKING:
+    from .config import CurveKeys
 
 log = logging.getLogger("ccsup.server")
 
@@ -66,8 +71,8 @@ MAX_LOGGED_REFUSALS = (
 )
 
 
-def check_endpoint(name: str, endpoint: str, curve: dict | None) -> None:
-    if endpoint.startswith("ipc://"):
+def check_endpoint(name: str, endpoint: str, curve: CurveKeys | None) -> None:
+    if ipc_path(endpoint) is not None:
         return
     if endpoint.startswith("tcp://"):
         if not curve:
@@ -114,8 +119,9 @@ def _bind(sock: zmq.Socket, what: str, endpoint: str) -> None:
         raise ConfigError(f"{what}: unable to bind {endpoint}: {e}") from None
     finally:
         os.umask(old_umask)
-    if endpoint.startswith("ipc://"):
-        os.chmod(endpoint[len("ipc://") :], 0o600)
+    path = ipc_path(endpoint)
+    if path is not None:
+        os.chmod(path, 0o600)
 
 
 def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
@@ -124,10 +130,12 @@ def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
     pyzmq's asyncio socket completes a NOBLOCK send at once and puts any error in the future.
     """
     future = sock.send_multipart(frames, flags=zmq.NOBLOCK)
-    if future.done() and future.exception() is not None:
-        if isinstance(future.exception(), zmq.Again):
+    assert isinstance(future, asyncio.Future)  # pyzmq's asyncio sockets return one
+    error = future.exception() if future.done() else None
+    if error is not None:
+        if isinstance(error, zmq.Again):
             return False
-        raise future.exception()
+        raise error
     return True
 
 
@@ -137,7 +145,7 @@ class Server:
         control: str,
         bus_in: str,
         bus_out: str,
-        curve: dict | None = None,
+        curve: CurveKeys | None = None,
         guard_bus: str | None = None,
     ):
         """`guard_bus`: an extra ipc:// XSUB for the guards' hints, when bus_in is a CURVE tcp://
@@ -151,9 +159,9 @@ class Server:
             name for name, endpoint in self.endpoints.items() if endpoint.startswith("tcp://")
         }
         self.allowed_clients = frozenset(
-            z85.decode(key.encode()) for key in (curve or {}).get("client_keys", ())
+            z85.decode(key.encode()) for key in (curve["client_keys"] if curve else ())
         )
-        self.zap = None
+        self.zap: zmq.asyncio.Socket | None = None
         self.refused_clients: set[bytes] = set()
         self.ctx = zmq.asyncio.Context()
         self.seq = 0
@@ -178,7 +186,7 @@ class Server:
         ):
             sock.setsockopt(zmq.LINGER, 500)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
-            if name in self.secured:
+            if name in self.secured and self.curve is not None:  # check_endpoint: it is there
                 sock.curve_secretkey = self.curve["secret_key"].encode()
                 sock.curve_publickey = self.curve["public_key"].encode()
                 sock.curve_server = True
@@ -226,8 +234,10 @@ class Server:
 
     async def _serve_zap(self) -> None:
         """Answer libzmq's ZAP requests for the tcp:// sockets' CURVE handshakes."""
+        zap = self.zap
+        assert zap is not None  # served only when bound
         while True:
-            frames = await self.zap.recv_multipart()
+            frames = await zap.recv_multipart()
             try:
                 reply, refused = zap_answer(frames, self.allowed_clients)
             except (
@@ -245,7 +255,7 @@ class Server:
                     ],
                     None,
                 )
-            await self.zap.send_multipart(reply)
+            await zap.send_multipart(reply)
             if refused is not None and refused not in self.refused_clients:
                 if len(self.refused_clients) < MAX_LOGGED_REFUSALS:
                     self.refused_clients.add(refused)
@@ -361,8 +371,9 @@ class Server:
                 sock.close(linger=200)
         self.ctx.term()
         for endpoint in [*self.endpoints.values(), self.guard_bus or ""]:
-            if endpoint.startswith("ipc://"):
+            path = ipc_path(endpoint)
+            if path is not None:
                 try:
-                    os.unlink(endpoint[len("ipc://") :])
+                    os.unlink(path)
                 except OSError:
                     pass

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guardd import procs
-from guardd.procs import Group, Identity
+from guardd.procs import Group, Identity, available_memory, file_key, held_locks
 from guardd.record import RecordError, read_json, record_groups, write_json
 
 from .caps import MACHINE_KEY, Caps, check_key, key_problem
@@ -72,15 +72,6 @@ SLOT_VERSION = 1
 FREE, RESERVED, HELD, ORPHANED, UNREADABLE = "free", "reserved", "held", "orphaned", "unreadable"
 TAKEN = (RESERVED, HELD, ORPHANED, UNREADABLE)
 _LOCK_RETRIES = 3  # a lock file replaced under us this many times in a row: treat the slot as busy
-
-
-def available_memory() -> int:
-    """MemAvailable from /proc/meminfo, in bytes."""
-    with open("/proc/meminfo", "rb") as f:
-        for line in f:
-            if line.startswith(b"MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise CcsupError("unable to read available memory from /proc/meminfo: no MemAvailable line")
 
 
 @dataclass
@@ -191,25 +182,6 @@ def work_alive(work: dict, path="slot record") -> bool:
 
 
 # ---- locks ---------------------------------------------------------------------------------
-
-
-def held_locks() -> set[tuple[int, int, int]]:
-    """(major, minor, inode) of every file with a granted flock, from /proc/locks, in one read."""
-    with open("/proc/locks", "rb") as f:
-        data = f.read()
-    held = set()
-    for line in data.splitlines():
-        # "1: FLOCK  ADVISORY  WRITE 3236 fe:00:2146412 0 EOF"; a blocked waiter has "->" second.
-        parts = line.split()
-        if len(parts) < 6 or parts[1] != b"FLOCK":
-            continue
-        major, minor, inode = parts[5].split(b":")
-        held.add((int(major, 16), int(minor, 16), int(inode)))
-    return held
-
-
-def _file_key(st: os.stat_result) -> tuple[int, int, int]:
-    return os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
 
 
 def _try_lock(path: str) -> int | None:
@@ -554,7 +526,7 @@ class SlotGate:
     def _view(self, key: str, index: int, cap: int, locks: set) -> SlotView:
         directory = self._dir(key)
         try:
-            locked = _file_key(os.stat(f"{directory}/slot-{index}.lock")) in locks
+            locked = file_key(os.stat(f"{directory}/slot-{index}.lock")) in locks
         except FileNotFoundError:
             locked = False
         except OSError as e:

@@ -12,7 +12,7 @@ every chunk is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) a
 its byte offset. The guard's exit is seen through a pidfd. Its status: a directly started guard is
 our child and `reap()` is the daemon's only waitpid for it, called when that pidfd is readable; a
 forked guard is the zygote's child, reaped there, and its status comes over the zygote's socket
-(`ForkedGuard`): the exit callback waits for both. If the zygote dies first, the status is lost,
+(`ForkedGuardProcess`): the exit callback waits for both. If the zygote dies first, the status is lost,
 and the manager learns the outcome from the guard's record (or calls the guard lost).
 
 State: the logs are append-only and survive restarts; a turn id is never run twice, so a log is
@@ -29,12 +29,13 @@ import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from guardd import procs
 from guardd.guard import EXIT_GUARD_FAILURE
 from guardd.launch import guard_command
 from guardd.record import record_path
-from guardd.zygote import Zygote, ZygoteGone
+from guardd.zygote_handle import Zygote, ZygoteGone
 
 log = logging.getLogger("ccsup.spawn")
 
@@ -45,30 +46,45 @@ STATUS_UNKNOWN = EXIT_GUARD_FAILURE
 
 
 class _Pipes:
-    """What a Guard needs of its process besides the status: pid and the three pipe ends."""
+    """What a GuardProcess needs of its process besides the status: pid and the three pipe ends."""
 
     def __init__(self, pid: int, stdin: int, stdout: int, stderr: int):
         self.pid = pid
-        self.stdin = open(stdin, "wb", buffering=0)
-        self.stdout = open(stdout, "rb", buffering=0)
-        self.stderr = open(stderr, "rb", buffering=0)
+        self.stdin: IO[bytes] | None = open(stdin, "wb", buffering=0)
+        self.stdout: IO[bytes] | None = open(stdout, "rb", buffering=0)
+        self.stderr: IO[bytes] | None = open(stderr, "rb", buffering=0)
+
+    def poll(self) -> int | None:
+        """Unknown here: the zygote reaps a forked guard and reports its status."""
+        return None
 
 
-class Guard:
+def _nothing(*args: object) -> None:
+    """The callbacks of a guard not yet attached to the event loop."""
+
+
+def _pipe(end: IO[bytes] | None) -> IO[bytes]:
+    assert end is not None  # every guard is started with the three pipes
+    return end
+
+
+class GuardProcess:
     """One running guard process, as the supervisor sees it (started directly: our child)."""
 
     def __init__(
         self,
         turn_id: str,
-        process,
+        process: subprocess.Popen[bytes] | _Pipes,
         record_dir: Path,
         *,
         pidfd: int | None = None,
         start: int | None = None,
     ):
-        """process: a subprocess.Popen (or, for ForkedGuard, the pipes of a forked guard)."""
+        """process: a subprocess.Popen (or, for ForkedGuardProcess, the pipes of a forked guard)."""
         self.turn_id = turn_id
         self.popen = process
+        self.stdin = _pipe(process.stdin)
+        self._pipes = {"stdout": _pipe(process.stdout), "stderr": _pipe(process.stderr)}
         if start is None:
             stat = procs.read_stat(process.pid)  # not reaped yet, so the pid is still this child's
             start = stat.start if stat else 0
@@ -76,11 +92,11 @@ class Guard:
         self.record_path = record_path(record_dir, self.identity)
         self.pidfd = os.pidfd_open(process.pid) if pidfd is None else pidfd
         self.returncode: int | None = None
-        self._on_exit: Callable[[], None] | None = None
+        self._on_exit: Callable[[], None] = _nothing
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._logs: dict[str, object] = {}
+        self._logs: dict[str, IO[bytes]] = {}
         self._offsets = {"stdout": 0, "stderr": 0}
-        self._on_output: OutputCallback | None = None
+        self._on_output: OutputCallback = _nothing
         self._stdin_buffer = bytearray()
         self._stdin_eof = False
         self.terminate_pending = False
@@ -89,19 +105,29 @@ class Guard:
     def pid(self) -> int:
         return self.popen.pid
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop it was attached to (a bug to ask before `attach`)."""
+        assert self._loop is not None, "the guard is not attached to an event loop"
+        return self._loop
+
     def attach(
-        self, loop, log_dir: Path, on_output: OutputCallback, on_exit: Callable[[], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        log_dir: Path,
+        on_output: OutputCallback,
+        on_exit: Callable[[], None],
     ) -> None:
         """Start following the guard's pipes and its exit on the event loop."""
         self._loop = loop
         self._on_output = on_output
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for stream in ("stdout", "stderr"):
-            pipe = getattr(self.popen, stream)
+            pipe = self._pipes[stream]
             os.set_blocking(pipe.fileno(), False)
             self._logs[stream] = open(log_dir / f"{stream}.log", "ab", buffering=0)
             loop.add_reader(pipe.fileno(), self._read, stream)
-        os.set_blocking(self.popen.stdin.fileno(), False)
+        os.set_blocking(self.stdin.fileno(), False)
         self._on_exit = on_exit
         loop.add_reader(self.pidfd, self._on_pidfd)
 
@@ -110,7 +136,7 @@ class Guard:
         self._on_exit()
 
     def _read(self, stream: str) -> None:
-        pipe = getattr(self.popen, stream)
+        pipe = self._pipes[stream]
         try:
             data = os.read(pipe.fileno(), 65536)
         except BlockingIOError:
@@ -128,7 +154,7 @@ class Guard:
     def drain(self) -> None:
         """Read what the pipes hold now, so output comes before the events that follow it."""
         for stream in ("stdout", "stderr"):
-            pipe = getattr(self.popen, stream)
+            pipe = self._pipes[stream]
             while stream in self._logs and not pipe.closed:
                 before = self._offsets[stream]
                 self._read(stream)
@@ -136,7 +162,7 @@ class Guard:
                     break
 
     def _close_stream(self, stream: str) -> None:
-        pipe = getattr(self.popen, stream)
+        pipe = self._pipes[stream]
         if not pipe.closed:
             if self._loop is not None:
                 self._loop.remove_reader(pipe.fileno())
@@ -147,7 +173,7 @@ class Guard:
 
     def write_stdin(self, data: bytes, eof: bool = False) -> int:
         """Queue data for CMD's stdin (written as the pipe takes it); eof closes it after."""
-        if self._stdin_eof or self.popen.stdin.closed:
+        if self._stdin_eof or self.stdin.closed:
             raise BrokenPipeError("the turn's stdin is closed")
         self._stdin_buffer += data
         self._stdin_eof = eof
@@ -155,7 +181,7 @@ class Guard:
         return len(data)
 
     def _flush_stdin(self) -> None:
-        stdin = self.popen.stdin
+        stdin = self.stdin
         if stdin.closed:
             return
         fd = stdin.fileno()
@@ -164,7 +190,7 @@ class Guard:
                 n = os.write(fd, self._stdin_buffer)
                 del self._stdin_buffer[:n]
         except BlockingIOError:
-            self._loop.add_writer(fd, self._on_stdin_writable)
+            self.loop.add_writer(fd, self._on_stdin_writable)
             return
         except OSError:
             self._stdin_buffer.clear()
@@ -173,11 +199,11 @@ class Guard:
             self._close_stdin()
 
     def _on_stdin_writable(self) -> None:
-        self._loop.remove_writer(self.popen.stdin.fileno())
+        self.loop.remove_writer(self.stdin.fileno())
         self._flush_stdin()
 
     def _close_stdin(self) -> None:
-        stdin = self.popen.stdin
+        stdin = self.stdin
         if not stdin.closed:
             if self._loop is not None:
                 self._loop.remove_writer(stdin.fileno())
@@ -219,6 +245,13 @@ class Guard:
             self.pidfd = -1
 
 
+def _seconds(value: float) -> str:
+    """Seconds as the duration grammar reads them: positional, never an exponent (1e-05)."""
+    from decimal import Decimal
+
+    return format(Decimal(repr(value)), "f")
+
+
 def guard_args(
     turn_id: str,
     argv: list[str],
@@ -234,9 +267,9 @@ def guard_args(
         "--record-dir",
         str(record_dir),
         "--grace",
-        f"{grace}",
+        _seconds(grace),
         "--scan",
-        f"{scan}",
+        _seconds(scan),
         "--turn",
         turn_id,
     ]
@@ -269,7 +302,7 @@ def start_guard(
     scan: float,
     bus: str | None,
     cgroup: str | None = None,
-) -> Guard:
+) -> GuardProcess:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
@@ -286,10 +319,10 @@ def start_guard(
         start_new_session=True,
         close_fds=True,
     )
-    return Guard(turn_id, popen, record_dir)
+    return GuardProcess(turn_id, popen, record_dir)
 
 
-class ForkedGuard(Guard):
+class ForkedGuardProcess(GuardProcess):
     """A guard the zygote forked: the zygote reaps it and reports its status over its socket.
 
     Its pidfd may turn readable before the report comes: the exit callback then waits for the
@@ -305,7 +338,7 @@ class ForkedGuard(Guard):
     def _on_pidfd(self) -> None:
         self._exited = True
         if self.reap() is None:
-            self._loop.remove_reader(self.pidfd)  # level-triggered: wait for the report instead
+            self.loop.remove_reader(self.pidfd)  # level-triggered: wait for the report instead
             return
         self._on_exit()
 
@@ -334,15 +367,21 @@ class Launcher:
     the module function and is what the manager calls; `close()` stops the zygote. A zygote that
     cannot be started, dies, or stops answering is logged once and not used again: every later
     guard is started directly. Guards it forked keep running (they watch the supervisor, not
-    it); their statuses are then unknown (see ForkedGuard).
+    it); their statuses are then unknown (see ForkedGuardProcess).
     """
 
     def __init__(self, python: str | None = None, *, start_zygote=Zygote.start):
         self.python = python
         self.zygote: Zygote | None = None
         self._start_zygote = start_zygote
-        self._forked: dict[int, ForkedGuard] = {}
+        self._forked: dict[int, ForkedGuardProcess] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop `start()` was called on (a bug to ask before)."""
+        assert self._loop is not None, "the launcher is not started"
+        return self._loop
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -351,7 +390,7 @@ class Launcher:
         except (OSError, ZygoteGone) as e:
             log.warning("unable to start the guard zygote: %s; guards are started directly", e)
             return
-        self._loop.add_reader(self.zygote.fileno(), self._on_readable)
+        self.loop.add_reader(self.zygote.fileno(), self._on_readable)
         log.info("guard zygote started (pid %d)", self.zygote.pid)
 
     def start_guard(
@@ -366,8 +405,8 @@ class Launcher:
         scan: float,
         bus: str | None,
         cgroup: str | None = None,
-    ) -> Guard:
-        """As `start_guard`: a Guard for the turn, or OSError when it cannot be started."""
+    ) -> GuardProcess:
+        """As `start_guard`: a GuardProcess for the turn, or OSError when it cannot be started."""
         if self.zygote is None:
             return start_guard(
                 turn_id,
@@ -415,7 +454,7 @@ class Launcher:
                 bus=bus,
                 cgroup=cgroup,
             )
-        guard = ForkedGuard(
+        guard = ForkedGuardProcess(
             turn_id,
             _Pipes(spawned.pid, *ours),
             record_dir,
@@ -428,7 +467,7 @@ class Launcher:
     def close(self) -> None:
         """Stop the zygote (at the daemon's end: every turn is gone by then)."""
         if self.zygote is not None:
-            self._loop.remove_reader(self.zygote.fileno())
+            self.loop.remove_reader(self.zygote.fileno())
             self.zygote.close()
             self._orphan_all()
             self.zygote = None
@@ -445,7 +484,7 @@ class Launcher:
         for pid, returncode in self.zygote.poll_reports():
             guard = self._forked.pop(pid, None)
             if guard is not None:
-                self._loop.call_soon(guard.status_reported, returncode)
+                self.loop.call_soon(guard.status_reported, returncode)
 
     def _lost(self, why: str) -> None:
         zygote, self.zygote = self.zygote, None
@@ -456,15 +495,15 @@ class Launcher:
             zygote.pid,
             why,
         )
-        self._loop.remove_reader(zygote.fileno())
+        self.loop.remove_reader(zygote.fileno())
         for pid, returncode in zygote.poll_reports():  # what it said before it went
             guard = self._forked.pop(pid, None)
             if guard is not None:
-                self._loop.call_soon(guard.status_reported, returncode)
+                self.loop.call_soon(guard.status_reported, returncode)
         zygote.close()
         self._orphan_all()
 
     def _orphan_all(self) -> None:
         forked, self._forked = self._forked, {}
         for guard in forked.values():
-            self._loop.call_soon(guard.status_reported, None)
+            self.loop.call_soon(guard.status_reported, None)

@@ -35,7 +35,7 @@ class Gate(Protocol):
 
 
 class Guard(Protocol):
-    """What the endings use of a running guard (supervisor.spawn.Guard; a fake in tests)."""
+    """What the endings use of a running guard (supervisor.spawn.GuardProcess; a fake in tests)."""
 
     identity: Identity
     record_path: Path

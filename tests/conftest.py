@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from guardd import procs
+from supervisor.polling import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = "CCSUP_TEST_RUN"
@@ -46,29 +47,20 @@ def _ancestors() -> set[int]:
     return pids
 
 
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.01, what: str = "condition"):
-    """Poll predicate until truthy; returns its value or fails the test naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 @pytest.fixture(autouse=True)
 def no_process_left():
     """After each test, everything the test started must be gone (2 s allowed); else kill and fail."""
     yield
     ancestors = _ancestors()
-    deadline = time.monotonic() + 2.0
-    while True:
-        left = [i for i in leftovers() if i.pid not in ancestors]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
+
+    def survivors() -> list[procs.Identity]:
+        return [i for i in leftovers() if i.pid not in ancestors]
+
+    try:
+        wait_until(lambda: not survivors(), 2.0, 0.02)
+    except TimeoutError:
+        pass
+    left = survivors()
     if left:
         described = []
         for ident in left:
@@ -142,8 +134,7 @@ class RunningDaemon:
         from supervisor.client import Client
         from supervisor.errors import CcsupError
 
-        deadline = time.monotonic() + timeout
-        while True:
+        def answering() -> bool:
             if self.proc.poll() is not None:
                 pytest.fail(
                     f"the daemon exited {self.proc.returncode}: {self.stderr_path.read_text()[-2000:]}"
@@ -151,11 +142,12 @@ class RunningDaemon:
             try:
                 with Client(self.state_dir, timeout=1.0) as client:
                     client.status()
-                return self
+                return True
             except CcsupError:
-                if time.monotonic() > deadline:
-                    pytest.fail("the daemon did not answer status in time")
-                time.sleep(0.02)
+                return False
+
+        wait_until(answering, timeout, 0.02, "the daemon to answer status")
+        return self
 
     def client(self, timeout: float = 5.0):
         from supervisor.client import Client

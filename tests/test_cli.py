@@ -21,7 +21,10 @@ from conftest import wait_until
 
 from guardd import procs
 from supervisor import __version__
-from supervisor.cli import OutputFollower, format_age, format_ps, main, turn_exit_status
+from supervisor.cli import main
+from supervisor.cli.formats import format_age, format_ps
+from supervisor.cli.output import OutputFollower
+from supervisor.cli.run import turn_exit_status
 from supervisor.client import lock_held
 
 CCSUP = [sys.executable, "-m", "supervisor"]
@@ -128,6 +131,27 @@ def test_bad_config_file_exits_2_naming_key_and_line(runner, state_dir):
     assert result.exit_code == 2, result.output
     assert f"{config}:5: slots.caps.codex" in result.stderr
     assert not (state_dir / "supervisor.lock").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(
+    "args, loaded",
+    [
+        (["--version"], []),
+        (["ps", "--help"], ["ps"]),
+        (["reload", "--help"], ["reload"]),
+        (["config", "--help"], ["config"]),
+    ],
+)
+def test_a_command_module_is_imported_only_when_that_command_is_used(args, loaded):
+    code = (
+        "import sys\n"
+        "from supervisor.cli import main\n"
+        f"try: main({args!r}, prog_name='ccsup')\n"
+        "except SystemExit: pass\n"
+        "print(sorted(m[len('supervisor.cli.'):] for m in sys.modules if m.startswith('supervisor.cli.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+    assert done.stdout.decode().splitlines()[-1] == repr(sorted(["where", *loaded]))
 
 
 def test_run_passes_everything_after_cmd_to_it(runner, monkeypatch):
@@ -304,6 +328,14 @@ def test_output_follower_without_file_places_event_text_by_offset(tmp_path):
     for offset, data in [(0, "abc"), (0, "abc"), (3, "de"), (2, "cdef")]:
         follower.on_event({"offset": offset, "data": data})
     assert out.getvalue() == b"abcdef"
+
+
+def test_each_error_kind_replies_with_a_protocol_code_that_maps_back_to_its_exit_code():
+    from supervisor import errors, protocol
+
+    kinds = (errors.CcsupError, errors.UsageError, errors.ConfigError)
+    assert all(kind.code in protocol.ERROR_CODES for kind in kinds)
+    assert [errors.exit_code_for(kind.code) for kind in kinds] == [1, 2, 2]
 
 
 # -- a real daemon ---------------------------------------------------------------------------------
@@ -679,3 +711,25 @@ def test_logs_prints_a_finished_turns_exact_output(daemon):
         "logs", turn_id, "-f", state_dir=state_dir, timeout=10
     )  # finished: returns at once
     assert (followed.returncode, followed.stdout) == (0, b"a\xffb\n")
+
+
+def test_reload_of_a_broken_config_exits_2_and_the_old_one_stays(daemon, tmp_path):
+    # The CLI reads no config itself here (none given, an empty XDG home), so the problem is the
+    # supervisor's own, found when it re-reads the file it was started with.
+    state_dir, _ = daemon
+    env = {k: v for k, v in os.environ.items() if k != "CCSUP_CONFIG"}
+    env.update(CCSUP_STATE_DIR=str(state_dir), XDG_CONFIG_HOME=str(tmp_path))
+    config = state_dir / "ccsup.toml"
+    config.write_text(FAST_CONFIG.replace("t = 2", "t = 0"))
+    broken = subprocess.run([*CCSUP, "reload"], env=env, capture_output=True, timeout=10)
+    assert broken.returncode == 2, broken.stderr
+    assert broken.stderr.decode() == (
+        f"ccsup: {config}:6: slots.caps.t: a cap must be a whole number >= 1, not 0\n"
+    )
+    status = subprocess.run([*CCSUP, "status", "--json"], env=env, capture_output=True, timeout=10)
+    assert json.loads(status.stdout)["caps"] == {"t": 2, "one": 1}
+    config.write_text(FAST_CONFIG.replace("t = 2", "t = 3"))
+    fixed = subprocess.run([*CCSUP, "reload"], env=env, capture_output=True, timeout=10)
+    assert (fixed.returncode, fixed.stdout.decode()) == (0, f"reloaded ({config})\n")
+    status = json.loads(ccsup("status", "--json", state_dir=state_dir, timeout=10).stdout)
+    assert status["caps"] == {"t": 3, "one": 1}

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from supervisor import config as cfg
 from supervisor.caps import Caps
-from supervisor.cli_config import config_group
+from supervisor.cli.config import config_group
 from supervisor.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def problems_of(text: str, env=None) -> list[cfg.Problem]:
     ],
 )
 def test_parse_duration_accepts(value, seconds):
-    assert cfg.parse_duration(value, where="guard.grace") == seconds
+    assert cfg.duration(value, where="guard.grace") == seconds
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_parse_duration_accepts(value, seconds):
 )
 def test_parse_duration_refuses(value, reason):
     with pytest.raises(ConfigError) as info:
-        cfg.parse_duration(value, where="guard.grace")
+        cfg.duration(value, where="guard.grace")
     assert info.value.message.startswith("guard.grace: ")
     assert reason in info.value.message
 
@@ -105,7 +105,7 @@ def test_parse_duration_refuses(value, reason):
     ],
 )
 def test_parse_size_accepts(value, size):
-    assert cfg.parse_size(value, where="slots.min_free_memory") == size
+    assert cfg.size(value, where="slots.min_free_memory") == size
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_parse_size_accepts(value, size):
 )
 def test_parse_size_refuses(value, reason):
     with pytest.raises(ConfigError) as info:
-        cfg.parse_size(value, where="slots.min_free_memory")
+        cfg.size(value, where="slots.min_free_memory")
     assert info.value.message.startswith("slots.min_free_memory: ")
     assert reason in info.value.message
 
@@ -493,7 +493,7 @@ def test_endpoints_resolve_fills_defaults_in_the_state_dir(tmp_path):
 
 
 def test_embedded_default_is_the_commented_default_text():
-    # supervisor/default.toml is generated from config._SECTIONS; regenerate it with
+    # supervisor/default.toml is generated from config.SECTIONS; regenerate it with
     # .venv/bin/python -c "from supervisor import config; print(config.default_config_text(), end='')" > supervisor/default.toml
     assert cfg.embedded_text() == cfg.default_config_text()
     config = cfg.parse(cfg.default_config_text(), cfg.EMBEDDED_SOURCE)
@@ -777,7 +777,7 @@ def test_init_path_option_and_unwritable_place(cli_env, tmp_path):
 
 
 def test_init_never_overwrites_a_file_that_appears_after_the_check(tmp_path, monkeypatch):
-    from supervisor import cli_config
+    from supervisor.cli import config as cli_config
     from supervisor.errors import CcsupError
 
     target = write(tmp_path / "c.toml", "# a racer's file\n")

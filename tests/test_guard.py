@@ -23,7 +23,7 @@ CMDS = str(Path(__file__).with_name("test_guard_cmds.py"))
 GRACE = 0.4
 
 
-class Guard:
+class GuardRun:
     """A guard under test: its Popen, a line reader over its stdout, its record directory."""
 
     def __init__(
@@ -118,7 +118,7 @@ def py(action: str, *args: str) -> list[str]:
     ],
 )
 def test_exit_status_is_cmds(tmp_path, script, code, sig):
-    g = Guard(tmp_path, ["sh", "-c", script])
+    g = GuardRun(tmp_path, ["sh", "-c", script])
     rc = g.wait()
     assert rc == (code if sig is None else 128 + sig)
     rec = g.record()
@@ -127,7 +127,7 @@ def test_exit_status_is_cmds(tmp_path, script, code, sig):
 
 
 def test_command_not_found_is_127(tmp_path):
-    g = Guard(tmp_path, ["/nonexistent/ccsup-no-such-cmd"])
+    g = GuardRun(tmp_path, ["/nonexistent/ccsup-no-such-cmd"])
     assert g.wait() == 127
     rec = g.record()
     assert rec["exit"] == {"code": 127, "signal": None}
@@ -136,7 +136,7 @@ def test_command_not_found_is_127(tmp_path):
 
 
 def test_command_on_path_not_found_is_127(tmp_path):
-    assert Guard(tmp_path, ["ccsup-no-such-command-anywhere"]).wait() == 127
+    assert GuardRun(tmp_path, ["ccsup-no-such-command-anywhere"]).wait() == 127
 
 
 @pytest.mark.parametrize("kind", ["not-executable-file", "directory"])
@@ -147,7 +147,7 @@ def test_command_not_executable_is_126(tmp_path, kind):
     else:
         target.write_text("#!/bin/sh\nexit 0\n")
         target.chmod(0o644)
-    g = Guard(tmp_path, [str(target)])
+    g = GuardRun(tmp_path, [str(target)])
     assert g.wait() == 126
     assert g.record()["reason"].startswith("not_executable:")
 
@@ -155,7 +155,7 @@ def test_command_not_executable_is_126(tmp_path, kind):
 @pytest.mark.parametrize("action", ["exit-after-orphan", "orphan-exits-first"])
 def test_orphans_reaped_by_the_guard_do_not_steal_cmds_status(tmp_path, action):
     # The guard reaps orphans with waitpid(-1) too; only CMD's own status may come back.
-    g = Guard(tmp_path, py(action, "9"))
+    g = GuardRun(tmp_path, py(action, "9"))
     assert g.wait() == 9
     assert g.record()["exit"] == {"code": 9, "signal": None}
 
@@ -164,7 +164,7 @@ def test_orphans_reaped_by_the_guard_do_not_steal_cmds_status(tmp_path, action):
 
 
 def test_setsid_child_ignoring_sigterm_is_killed_after_grace_and_guard_waits(tmp_path):
-    g = Guard(tmp_path, py("setsid-child", "3"))
+    g = GuardRun(tmp_path, py("setsid-child", "3"))
     child, child_pgid = g.announced("child")
     g.announced("ready")
     assert child_pgid == child.pid
@@ -188,7 +188,7 @@ def test_double_forked_daemon_between_scans_is_ended(tmp_path, how):
     # --scan 30s: no periodic scan runs during the test, so the daemon (whose middle process is
     # gone) is found only because it was reparented to the guard, the child subreaper.
     stay = ["stay"] if how == "guard-sigterm" else []
-    g = Guard(tmp_path, py("daemon", *stay), scan="30s")
+    g = GuardRun(tmp_path, py("daemon", *stay), scan="30s")
     daemon, daemon_pgid = g.announced("daemon")
     g.announced("ready")
     if how == "guard-sigterm":
@@ -211,7 +211,7 @@ LAUNCHER = (
 
 
 def test_parent_sigkilled_ends_all_work_within_grace(tmp_path):
-    g = Guard(
+    g = GuardRun(
         tmp_path,
         py("setsid-child", "stay"),
         grace=0.5,
@@ -241,7 +241,7 @@ def test_parent_sigkilled_ends_all_work_within_grace(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_to_guard_stops_the_turn(tmp_path, sig):
-    g = Guard(tmp_path, py("setsid-child", "stay"))
+    g = GuardRun(tmp_path, py("setsid-child", "stay"))
     child, _ = g.announced("child")
     cmd, _ = g.announced("ready")
     g.proc.send_signal(sig)
@@ -253,7 +253,7 @@ def test_signal_to_guard_stops_the_turn(tmp_path, sig):
 
 
 def test_stopped_cmd_is_still_ended_without_waiting_for_the_grace(tmp_path):
-    g = Guard(tmp_path, py("sleep"), grace=5)
+    g = GuardRun(tmp_path, py("sleep"), grace=5)
     cmd, _ = g.announced("ready")
     assert procs.signal_process(cmd, signal.SIGSTOP)
     wait_until(lambda: procs.read_stat(cmd.pid).state == "T", what="CMD stopped")
@@ -269,7 +269,7 @@ def test_stopped_cmd_is_still_ended_without_waiting_for_the_grace(tmp_path):
 
 
 def test_guard_sigkilled_leaves_record_with_live_groups(tmp_path):
-    g = Guard(tmp_path, py("setsid-child", "stay"))
+    g = GuardRun(tmp_path, py("setsid-child", "stay"))
     child, child_pgid = g.announced("child")
     cmd, _ = g.announced("ready")
     wanted = {"pgid": child_pgid, "leader_start": child.start}
@@ -289,11 +289,11 @@ def test_guard_sigkilled_leaves_record_with_live_groups(tmp_path):
     assert rec["own_group"] == {"pgid": cmd.pid, "leader_start": cmd.start}
     groups = record.record_groups(rec)
     assert procs.Group(child_pgid, child.start) in groups
-    assert record.work_alive(rec)
+    assert record.groups_alive(rec)
     assert all(procs.group_alive(grp) for grp in groups)
     for grp in groups:
         os.killpg(grp.pgid, signal.SIGKILL)
-    wait_until(lambda: not record.work_alive(rec), what="the groups gone after SIGKILL")
+    wait_until(lambda: not record.groups_alive(rec), what="the groups gone after SIGKILL")
     assert not any(procs.group_alive(grp) for grp in groups)
 
 
@@ -303,7 +303,7 @@ def test_guard_sigkilled_leaves_record_with_live_groups(tmp_path):
 def test_job_control_shell_is_ended_completely(tmp_path):
     # after its jobs die the shell execs a sleep in the own group: CMD dies of SIGTERM either way
     script = "set -m; sleep 300 & a=$!; sleep 300 & echo ready $a $!; wait; exec sleep 300"
-    g = Guard(tmp_path, ["bash", "-c", script])
+    g = GuardRun(tmp_path, ["bash", "-c", script])
     words = g.line()
     assert words[0] == "ready"
     sleeps = [procs.identity_of(int(p)) for p in words[1:]]
@@ -320,7 +320,7 @@ def test_job_control_shell_is_ended_completely(tmp_path):
 def test_forking_tree_of_hundreds_is_ended_completely(tmp_path):
     fanout, depth = 6, 3
     total = fanout + fanout**2 + fanout**3  # 258
-    g = Guard(tmp_path, py("tree", str(fanout), str(depth)), scan="0.2")
+    g = GuardRun(tmp_path, py("tree", str(fanout), str(depth)), scan="0.2")
     nodes = [g.announced("node")[0] for _ in range(total)]
     cmd, _ = g.announced("ready")
     assert len({n.pid for n in nodes}) == total
@@ -347,7 +347,7 @@ def _status_fields(text: str) -> dict:
 
 
 def test_cmd_starts_with_empty_mask_and_default_dispositions(tmp_path):
-    g = Guard(tmp_path, ["cat", "/proc/self/status"], launcher=[PYTHON, "-c", BLOCKING_LAUNCHER])
+    g = GuardRun(tmp_path, ["cat", "/proc/self/status"], launcher=[PYTHON, "-c", BLOCKING_LAUNCHER])
     out = g.proc.stdout.read().decode()
     assert g.wait() == 0  # with SIGCHLD blocked and ignored in its parent, the guard still reaps
     fields = _status_fields(out)
@@ -356,7 +356,7 @@ def test_cmd_starts_with_empty_mask_and_default_dispositions(tmp_path):
 
 
 def test_guard_started_with_signals_blocked_still_stops_on_sigterm(tmp_path):
-    g = Guard(tmp_path, py("sleep"), launcher=[PYTHON, "-c", BLOCKING_LAUNCHER])
+    g = GuardRun(tmp_path, py("sleep"), launcher=[PYTHON, "-c", BLOCKING_LAUNCHER])
     cmd, pgid = g.announced("ready")
     assert pgid == cmd.pid  # a group of its own
     g.proc.send_signal(signal.SIGTERM)
@@ -366,7 +366,7 @@ def test_guard_started_with_signals_blocked_still_stops_on_sigterm(tmp_path):
 
 def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
     env = dict(os.environ, CCSUP_SECRET_FOR_TEST="s3cr3t")
-    g = Guard(
+    g = GuardRun(
         tmp_path,
         ["sh", "-c", 'echo "turn $CCSUP_TURN $CCSUP_SECRET_FOR_TEST"'],
         "--turn",
@@ -402,7 +402,7 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
 
 
 def test_without_turn_an_id_is_made_and_given_to_cmd(tmp_path):
-    g = Guard(tmp_path, ["sh", "-c", 'echo "turn $CCSUP_TURN"'])
+    g = GuardRun(tmp_path, ["sh", "-c", 'echo "turn $CCSUP_TURN"'])
     words = g.line()
     assert g.wait() == 0
     assert words[0] == "turn" and len(words) == 2 and words[1]

@@ -9,16 +9,12 @@ import signal
 import sys
 import time
 
-
-def start_of(pid):
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        data = f.read()
-    return int(data[data.rindex(b")") + 2 :].split()[19])
+from guardd.procs import start_ticks
 
 
 def announce(role):
     pid = os.getpid()
-    os.write(1, f"{role} {pid} {start_of(pid)} {os.getpgrp()}\n".encode())
+    os.write(1, f"{role} {pid} {start_ticks(pid)} {os.getpgrp()}\n".encode())
 
 
 def forever():

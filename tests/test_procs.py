@@ -35,17 +35,17 @@ def test_live_group_is_alive_only_with_the_right_leader_start(sleeper):
     assert not procs.group_alive(procs.Group(sleeper.pid, None))
 
 
-def test_work_alive_of_a_record_follows_identity(sleeper):
+def test_groups_alive_of_a_record_follows_identity(sleeper):
     start = procs.start_ticks(sleeper.pid)
     rec = {"v": 1, "own_group": {"pgid": sleeper.pid, "leader_start": start}, "groups": []}
-    assert record.work_alive(rec)
+    assert record.groups_alive(rec)
     rec_reused = {
         "v": 1,
         "own_group": {"pgid": sleeper.pid, "leader_start": start + 7},
         "groups": [{"pgid": sleeper.pid, "leader_start": None, "seen_at": 1.0}],
     }
-    assert not record.work_alive(rec_reused)
-    assert not record.work_alive({"v": 1, "own_group": None, "groups": []})
+    assert not record.groups_alive(rec_reused)
+    assert not record.groups_alive({"v": 1, "own_group": None, "groups": []})
 
 
 def test_signal_process_checks_identity(sleeper):
@@ -153,7 +153,7 @@ def test_scan_finds_grandchildren_and_their_groups():
         p.stdout.close()
 
 
-def _proc_tuple(p: scan.Proc) -> tuple:
+def _proc_tuple(p: procs.Stat) -> tuple:
     return (p.pid, p.ppid, p.pgid, p.start, p.zombie)
 
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, leftovers
+from conftest import PYTHON, leftovers, wait_until
 
 from guardd import procs
 
@@ -80,11 +80,15 @@ def test_soak_with_guards_and_the_supervisor_killed(daemon, event_log, state_dir
                 pytest.fail(f"a soak client exited {c.returncode}")
 
     with d.client(timeout=5) as client:
-        deadline = time.monotonic() + 60
-        while (status := client.status())["turns"] or status["waits"] or status["reservations"]:
-            if time.monotonic() > deadline:
-                pytest.fail(f"not everything ended: {status} {describe(client, d)}")
-            time.sleep(0.05)
+
+        def settled() -> bool:
+            status = client.status()
+            return not (status["turns"] or status["waits"] or status["reservations"])
+
+        try:
+            wait_until(settled, 60, 0.05)
+        except TimeoutError:
+            pytest.fail(f"not everything ended: {client.status()} {describe(client, d)}")
         acked = []
         for n in range(CLIENTS):
             acked += [line.split() for line in (state_dir / f"acked-{n}").read_text().splitlines()]

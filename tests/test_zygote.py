@@ -16,7 +16,7 @@ import pytest
 from conftest import PYTHON, wait_until
 
 from guardd import procs
-from guardd.zygote import Zygote, ZygoteGone
+from guardd.zygote_handle import Zygote, ZygoteGone
 from supervisor import spawn
 
 READY_THEN_READ = ["sh", "-c", "echo ready; read line; exit 7"]
@@ -320,7 +320,7 @@ def test_the_zygote_exits_when_its_supervisor_is_killed(tmp_path):
     holder = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from guardd.zygote import Zygote
+        from guardd.zygote_handle import Zygote
         z = Zygote.start()
         print(z.pid, flush=True)
         time.sleep(60)
@@ -354,7 +354,7 @@ def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
             scan=1.0,
             bus=None,
         )
-        assert type(guard) is spawn.Guard and procs.read_stat(guard.pid).ppid == os.getpid()
+        assert type(guard) is spawn.GuardProcess and procs.read_stat(guard.pid).ppid == os.getpid()
         done = asyncio.Event()
         guard.attach(
             asyncio.get_running_loop(), tmp_path / "t1", on_output=lambda *a: None, on_exit=done.set
@@ -384,7 +384,7 @@ def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
                 scan=1.0,
                 bus=None,
             )
-            assert type(guard) is spawn.ForkedGuard
+            assert type(guard) is spawn.ForkedGuardProcess
             event = asyncio.Event()
             guard.attach(
                 asyncio.get_running_loop(),
@@ -436,7 +436,9 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
         direct = launcher.start_guard(
             "t2", ["true"], cwd=None, env={}, record_dir=tmp_path, grace=0.2, scan=1.0, bus=None
         )
-        assert type(direct) is spawn.Guard and procs.read_stat(direct.pid).ppid == os.getpid()
+        assert (
+            type(direct) is spawn.GuardProcess and procs.read_stat(direct.pid).ppid == os.getpid()
+        )
         done = asyncio.Event()
         direct.attach(loop, tmp_path / "t2", on_output=lambda *a: None, on_exit=done.set)
         await asyncio.wait_for(done.wait(), 10)

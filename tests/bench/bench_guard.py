@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from guardd import scan  # noqa: E402
 from guardd.launch import guard_command  # noqa: E402
-from guardd.zygote import Zygote  # noqa: E402
+from guardd.zygote_handle import Zygote  # noqa: E402
 
 PY = sys.executable
 

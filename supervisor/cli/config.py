@@ -9,7 +9,7 @@ without --force, even by a racing second `init`. Run again, it refuses (exit 1) 
 replaces the file with a fresh default; stopped half-way it leaves at most a `.ccsup-init-*`
 temporary file beside the target, never a partial config.
 
-Attach with `main.add_command(config_group)`. A `--config` or `--state-dir` given to the parent
+Listed in supervisor.cli.COMMANDS. A `--config` or `--state-dir` given to the parent
 group is honoured when the subcommand does not give its own.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import click
 
-from . import config as cfg
-from .caps import MACHINE_KEY
-from .errors import CcsupError, os_failure
+from .. import config as cfg
+from ..caps import MACHINE_KEY
+from ..errors import CcsupError, ConfigError, os_failure
 
 
 def _parent_param(ctx: click.Context, name: str):
@@ -116,7 +116,7 @@ def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
         noun = "problem" if len(err.problems) == 1 else "problems"
         click.echo(f"{len(err.problems)} {noun} in {err.problems[0].source}", err=True)
         ctx.exit(err.exit_code)
-    except cfg.ConfigError as err:  # a file that cannot be read, an unbindable socket path
+    except ConfigError as err:  # a file that cannot be read, an unbindable socket path
         click.echo(f"error: {err.message}", err=True)
         ctx.exit(err.exit_code)
     if as_json:

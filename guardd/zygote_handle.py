@@ -1,0 +1,218 @@
+"""The supervisor's handle on its guard zygote: start it, ask it for guards, collect statuses.
+
+The zygote, its wire and the design note are in guardd.zygote; this is the other end of the
+socket, used by supervisor.spawn from the daemon's event loop (not thread-safe). It knows the
+zygote's process and socket; nothing of turns or slots.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+
+from guardd.launch import zygote_command
+from guardd.zygote import Inbox, encode
+
+
+class ZygoteGone(Exception):
+    """The zygote has ended (or was ended) and started nothing for this request."""
+
+
+class Spawned:
+    """A guard the zygote forked: its pid, start ticks, and a pidfd on it (ours to close)."""
+
+    __slots__ = ("pid", "start", "pidfd")
+
+    def __init__(self, pid: int, start: int, pidfd: int):
+        self.pid, self.start, self.pidfd = pid, start, pidfd
+
+
+class Zygote:
+    """The supervisor's end: start the zygote, ask it for guards, collect their exit statuses.
+
+    Not thread-safe; one caller (the daemon's event loop). `fileno()` turns readable when reports
+    (or EOF) arrive: then call `poll_reports()`. `spawn` blocks for the zygote's answer (a fork,
+    ~1-3 ms) and keeps any report read meanwhile for the next `poll_reports()`.
+    """
+
+    def __init__(self, proc, sock: socket.socket):
+        self.proc = proc
+        self.sock = sock
+        self.inbox = Inbox()
+        self.reports: list[tuple[int, int]] = []
+        self.replies: list[tuple] = []
+        self.alive = True
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @classmethod
+    def start(cls, python: str | None = None, timeout: float = 10.0) -> Zygote:
+        """Start a zygote and wait until it is ready. OSError or ZygoteGone when it cannot be."""
+        import subprocess
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen(
+                zygote_command(["--fd", str(theirs.fileno())], python),
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # nothing of a terminal reaches it, as with guards
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        zygote = cls(proc, ours)
+        try:
+            try:
+                reply = zygote._await_reply(time.monotonic() + timeout)
+            except TimeoutError:
+                raise ZygoteGone(f"the zygote was not ready within {timeout:g} s") from None
+            if reply[0] != "ready":
+                raise ZygoteGone(f"the zygote answered {reply[0]!r} instead of ready")
+        except BaseException:
+            zygote.close(timeout=0)
+            raise
+        return zygote
+
+    def spawn(
+        self,
+        args: list[str],
+        *,
+        cwd: str | None,
+        env: dict,
+        stdio: tuple[int, int, int],
+        timeout: float = 5.0,
+    ) -> Spawned:
+        """Fork a guard running `ccsup-guard ARGS` with these stdio fds (the caller closes its
+        copies after). OSError: the child could not be set up (its errno, e.g. a bad cwd).
+        ValueError: the request is too large for the wire. ZygoteGone: the zygote is gone or was
+        given up here, and no guard runs for this request: start it another way."""
+        data = encode(("spawn", list(args), cwd, env))
+        if not self.alive:
+            raise ZygoteGone("the zygote has already ended")
+        deadline = time.monotonic() + timeout
+        try:
+            self._send_request(data, list(stdio), deadline)
+            reply = self._await_reply(deadline)
+        except TimeoutError:
+            # Stuck (stopped, or starved): end it. What it sent before dying still counts; a
+            # child it forked but did not announce reads EOF for its go and never runs a guard.
+            self._stop(kill=True)
+            self._read_available()
+            if not self.replies:
+                raise ZygoteGone(
+                    f"the zygote did not answer within {timeout:g} s; it was killed"
+                ) from None
+            reply = self.replies.pop(0)
+        if reply[0] == "spawned":
+            (pidfd,) = self.inbox.take_fds(1)
+            return Spawned(reply[1], reply[2], pidfd)
+        if reply[0] == "failed":
+            errno_, operation = reply[1], reply[2]
+            if operation == "chdir":
+                raise OSError(errno_, os.strerror(errno_), cwd)  # what Popen raises
+            raise OSError(errno_, f"{os.strerror(errno_)} ({operation})")
+        raise ZygoteGone(f"the zygote answered {reply[0]!r} to a spawn")
+
+    def poll_reports(self) -> list[tuple[int, int]]:
+        """(pid, returncode) of every guard reaped since the last call; reads what is there."""
+        if self.alive:
+            self._read_available()
+        reports, self.reports = self.reports, []
+        return reports
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the zygote (EOF on its socket) and reap it; killed after `timeout`."""
+        self.alive = False
+        if self.sock.fileno() >= 0:
+            self.sock.close()
+        if self.proc.poll() is None:
+            import subprocess
+
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.inbox.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _stop(self, kill: bool) -> None:
+        self.alive = False
+        if kill and self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def _send_request(self, data: bytes, fds: list[int], deadline: float) -> None:
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLOUT | select.POLLIN)
+        while view:
+            try:
+                sent = socket.send_fds(self.sock, [view], fds) if fds else self.sock.send(view)
+            except BlockingIOError:
+                sent = 0
+            except OSError as e:  # EPIPE, ECONNRESET: it is gone
+                self._gone()
+                raise ZygoteGone(f"unable to send to the zygote: {e.strerror}") from None
+            if sent:
+                view, fds = view[sent:], []
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for _, event in poller.poll(left * 1000):
+                if event & select.POLLIN:  # read its reports meanwhile: it may be blocked on them
+                    self._read_available()
+                    if not self.alive:
+                        raise ZygoteGone("the zygote ended while we sent a request")
+
+    def _await_reply(self, deadline: float) -> tuple:
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        while not self.replies:
+            if not self.alive:
+                raise ZygoteGone("the zygote ended without answering")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            if poller.poll(left * 1000):
+                self._read_available()
+        return self.replies.pop(0)
+
+    def _read_available(self) -> None:
+        while True:
+            try:
+                more = self.inbox.receive(self.sock)
+            except BlockingIOError:
+                more = True
+                break
+            except OSError:
+                more = False
+            finally:
+                for message in self.inbox.messages():
+                    if message[0] == "exited":
+                        self.reports.append((message[1], message[2]))
+                    else:
+                        self.replies.append(message)
+            if not more:
+                break
+        if not more:
+            self._gone()
+
+    def _gone(self) -> None:
+        """EOF or a reset: it exited (or is exiting, and its socket is all it had for us)."""
+        if self.alive:
+            self._stop(kill=True)  # already ending; a kill only makes the wait short

@@ -1,0 +1,98 @@
+"""`ccsup`: the command line. Each command is a thin shell over supervisor.client.
+
+Exit codes: 0 ok, 1 failure, 2 usage or configuration (click's own usage errors and ccsup's
+UsageError family, a supervisor's `bad_request` reply included), 3 no supervisor running on the
+state directory. `ccsup run` exits with its command's status instead (128+N for a signal), 125
+when the turn's guard was lost, 1 when the turn was cancelled or rejected. Only CcsupError is
+caught at the top ("ccsup: <message>" on stderr, its `exit_code`); anything else is a bug and
+shows its traceback.
+
+State: the CLI keeps none. `ccsup start` (without --foreground) re-executes itself as a detached
+`python -m supervisor ... start --foreground --log-to-file`, whose stderr goes to
+<state>/ccsup.stderr (truncated at each start, so a crash after start-up stays readable), and
+returns once the new supervisor answers `status`, or reports the child's stderr and exit code if
+it ends first. Run again on a running state directory, it exits 1 saying so. `ccsup run` dying
+(even by SIGKILL) leaves nothing: it names itself (pid + start ticks) as the holder, and the
+supervisor cancels the turn of a holder that is gone.
+
+Start-up cost: every command pays for what this package's `__init__` imports, so it imports only
+click, the errors and `where` (the global options). Each command lives in a module of its own,
+imported only when that command runs or its help is shown (`LazyGroup`); in it, the config is
+imported by the commands that need a state directory, the client (and with it zmq and the
+protocol) by those that talk to the supervisor, subprocess by `start`. `ccsup --version` imports
+no command. The daemon side (daemon, manager, asyncio) is only ever imported by
+`start --foreground`.
+
+Adding a command: a module `supervisor/cli/<name>.py` with a click command (using
+`where(ctx)` for the state directory, the config and a client, and `emit_json` for --json), and
+one line in COMMANDS below.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from .. import __version__
+from ..errors import CcsupError
+from .where import Where
+
+# Every command: its name -> (module in supervisor.cli, the click command's attribute there).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "start": ("start", "start"),
+    "stop": ("stop", "stop"),
+    "status": ("status", "status"),
+    "ps": ("ps", "ps"),
+    "run": ("run", "run"),
+    "cancel": ("cancel", "cancel"),
+    "events": ("events", "events"),
+    "logs": ("logs", "logs"),
+    "reap": ("reap", "reap"),
+    "reload": ("reload", "reload"),
+    "config": ("config", "config_group"),
+}
+
+
+class LazyGroup(click.Group):
+    """The `ccsup` group: commands listed from COMMANDS and imported only when looked up (to run
+    them or show their help); a CcsupError from any command becomes a message and its exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in COMMANDS and name not in self.commands:
+            module, attribute = COMMANDS[name]
+            command = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+            self.add_command(command, name)
+        return super().get_command(ctx, name)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except CcsupError as e:
+            if e.message:
+                click.echo(f"ccsup: {e.message}", err=True)
+            ctx.exit(e.exit_code)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ccsup", message="%(prog)s %(version)s")
+@click.option(
+    "--state-dir",
+    envvar="CCSUP_STATE_DIR",
+    metavar="DIR",
+    help="The supervisor's state directory (also $CCSUP_STATE_DIR; default from the config, "
+    "else $XDG_STATE_HOME/ccsup).",
+)
+@click.option(
+    "--config",
+    envvar="CCSUP_CONFIG",
+    metavar="FILE",
+    help="The TOML config (also $CCSUP_CONFIG; default $XDG_CONFIG_HOME/ccsup/ccsup.toml, else built-in).",
+)
+@click.pass_context
+def main(ctx: click.Context, state_dir: str | None, config: str | None) -> None:
+    """ccsup: a machine-wide supervisor for capped, contained work."""
+    ctx.obj = Where(state_dir, config)

@@ -1,0 +1,171 @@
+"""`ccsup start`: start the supervisor, detached (or in this process with --foreground), and
+return once it answers `status`. See the package docstring for what a detached start leaves."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from ..errors import AlreadyRunning, CcsupError, NotRunning, UsageError
+from ..polling import wait_until
+from .where import Where, where
+
+if TYPE_CHECKING:
+    import subprocess
+    from pathlib import Path
+
+    from ..client import Client
+
+START_WAIT = 10.0  # seconds `ccsup start` waits for a detached supervisor to answer
+STDERR_FILE = "ccsup.stderr"
+
+
+def _caps_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> dict[str, int] | None:
+    if value is None:
+        return None
+    from ..caps import parse_caps_option
+
+    try:
+        return parse_caps_option(value)
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+
+
+@click.command()
+@click.option(
+    "--foreground",
+    is_flag=True,
+    help="Run the supervisor in this process (for systemd); log to stderr.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    help="The TOML config (wins over the global --config).",
+)
+@click.option(
+    "--caps",
+    callback=_caps_option,
+    metavar="KEY=N,...",
+    help="Caps that win over the config's, e.g. codex=2,opencode:xai=1.",
+)
+@click.option("--log-to-file", is_flag=True, hidden=True)
+@click.pass_context
+def start(
+    ctx, foreground: bool, config_path: str | None, caps: dict | None, log_to_file: bool
+) -> None:
+    """Start the supervisor; return once it answers."""
+    from .. import config as cfg
+    from ..paths import StatePaths
+
+    options = where(ctx)
+    config = options.config(config_path)
+    state_dir = options.state_dir(config)
+    config.endpoints.resolve(
+        state_dir
+    )  # refuses an ipc path too long to bind, before anything starts
+    if foreground:
+        from ..daemon import serve
+
+        ctx.exit(
+            serve(
+                config,
+                state_dir,
+                caps_override=caps,
+                foreground=not log_to_file,
+                config_path=config_path or options.config_option,
+            )
+        )
+    paths = StatePaths(state_dir)
+    paths.ensure()
+    with options.client(timeout=1.0) as probe:
+        if probe.running():
+            raise AlreadyRunning(f"a supervisor is already running on {state_dir}{_pid_of(probe)}")
+    argv = [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir)]
+    if config.source != cfg.EMBEDDED_SOURCE:
+        argv += ["--config", os.path.abspath(config.source)]
+    argv += ["start", "--foreground", "--log-to-file"]
+    if caps:
+        argv += ["--caps", ",".join(f"{k}={v}" for k, v in caps.items())]
+    child = _spawn_detached(argv, paths.root / STDERR_FILE)
+    pid = _wait_until_answering(options, child, state_dir)
+    click.echo(f"ccsup started (pid {pid}, state {state_dir})")
+
+
+def _pid_of(client: Client) -> str:
+    try:
+        return f" (pid {client.status().get('pid')})"
+    except CcsupError:
+        return ""
+
+
+def _spawn_detached(argv: list[str], stderr_path: Path) -> subprocess.Popen[bytes]:
+    import subprocess
+
+    try:
+        fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise CcsupError(f"unable to create {stderr_path}: {e.strerror}") from None
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=fd,
+            start_new_session=True,
+            cwd="/",
+        )
+    except OSError as e:
+        raise CcsupError(f"unable to start the supervisor ({argv[0]}): {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _wait_until_answering(options: Where, child: subprocess.Popen[bytes], state_dir: Path) -> int:
+    """The detached supervisor's pid once it answers `status`; its stderr and code if it ends first."""
+    from ..paths import StatePaths
+
+    stderr_path = state_dir / STDERR_FILE
+
+    def answering(client: Client) -> bool:
+        code = child.poll()
+        if code is not None:
+            try:
+                text = stderr_path.read_text(errors="replace").strip()
+            except OSError:
+                text = ""
+            for line in text.splitlines():
+                click.echo(line, err=True)
+            raise _ExitWith(
+                code or 1,
+                "" if text else f"the supervisor exited with status {code} before it answered",
+            )
+        try:
+            status = client.status()
+        except NotRunning:
+            return False
+        # A status from another pid: a racing start won; our child will exit "already running".
+        return status.get("pid") == child.pid
+
+    with options.client(timeout=1.0) as client:
+        try:
+            wait_until(lambda: answering(client), START_WAIT, 0.02)
+        except TimeoutError:
+            raise CcsupError(
+                f"the supervisor (pid {child.pid}) did not answer within {START_WAIT:g} s; it is left "
+                f"running: see {stderr_path} and {StatePaths(state_dir).log}"
+            ) from None
+    return child.pid
+
+
+class _ExitWith(CcsupError):
+    """End the CLI with a given code (and a message when there is one to add)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.exit_code = code

@@ -1,0 +1,31 @@
+"""`ccsup status`: whether the supervisor runs, and what it does."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from .formats import age
+from .where import emit_json, where
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Whether the supervisor runs, and what it does."""
+    with where(ctx).client() as client:
+        result = client.status()
+    if as_json:
+        emit_json(result)
+        return
+
+    started = result.get("started_at")
+    click.echo(
+        f"ccsup {result.get('version', '?')}, pid {result.get('pid', '?')}, up {age(started, time.time())}"
+    )
+    click.echo(f"state   {result.get('state_dir', client.state_dir)}")
+    if "config" in result:
+        click.echo(f"config  {result['config']}")
+    click.echo(f"turns   {result['turns']} active, {result['waits']} waiting")

@@ -1,0 +1,77 @@
+"""Where the configuration file and the state directory are: --config, the environment, XDG.
+
+It reads only the environment mapping it is given and whether the XDG file exists; `read_text`
+is the one function that reads a configuration file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from .values import expand_home
+
+if TYPE_CHECKING:
+    from . import Config
+
+EMBEDDED_SOURCE = "<embedded defaults>"
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    return Path(env["HOME"]) if env.get("HOME") else Path.home()
+
+
+def _xdg(env: Mapping[str, str], variable: str, fallback: str) -> Path:
+    value = env.get(variable, "")
+    # The XDG spec: a relative value is invalid and is ignored.
+    return Path(value) if value and os.path.isabs(value) else _home(env) / fallback
+
+
+def xdg_config_path(env: Mapping[str, str]) -> Path:
+    """$XDG_CONFIG_HOME/ccsup/ccsup.toml (default ~/.config), whether it exists or not."""
+    return _xdg(env, "XDG_CONFIG_HOME", ".config") / "ccsup" / "ccsup.toml"
+
+
+def find_config_path(cli_path: str | None, env: Mapping[str, str]) -> Path | None:
+    """--config, else $CCSUP_CONFIG, else the XDG file if it exists, else None (embedded defaults)."""
+    if cli_path:
+        return expand_home(cli_path, env)
+    if env.get("CCSUP_CONFIG"):
+        return expand_home(env["CCSUP_CONFIG"], env)
+    path = xdg_config_path(env)
+    return path if path.is_file() else None
+
+
+def embedded_text() -> str:
+    """The text of the embedded supervisor/default.toml."""
+    from importlib import resources  # 5 ms of imports, for the case of no config file
+
+    return resources.files("supervisor").joinpath("default.toml").read_text(encoding="utf-8")
+
+
+def read_text(path: Path) -> str:
+    """A configuration file's text; a ConfigError naming the file when it cannot be read."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise ConfigError(f"unable to read config {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"unable to read config {path}: not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
+
+
+def resolve_state_dir(cli_value: str | None, env: Mapping[str, str], config: Config) -> Path:
+    """--state-dir > $CCSUP_STATE_DIR > config.state_dir > $XDG_STATE_HOME/ccsup > ~/.local/state/ccsup.
+
+    Always absolute: the daemon's ipc:// endpoints are paths inside it.
+    """
+    for value in (cli_value, env.get("CCSUP_STATE_DIR")):
+        if value:
+            return Path(os.path.abspath(expand_home(value, env)))
+    if config.state_dir is not None:
+        return config.state_dir
+    return _xdg(env, "XDG_STATE_HOME", ".local/state") / "ccsup"
