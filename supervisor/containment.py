@@ -95,6 +95,25 @@ class Cgroups:
                 pass  # a turn cgroup still in it: the next supervisor's reaper finishes it
 
 
+def check_setting(setting: str) -> str | None:
+    """For `config check`: None when the setting can be used here, else the problem (a path
+    that is not a writable cgroup2 directory). `auto` is never a problem: it falls back."""
+    if setting in (AUTO, OFF):
+        return None
+    problem = cgroup.usable(setting)
+    return None if problem is None else f"[guard] cgroup: {problem}"
+
+
+def describe_setting(setting: str) -> str:
+    """For `config check`: what the setting gives on this machine, in words."""
+    if setting == OFF:
+        return "off: subreaper and process groups"
+    base = cgroup.find_auto() if setting == AUTO else setting
+    if base is None:
+        return "auto: no writable cgroup2 hierarchy here: subreaper and process groups"
+    return f"{setting}: a cgroup per turn under {base}"
+
+
 def start_cgroups(config: Any) -> Cgroups:
     """The daemon's Cgroups from `[guard] cgroup` (default auto); a configured path that is not
     usable is a configuration error (exit 2), naming the key."""
@@ -104,7 +123,7 @@ def start_cgroups(config: Any) -> Cgroups:
 
     me = identity_of(os.getpid())
     assert me is not None  # this very process
-    setting = getattr(config, "guard_cgroup", AUTO)
+    setting = config.guard_cgroup
     try:
         cgroups = Cgroups.start(setting, me.pid, me.start)
     except OSError as e:

@@ -13,14 +13,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from click.testing import CliRunner
+from conftest import PYTHON, wait_until
 
 from guardd import cgroup, procs
 from guardd.launch import guard_command
+from supervisor import config as cfg
 from supervisor import containment
+from supervisor.cli.config import config_group
 
 BASE = cgroup.find_auto()
-pytestmark = pytest.mark.skipif(BASE is None, reason="no writable cgroup2 hierarchy here")
+needs_cgroup2 = pytest.mark.skipif(BASE is None, reason="no writable cgroup2 hierarchy here")
 
 # A child that leaves the turn's group and session, drops its environment (no CCSUP_TURN marker)
 # and ignores SIGTERM: only SIGKILL ends it, and only a cgroup knows it once nobody recorded it.
@@ -32,6 +35,8 @@ HIDDEN = (
 
 @pytest.fixture
 def test_cgroup():
+    if BASE is None:
+        pytest.skip("no writable cgroup2 hierarchy here")
     """A cgroup path for one test (`ccsup.test.<uuid>`), removed afterwards."""
     path = os.path.join(BASE, f"ccsup.test.{uuid.uuid4().hex[:8]}")
     yield path
@@ -70,6 +75,7 @@ def read_pid(path: Path) -> int:
     return int(wait_until(lambda: path.exists() and path.read_text().strip(), what=str(path)))
 
 
+@needs_cgroup2
 def test_cmd_runs_in_its_cgroup_from_the_start_and_a_stubborn_child_ends_by_cgroup_kill(
     test_cgroup, tmp_path, hidden, ended
 ):
@@ -120,6 +126,7 @@ def test_auto_without_a_writable_cgroup2_falls_back_and_says_why(monkeypatch):
     assert off.mode == "groups" and off.parent is None
 
 
+@needs_cgroup2
 def test_supervisor_status_says_cgroup_and_a_turn_runs_in_its_own_removed_after_release(
     daemon, event_log, state_dir, tmp_path, hidden
 ):
@@ -148,6 +155,7 @@ def test_supervisor_status_says_cgroup_and_a_turn_runs_in_its_own_removed_after_
     assert not os.path.exists(parent)
 
 
+@needs_cgroup2
 def test_work_nobody_recorded_is_ended_by_its_cgroup_after_guard_and_supervisor_die(
     daemon, state_dir, tmp_path, hidden
 ):
@@ -163,6 +171,7 @@ def test_work_nobody_recorded_is_ended_by_its_cgroup_after_guard_and_supervisor_
         what="the slot's work",
     )
     guard = procs.identity_of(slot["guard"]["pid"])
+    wait_until(Path(slot["record"]).exists, what="the guard's record")  # just after CMD starts
     record = json.loads(Path(slot["record"]).read_text())
     assert all(g["pgid"] != child.pid for g in record["groups"])  # nobody recorded it
     client.close()
@@ -178,6 +187,7 @@ def test_work_nobody_recorded_is_ended_by_its_cgroup_after_guard_and_supervisor_
         assert all(s["state"] == "free" for s in client.ps()["slots"])
 
 
+@needs_cgroup2
 def test_the_unit_delegates_and_auto_puts_turns_beside_the_daemons_leaf(test_cgroup, monkeypatch):
     unit = (Path(__file__).parent.parent / "contrib" / "systemd" / "ccsup.service").read_text()
     settings = dict(
@@ -189,3 +199,56 @@ def test_the_unit_delegates_and_auto_puts_turns_beside_the_daemons_leaf(test_cgr
     os.makedirs(leaf)
     monkeypatch.setattr(cgroup, "own_cgroup", lambda: leaf[len(BASE) :])
     assert cgroup.find_auto() == test_cgroup
+
+
+# -- [guard] cgroup in the configuration ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [('"auto"', "auto"), ('"off"', "off"), ('"/sys/fs/cgroup/x/"', "/sys/fs/cgroup/x")],
+)
+def test_the_cgroup_setting_is_auto_off_or_an_absolute_path(value, expected):
+    text = f"[guard]\ngrace = '1s'\ncgroup = {value}\n"
+    assert cfg.parse(text, "t.toml").guard_cgroup == expected
+    assert cfg.parse("", "t.toml").guard_cgroup == "auto"
+
+
+@pytest.mark.parametrize("value", ['"maybe"', '"relative/path"', "1", "true"])
+def test_a_bad_cgroup_setting_is_named_with_its_key_and_line(value):
+    with pytest.raises(cfg.ConfigProblems) as info:
+        cfg.parse(f"[guard]\ngrace = '1s'\ncgroup = {value}\n", "t.toml")
+    (problem,) = info.value.problems
+    assert (problem.line, problem.key) == (3, "guard.cgroup")
+    assert 'must be "auto", "off" or an absolute path' in problem.message
+
+
+def test_an_unusable_cgroup_path_fails_config_check_and_start_with_2(tmp_path, state_dir):
+    config = tmp_path / "ccsup.toml"
+    config.write_text(f'[guard]\ncgroup = "{tmp_path}"\n')  # a directory, not a cgroup
+    checked = CliRunner().invoke(config_group, ["check", "--config", str(config)])
+    assert checked.exit_code == 2
+    assert f"[guard] cgroup: {tmp_path} is not in a cgroup2 hierarchy" in checked.output
+    started = subprocess.run(
+        [PYTHON, "-m", "supervisor", "--state-dir", str(state_dir), "--config", str(config)]
+        + ["start", "--foreground"],
+        capture_output=True,
+        timeout=30,
+    )
+    assert started.returncode == 2, started.stderr
+    assert f"[guard] cgroup: {tmp_path} is not in a cgroup2 hierarchy" in started.stderr.decode()
+
+
+def test_off_runs_turns_without_cgroups_and_status_says_so(daemon, event_log):
+    d = daemon(grace="300ms", extra="")
+    d.config.write_text(d.config.read_text() + 'cgroup = "off"\n')  # under [guard], the last table
+    d.stop()
+    d.start()
+    with d.client() as client:
+        status = client.status()
+        assert status["containment"] == "groups" and status["cgroup"] is None
+        assert status["cgroup_why_not"] == '[guard] cgroup = "off"'
+        log = event_log(d)
+        client.turn("codex", ["sh", "-c", "cat /proc/self/cgroup"], id="t1")
+        log.wait_for("turn.t1.released")
+    assert "/turn.t1" not in (d.state_dir / "turns" / "t1" / "stdout.log").read_text()

@@ -106,6 +106,7 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    guard_cgroup: str = "auto"  # [guard] cgroup: "auto", "off" or a path
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -146,6 +147,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=guard_settings.scan,
         endpoints=endpoint_settings,
         harness=harnesses,
+        guard_cgroup=guard_settings.cgroup or "auto",
     )
 
 
