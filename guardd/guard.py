@@ -38,7 +38,7 @@ import signal
 import sys
 import time
 
-from guardd import cgroup, linux, procs, record, scan
+from guardd import cgroup, linux, procs, record, scan, usage
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
 if TYPE_CHECKING:
@@ -148,6 +148,7 @@ class Guard:
         self.phase = "running"  # running -> terminating -> killing
         self.deadline = 0.0
         self.eperm: list[str] = []
+        self.usage = usage.Usage(self.opts.cgroup)
         self.hints: Publisher | None = None
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
@@ -317,13 +318,14 @@ class Guard:
         cmd_exited = False
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, rusage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 self.has_children = False
                 return cmd_exited
             if pid == 0:
                 self.has_children = True
                 return cmd_exited
+            self.usage.reaped(pid, rusage)
             if pid == self.cmd_pid and self.exit is None:
                 self.exit = _Exit.from_status(status)
                 cmd_exited = True
@@ -331,7 +333,8 @@ class Guard:
     def _scan(self) -> None:
         found = self.scanner.descendants()
         self.descendants = found
-        changed = False
+        self.usage.seen(found)
+        changed = self.usage.due(self.clock())  # figures so far reach the record (ps) now and then
         new: list[procs.Group] = []
         own_pgid = self.own.pgid if self.own else None
         for proc in found.values():
@@ -473,6 +476,7 @@ class Guard:
             "reason": self.reason,
             "started_at": self.started_at,
             "cgroup": self.opts.cgroup,
+            "usage": self.usage.to_json(),
         }
 
     def _write_record(self) -> None:

@@ -32,6 +32,47 @@ def read_record(record_path: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
 
 
+# -- what a turn used ---------------------------------------------------------------------------
+
+USAGE_FIELDS = ("cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes")
+
+
+def usage_fields(
+    record: dict[str, Any] | None, requested_at: float, started_at: float | None, now: float
+) -> dict[str, Any]:
+    """The figures `turn.<id>.exited` carries, each named with its unit: wall_s (guard start to
+    now), wait_s (request to guard start: the time waited for the slot), and the guard's
+    `usage` (guardd.usage): cpu_user_s, cpu_system_s, peak_rss_bytes, processes; None where not
+    known (no record)."""
+    used = (record or {}).get("usage")
+    used = used if isinstance(used, dict) else {}
+    fields: dict[str, Any] = {
+        "wall_s": None if started_at is None else round(now - started_at, 6),
+        "wait_s": None if started_at is None else round(max(0.0, started_at - requested_at), 6),
+    }
+    for name in USAGE_FIELDS:
+        value = used.get(name)
+        fields[name] = value if isinstance(value, int | float) else None
+    return fields
+
+
+def usage_so_far(record_path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
+    """A running turn's figures as its guard last wrote them (at most a second old, or a scan)."""
+    if record_path is None:
+        return None
+    record = read_record(record_path)
+    used = (record or {}).get("usage")
+    return used if isinstance(used, dict) else None
+
+
+def add_usage(slots: list[dict[str, Any]], running: dict[str, Any]) -> None:
+    """Blocking (a worker thread): `usage` so far on each slot whose turn runs here (`ps`)."""
+    for slot in slots:
+        path = running.get(slot.get("turn") or "")
+        if path is not None and slot.get("state") == "held":
+            slot["usage"] = usage_so_far(path)
+
+
 # -- the turns' cgroups --------------------------------------------------------------------------
 
 OFF = "off"

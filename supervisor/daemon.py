@@ -255,7 +255,11 @@ class Daemon:
         return self.manager.send(protocol.parse_send(args))
 
     async def cmd_ps(self, args: dict) -> dict:
-        return views.ps(self.manager)
+        result = views.ps(self.manager)
+        # What each running turn used so far: read from its guard record, in a worker thread.
+        running = {t.id: t.guard.record_path for t in self.manager.turns.values() if t.guard}
+        await asyncio.to_thread(containment.add_usage, result["slots"], running)
+        return result
 
     async def cmd_reap(self, args: dict) -> dict:
         return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}

@@ -188,6 +188,7 @@ class Endings:
         self.probe = probe
         self.cgroups = cgroups  # where turns' cgroups go; None: no cgroups (tests, "off")
         self._cgroup_of: dict[str, str] = {}  # turn -> its cgroup, removed after the release
+        self._started_at: dict[str, float] = {}  # turn -> when its guard started (epoch)
         self._confirming: set[str] = set()
         self._confirm_again: dict[str, tuple[dict[str, Any] | None, bool]] = {}
         self._groups_due: set[str] = set()  # turns whose group hints wait to be taken
@@ -336,7 +337,10 @@ class Endings:
         if turn.guard is not None:
             turn.guard.drain()  # output first, then the outcome
         turn.exit = outcome
-        self.ledger.apply(turn, Event.EXITED, **outcome)
+        used = containment.usage_fields(
+            record, turn.requested_at, self._started_at.get(turn.id), self.ledger.clock()
+        )
+        self.ledger.apply(turn, Event.EXITED, **outcome, **used)
 
     def _confirm(self, turn: Turn, *, record: dict[str, Any] | None, **_: Any) -> None:
         asyncio.get_running_loop().create_task(self._confirm_gone(turn, record, guard_done=False))
@@ -349,6 +353,7 @@ class Endings:
 
     def _release(self, turn: Turn, **_: Any) -> None:
         self._slot_groups_at.pop(turn.id, None)
+        self._started_at.pop(turn.id, None)
         slot = turn.slot
         index = slot.index if slot is not None else None
         if slot is not None:
@@ -439,6 +444,7 @@ class Endings:
             return
         turn.guard = guard
         turn.env = {}  # the guard has it; nothing keeps it longer
+        self._started_at[turn.id] = self.ledger.clock()
         if cgroup is not None:
             self._cgroup_of[turn.id] = cgroup
         problem = None

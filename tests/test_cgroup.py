@@ -252,3 +252,81 @@ def test_off_runs_turns_without_cgroups_and_status_says_so(daemon, event_log):
         client.turn("codex", ["sh", "-c", "cat /proc/self/cgroup"], id="t1")
         log.wait_for("turn.t1.released")
     assert "/turn.t1" not in (d.state_dir / "turns" / "t1" / "stdout.log").read_text()
+
+
+# -- what a turn used -----------------------------------------------------------------------------
+
+# A grandchild that detaches (setsid + double fork: reparented to the guard), touches 150 MiB and
+# burns about 1.2 s of CPU, then writes what it used by its own account (getrusage). CMD waits
+# until that grandchild is gone (reaped by the guard), then exits.
+BURN = r"""
+import os, resource, sys, time
+out = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        block = bytearray(150 << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        while sum(os.times()[:2]) < 1.2:
+            pass
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        open(out + ".tmp", "w").write(f"{r.ru_utime} {r.ru_stime} {r.ru_maxrss * 1024} {os.getpid()}")
+        os.rename(out + ".tmp", out)
+        os._exit(0)
+    os._exit(0)
+os.wait()
+while not os.path.exists(out):
+    time.sleep(0.01)
+pid = int(open(out).read().split()[3])
+while os.path.exists(f"/proc/{pid}"):
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("mode", ["groups", "cgroup"])
+def test_exited_carries_what_the_whole_tree_used_within_20_percent(
+    mode, daemon, event_log, tmp_path
+):
+    if mode == "cgroup" and BASE is None:
+        pytest.skip("no writable cgroup2 hierarchy here")
+    d = daemon(grace="300ms", extra="")
+    if mode == "groups":
+        d.config.write_text(d.config.read_text() + 'cgroup = "off"\n')
+        d.stop()
+        d.start()
+    log = event_log(d)
+    out = tmp_path / "used"
+    with d.client() as client:
+        client.turn("codex", [PYTHON, "-c", BURN, str(out)], id="t1")
+        exited = log.wait_for("turn.t1.exited", timeout=60)
+    user, system, peak, _ = out.read_text().split()
+    burned = float(user) + float(system)
+    assert exited["code"] == 0
+    assert set(exited) >= {"wall_s", "wait_s", "cpu_user_s", "cpu_system_s", "peak_rss_bytes"}
+    reported = exited["cpu_user_s"] + exited["cpu_system_s"]
+    # the grandchild is most of it; CMD and the middle child add their interpreter starts
+    assert burned * 0.8 <= reported <= burned * 1.2 + 0.3, (burned, exited)
+    assert int(peak) * 0.8 <= exited["peak_rss_bytes"] <= int(peak) * 1.2, (peak, exited)
+    assert exited["processes"] >= 2
+    assert exited["wall_s"] >= burned * 0.8 and 0 <= exited["wait_s"] < 5
+
+
+def test_ps_shows_a_running_turns_usage_so_far(daemon, event_log):
+    d = daemon(grace="300ms", scan="200ms")
+    log = event_log(d)
+    burn = "import os\nwhile sum(os.times()[:2]) < 0.5: pass\nprint('burnt', flush=True)\nos.read(0, 1)"
+    with d.client() as client:
+        client.turn("codex", [PYTHON, "-c", burn], id="t1")
+        log.wait_for("turn.t1.stdout")
+
+        def usage():
+            slot = next(s for s in client.ps()["slots"] if s["turn"] == "t1")
+            used = slot.get("usage") or {}
+            return used if used.get("cpu_user_s", 0) + used.get("cpu_system_s", 0) else None
+
+        used = wait_until(usage, what="usage so far in ps")
+        assert set(used) == {"cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes"}
+        assert used["processes"] >= 1
+        client.cancel("t1")
+        log.wait_for("turn.t1.released")

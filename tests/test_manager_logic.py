@@ -216,6 +216,17 @@ class Starter:
         return guard
 
 
+# What a turn used, as `exited` carries it: the fake guard records none, and the clock stands still.
+NO_USAGE = {
+    "wall_s": 0.0,
+    "wait_s": 0.0,
+    "cpu_user_s": None,
+    "cpu_system_s": None,
+    "peak_rss_bytes": None,
+    "processes": None,
+}
+
+
 class FakeProbe:
     """/proc as the test says: which pgids live, which turns have escapees, whether ending works."""
 
@@ -417,6 +428,7 @@ async def test_a_normal_end_releases_and_grants_the_next_waiter(h):
         "code": 0,
         "signal": None,
         "reason": None,
+        **NO_USAGE,
     }
     assert h.events("t2") == RUN
     assert h.held() == {"codex": ["t2"]}
@@ -564,6 +576,7 @@ async def test_a_guard_lost_outright_has_its_work_ended_here_then_releases(h):
         "code": None,
         "signal": None,
         "reason": "guard_lost",
+        **NO_USAGE,
     }
     assert h.held() == {}
 
