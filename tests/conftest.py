@@ -25,6 +25,15 @@ RUN_ID = os.environ[MARKER]
 PYTHON = sys.executable
 
 
+# What a turn used, as `turn.<id>.exited` carries it (checked in tests/test_cgroup.py).
+USAGE_KEYS = ("wall_s", "wait_s", "cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes")
+
+
+def without_usage(body: dict) -> dict:
+    """An exited event's body without the usage figures (which vary from run to run)."""
+    return {k: v for k, v in body.items() if k not in USAGE_KEYS}
+
+
 def leftovers() -> list[procs.Identity]:
     """Processes started under this test run that are still running (zombies do not count)."""
     me = os.getpid()
