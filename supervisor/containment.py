@@ -92,6 +92,8 @@ class Cgroups:
         self.base = base
         self.why = why  # why cgroups are not used (None when they are)
         self.parent = parent
+        self.limits: dict[str, Any] = {}  # key -> config.limits.Limits
+        self.controllers: set[str] = set()  # what turns' cgroups may use (delegated to `base`)
 
     @property
     def mode(self) -> str:
@@ -118,14 +120,82 @@ class Cgroups:
         return cls(setting, base, None, cgroup.supervisor_parent(base, pid, start))
 
     def describe(self) -> dict[str, Any]:
-        """For `status`: which containment runs, and where or why not."""
-        return {"containment": self.mode, "cgroup": self.parent, "cgroup_why_not": self.why}
+        """For `status`: which containment runs, and where or why not; each key's limits."""
+        return {
+            "containment": self.mode,
+            "cgroup": self.parent,
+            "cgroup_why_not": self.why,
+            "limits": self.limits_report(),
+        }
 
-    def turn_path(self, turn_id: str) -> str | None:
-        """The cgroup a turn's guard runs CMD in (the guard creates it), or None without cgroups."""
+    def set_limits(self, limits: dict[str, Any]) -> list[str]:
+        """Take `[limits.<key>]` (at start and reload); returns a sentence per limit that is not
+        enforced here, for the log (status and config check say the same)."""
+        self.limits = dict(limits)
+        if self.base is not None:
+            self.controllers = set(_words(os.path.join(self.base, "cgroup.subtree_control")))
+        report = self.limits_report()
+        return [
+            f"limits.{key}.{name}: not enforced: {why}"
+            for key, entry in report.items()
+            for name, why in entry["not_enforced"].items()
+        ]
+
+    def limits_report(self) -> dict[str, dict[str, Any]]:
+        """Per key: the limits enforced, and each one not enforced with why not."""
+        report = {}
+        for key, limits in self.limits.items():
+            enforced: list[str] = []
+            missing: dict[str, str] = {}
+            for name, controller in (
+                ("memory_max", "memory"),
+                ("pids_max", "pids"),
+                ("cpu_max", "cpu"),
+            ):
+                if getattr(limits, name) is None:
+                    continue
+                if controller in self.controllers:
+                    enforced.append(name)
+                else:
+                    missing[name] = self.why or (
+                        f"the {controller} controller is not delegated to {self.base}"
+                    )
+            report[key] = {"enforced": enforced, "not_enforced": missing}
+        return report
+
+    def turn_path(self, turn_id: str, key: str | None = None) -> str | None:
+        """The cgroup a turn's guard runs CMD in, or None without cgroups. With limits for the
+        key, the cgroup (or the key's shared one, scope key) is made here and the limits written
+        before the guard starts; otherwise the guard creates it. OSError when a limit that the
+        controller allows cannot be written (the turn then does not start)."""
         if self.parent is None:
             return None
-        return cgroup.turn_cgroup(self.parent, turn_id)
+        limits = self.limits.get(key or "")
+        files = {
+            name: value
+            for name, value in (limits.files().items() if limits is not None else ())
+            if name.split(".")[0] in self.controllers
+        }
+        if limits is None or not files:
+            return cgroup.turn_cgroup(self.parent, turn_id)
+        controllers = sorted({name.split(".")[0] for name in files})
+        cgroup.create(self.parent)
+        _write(
+            os.path.join(self.parent, "cgroup.subtree_control"),
+            " ".join(f"+{c}" for c in controllers),
+        )
+        if limits.scope == "key":
+            holder = os.path.join(self.parent, f"key.{key}")
+            os.makedirs(holder, exist_ok=True)
+            path = cgroup.turn_cgroup(holder, turn_id)
+        else:
+            holder = path = cgroup.turn_cgroup(self.parent, turn_id)
+            cgroup.create(path)
+        for name, value in files.items():
+            _write(os.path.join(holder, name), value)
+        if limits.scope == "key":
+            cgroup.create(path)
+        return path
 
     def close(self) -> None:
         """At the supervisor's stop: remove its parent (only when every turn cgroup is gone)."""
@@ -155,6 +225,19 @@ def describe_setting(setting: str) -> str:
     return f"{setting}: a cgroup per turn under {base}"
 
 
+def limits_not_enforced(config: Any) -> list[str]:
+    """For `config check`: a sentence per configured limit this machine would not enforce
+    (no cgroups, or its controller not delegated). Looks, changes nothing."""
+    if not config.limits:
+        return []
+    setting = config.guard_cgroup
+    base = None if setting == OFF else cgroup.find_auto() if setting == AUTO else setting
+    why = '[guard] cgroup = "off"' if setting == OFF else None
+    if base is None and why is None:
+        why = "no writable cgroup2 hierarchy found (auto)"
+    return Cgroups(setting, base, why, None).set_limits(dict(config.limits))
+
+
 def start_cgroups(config: Any) -> Cgroups:
     """The daemon's Cgroups from `[guard] cgroup` (default auto); a configured path that is not
     usable is a configuration error (exit 2), naming the key."""
@@ -173,7 +256,37 @@ def start_cgroups(config: Any) -> Cgroups:
         log.info("turns are contained without cgroups: %s", cgroups.why)
     else:
         log.info("each turn runs in a cgroup under %s", cgroups.parent)
+    for sentence in cgroups.set_limits(dict(config.limits)):
+        log.warning("%s", sentence)  # never silently ignored: status says it too
     return cgroups
+
+
+def _words(path: str) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode().split()
+    except OSError:
+        return []
+
+
+def _write(path: str, value: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError as e:
+        raise cgroup.CgroupError(
+            e.errno, f"unable to write {value!r} to {path}: {e.strerror}"
+        ) from None
+
+
+def oom_killed(path: str | None) -> bool:
+    """Did the kernel's OOM killer end something in this cgroup (memory.events oom_kill)?"""
+    if not path:
+        return False
+    try:
+        return cgroup.read_keyed(os.path.join(path, "memory.events")).get("oom_kill", 0) > 0
+    except OSError:
+        return False
 
 
 def _supervisor_running(pid: int, start: int) -> bool:

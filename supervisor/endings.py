@@ -336,6 +336,8 @@ class Endings:
             return
         if turn.guard is not None:
             turn.guard.drain()  # output first, then the outcome
+        if outcome["reason"] is None and containment.oom_killed(self._cgroup_of.get(turn.id)):
+            outcome = {**outcome, "reason": "oom"}  # the memory limit ended it
         turn.exit = outcome
         used = containment.usage_fields(
             record, turn.requested_at, self._started_at.get(turn.id), self.ledger.clock()
@@ -424,7 +426,11 @@ class Endings:
             why = f"unable to create the turn's log directory {log_dir}: {e.strerror or e}"
             self.happen(turn, What.START_FAILED, reason=why)
             return
-        cgroup = self.cgroups.turn_path(turn.id) if self.cgroups is not None else None
+        try:
+            cgroup = self.cgroups.turn_path(turn.id, turn.key) if self.cgroups is not None else None
+        except OSError as e:
+            self.happen(turn, What.START_FAILED, reason=f"unable to set the turn's limits: {e}")
+            return
         extra = {"cgroup": cgroup} if cgroup is not None else {}
         try:
             guard = self.start_guard(

@@ -121,6 +121,7 @@ def test_auto_without_a_writable_cgroup2_falls_back_and_says_why(monkeypatch):
         "containment": "groups",
         "cgroup": None,
         "cgroup_why_not": "no writable cgroup2 hierarchy found (auto): subreaper and process groups",
+        "limits": {},
     }
     off = containment.Cgroups.start("off", 1, 1)
     assert off.mode == "groups" and off.parent is None

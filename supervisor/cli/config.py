@@ -70,6 +70,7 @@ def _summary(config: cfg.Config, state_dir: Path) -> dict:
         "curve": config.endpoints.curve is not None,
         "cgroup": config.guard_cgroup,
         "containment": containment.describe_setting(config.guard_cgroup),
+        "limits_not_enforced": containment.limits_not_enforced(config),
     }
 
 
@@ -89,6 +90,8 @@ def _print_summary(s: dict) -> None:
     click.echo(f"  reservation_ttl  {_seconds(s['reservation_ttl'])}")
     click.echo(f"  guard            grace {_seconds(s['grace'])}, scan {_seconds(s['scan'])}")
     click.echo(f"  cgroup           {s['containment']}")
+    for sentence in s["limits_not_enforced"]:
+        click.echo(f"warning: {sentence}")
     click.echo(f"  control          {s['endpoints']['control']}{' (CURVE)' if s['curve'] else ''}")
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ..caps import Caps
-from . import endpoints, guard, harness, slots, top
+from . import endpoints, guard, harness, limits, slots, top
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -93,6 +93,7 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.SECTION,
     endpoints.CURVE_SECTION,
     harness.SECTION,
+    limits.SECTION,
 )
 
 
@@ -107,6 +108,7 @@ class Config:
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
     guard_cgroup: str = "auto"  # [guard] cgroup: "auto", "off" or a path
+    limits: Mapping[str, limits.Limits] = field(default_factory=dict)  # [limits.<key>]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -125,6 +127,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     guard_settings = guard.parse_guard(c, table)
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
+    key_limits = limits.parse_limits(c, table)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -148,6 +151,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         endpoints=endpoint_settings,
         harness=harnesses,
         guard_cgroup=guard_settings.cgroup or "auto",
+        limits=key_limits,
     )
 
 
