@@ -483,7 +483,9 @@ class Guard:
         if self.record_file is None:
             return
         try:
-            record.write_json(self.record_file, self.to_record())
+            # Not fsynced: only a power loss loses it, and then nothing it names still runs
+            # (the slot record of an earlier boot is free: supervisor.slot_record's boot rule).
+            record.write_json(self.record_file, self.to_record(), sync=False)
         except OSError as e:
             # Containment matters more than the record: keep going, loudly.
             print(

@@ -2,7 +2,10 @@
 
 Design note. Hints are advisory: anyone may publish one and nothing may depend on them, so
 publishing must never slow or endanger the turn. The guard only appends to a queue; a background
-thread started after CMD is spawned connects, handshakes and sends.
+thread started after CMD is spawned connects, handshakes and sends; after a second without hints it
+closes the connection and connects again for the next hint (a connection held for a turn's whole
+life cost the supervisor ~24 KiB of ZeroMQ buffers per running turn; one made only at the first
+hint delayed a short turn's end by a handshake).
 
 The thread speaks ZMTP 3.0 itself (rfc.zeromq.org spec 23), as a PUB with the NULL mechanism, over
 `ipc://` (an AF_UNIX stream socket; `ipc://@name` is the abstract namespace) or plain `tcp://`:
@@ -38,6 +41,8 @@ import time
 
 _CONNECT_WAIT = 0.5  # seconds for connect, greeting and READY together
 _CLOSE_WAIT = 0.1  # bound on delivering what is queued at close
+_IDLE = 1.0  # seconds without a hint after which the connection is closed (reopened for the next)
+_NOTHING = (b"", b"")  # "no hint yet": the first connection is made before there is one
 _GREETING = (
     b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" + bytes(31)
 )
@@ -178,43 +183,59 @@ class Publisher:
         print(f"ccsup-guard: unable to publish hints on {self.endpoint}: {reason}", file=sys.stderr)
 
     def _run(self) -> None:
-        try:
-            sock = open_stream(self.endpoint, _CONNECT_WAIT)
-        except ValueError:
-            return self._run_zmq()
-        except OSError:
-            return  # no bus (or not yet, or no more): hints may be lost
-        try:
-            handshake(sock, time.monotonic() + _CONNECT_WAIT)
-            self._send_queued(sock)
-        except ProtocolError as e:
-            self._say(str(e))
-        except OSError:
-            pass  # the peer went away or stalled: the remaining hints are lost
-        finally:
-            sock.close()
+        # Connected at once (a short turn's hints then cost no handshake at its end), and again
+        # for the next hint after _IDLE without one.
+        item: tuple[bytes, bytes] | None = _NOTHING
+        while True:
+            if item is not _NOTHING:
+                item = self._queue.get()
+                if item is None:
+                    return
+            try:
+                sock = open_stream(self.endpoint, _CONNECT_WAIT)
+            except ValueError:
+                return self._run_zmq(item)
+            except OSError:
+                item = None  # no bus (or not yet, or no more): this hint is lost
+                continue
+            try:
+                handshake(sock, time.monotonic() + _CONNECT_WAIT)
+                if self._send_queued(sock, item):
+                    return
+            except ProtocolError as e:
+                return self._say(str(e))
+            except OSError:
+                pass  # the peer went away or stalled: the hints in hand are lost
+            finally:
+                sock.close()
+            item = None
 
-    def _send_queued(self, sock: socket.socket) -> None:
-        while True:
-            item = self._queue.get()
+    def _send_queued(self, sock: socket.socket, item: tuple[bytes, bytes] | None) -> bool:
+        """Send item and what follows until close() (True) or _IDLE without a hint (False)."""
+        while item is not None:
             if not discard_input(sock):
-                return
-            if item is None:
+                return False
+            if item is not _NOTHING:
+                sock.settimeout(_CONNECT_WAIT)  # a stalled peer costs hints, never the guard's exit
+                sock.sendall(message(*item))
+            try:
+                item = self._queue.get(timeout=_IDLE)
+            except queue.Empty:
                 break
-            sock.settimeout(_CONNECT_WAIT)  # a stalled peer costs hints, never the guard's exit
-            sock.sendall(message(*item))
-        # Done: tell the peer, and wait (bounded) until it has read everything and closed its end.
-        # Closing with unread input would make TCP reset the connection and lose what was sent.
+        # Done for now: tell the peer, and wait (bounded) until it has read everything and closed
+        # its end. Closing with unread input would make TCP reset the connection and lose data.
         sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + _CONNECT_WAIT
         while True:
-            left = (self._close_by or 0) - time.monotonic()
+            left = (self._close_by or deadline) - time.monotonic()
             if left <= 0:
-                return
+                break
             sock.settimeout(left)
             if not sock.recv(65536):
-                return
+                break
+        return item is None
 
-    def _run_zmq(self) -> None:
+    def _run_zmq(self, first: tuple[bytes, bytes] | None) -> None:
         """Transports other than ipc and plain tcp, when pyzmq is importable."""
         try:
             import zmq
@@ -225,6 +246,8 @@ class Publisher:
         try:
             sock.setsockopt(zmq.LINGER, int(_CLOSE_WAIT * 1000))
             sock.connect(self.endpoint)
+            if first is not None and first is not _NOTHING:
+                sock.send_multipart(first)
             while True:
                 item = self._queue.get()
                 if item is None:

@@ -1,7 +1,8 @@
 """Atomic JSON records: the one place records are written and read back.
 
 A record is written to a temporary file in the same directory whose name does not end in `.json`
-(so a reader globbing `*.json` never sees a half-written one), fsynced, then renamed over the
+(so a reader globbing `*.json` never sees a half-written one), fsynced (unless the writer says
+why it need not be), then renamed over the
 target: a reader sees the old record or the new one, never a mix. A crash mid-write leaves at most
 a stray `.tmp` file, which readers ignore.
 
@@ -20,7 +21,8 @@ class RecordError(ValueError):
     """A record that cannot be used: unreadable, not JSON, not an object, or a newer version."""
 
 
-def write_json(path: str | os.PathLike, data: dict, mode: int = 0o644) -> None:
+def write_json(path: str | os.PathLike, data: dict, mode: int = 0o644, sync: bool = True) -> None:
+    """Write data at path atomically; fsynced unless sync is False (see guardd.guard's record)."""
     path = os.fspath(path)
     head, name = os.path.split(path)
     tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
@@ -28,7 +30,8 @@ def write_json(path: str | os.PathLike, data: dict, mode: int = 0o644) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         os.write(fd, body)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)

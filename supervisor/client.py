@@ -360,7 +360,7 @@ class Client:
         """
         topic = f"request.{kind}"
         if topic not in protocol.REQUEST_TOPICS:
-            raise UsageError(f"unknown bus request {kind!r}; known: turn, reserve, cancel")
+            raise UsageError(f"unknown bus request {kind!r}; known: turn, reserve, cancel, pause")
         if not isinstance(body.get("id"), str):
             raise UsageError("a bus request carries a client-made 'id' (a string)")
         sub = self.subscribe([prefix or f"turn.{body['id']}."], timeout=timeout)
@@ -388,6 +388,89 @@ class Client:
             raise
         finally:
             pub.close()
+
+    # -- admission: pause and resume a key (supervisor.keyctl) --------------------------------
+
+    def turn_limited(self, key: str, argv: list[str], *, timeout: float | None, **kw: Any) -> dict:
+        """`turn` with a runtime limit: stopped after `timeout` seconds of running (exited
+        `reason: "timeout"`), or the key's max_runtime if that is smaller."""
+        args = _turn_args(
+            key,
+            argv,
+            kw.pop("id", None),
+            kw.pop("cwd", None),
+            kw.pop("env", None),
+            kw.pop("holder", None),
+            kw.pop("reservation", None),
+            kw.pop("wait_timeout", None),
+        )
+        if kw:
+            raise TypeError(f"unexpected arguments: {sorted(kw)}")
+        if timeout is not None:
+            args["timeout"] = timeout
+        return self.call("turn", **args)
+
+    def pause(
+        self,
+        key: str,
+        *,
+        for_: float | None = None,
+        until: float | None = None,
+        reason: str | None = None,
+        id: str | None = None,
+    ) -> dict:
+        """Pause KEY for `for_` seconds or until `until` (epoch seconds); a bare harness name
+        pauses all its keys. Answers the key's pause: {"key","until","reason","by","since",
+        "changed","capped","id"} (the end is capped at now + [slots] max_pause)."""
+        return self.call("pause", **_pause_args(key, for_, until, reason, id))
+
+    def resume(self, key: str, *, reason: str | None = None) -> dict:
+        """End KEY's pause now (a bare harness name: its keys' too). Answers {"key","resumed",
+        "still_paused"} (a key stays paused while its harness is)."""
+        return self.call("resume", key=key, **({} if reason is None else {"reason": reason}))
+
+    def publish_pause(
+        self,
+        key: str,
+        *,
+        id: str,
+        for_: float | None = None,
+        until: float | None = None,
+        reason: str | None = None,
+    ) -> dict:
+        """Publish `request.pause` on the bus (as a sidecar that saw a 429 does), re-sent (it is
+        idempotent by id) until the supervisor's answer for this id, `key.<key>.paused`, arrives;
+        returns that event's body. Another client's pause of the key is not taken for ours."""
+        body = _pause_args(key, for_, until, reason, id)
+        frames = [
+            b"request.pause",
+            protocol.dumps({"v": protocol.VERSION, "ts": time.time(), **body}),
+        ]
+        with self.subscribe([f"key.{key}.paused"]) as sub:
+            pub = self._socket(zmq.PUB, self.bus_in_endpoint)
+            try:
+                deadline = time.monotonic() + self.timeout
+                interval = 0.02
+                while time.monotonic() < deadline:
+                    pub.send_multipart(frames)
+                    until_next = time.monotonic() + interval
+                    while (left := until_next - time.monotonic()) > 0:
+                        event = sub.recv(left)
+                        if event is not None and event[1].get("id") == id:
+                            return event[1]
+                    interval = min(interval * 2, 0.5)
+            finally:
+                pub.close()
+        self.check_running()
+        raise CcsupError(f"no event answered request.pause {id!r} on {self.state_dir}")
+
+
+def _pause_args(key, for_, until, reason, id) -> dict:
+    args: dict[str, Any] = {"key": key}
+    for name, value in (("for", for_), ("until", until), ("reason", reason), ("id", id)):
+        if value is not None:
+            args[name] = value
+    return args
 
 
 def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> dict:

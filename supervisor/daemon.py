@@ -28,11 +28,13 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 from . import containment, protocol, restore, spawn, store, views
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
+from .keyctl import KeyControl, admission_settings
 from .manager import RETRY_INTERVAL, Manager, Settings
 from .paths import StatePaths, ipc_path
 from .protocol import ProtocolError, Request
@@ -113,6 +115,10 @@ class Daemon:
         self.server = Server(control, bus_in, bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
         self.launcher = spawn.Launcher()  # guards forked by a warm zygote, else started directly
+        # Admission (pauses, start rates, runtime limits, fairness): the manager's policy and queue.
+        self.keyctl = KeyControl(
+            admission_settings(config), paths.root, publish=self.server.publish, clock=time.time
+        )
         self.cgroups = containment.start_cgroups(config)
         self.manager = Manager(
             paths=self.paths,
@@ -120,8 +126,11 @@ class Daemon:
             publish=self.server.publish,
             settings=self._settings(self.config),
             start_guard=self.launcher.start_guard,
+            admission=self.keyctl,
+            queue=self.keyctl.make_queue(),
             cgroups=self.cgroups,
         )
+        self.keyctl.attach(self.manager)
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
 
@@ -162,6 +171,7 @@ class Daemon:
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
+        self.keyctl.close()
         self.launcher.close()
         self.cgroups.close()
         self.server.close()
@@ -171,6 +181,7 @@ class Daemon:
     def restore_queue(self) -> None:
         saved, problem = store.load(self.paths.queue)
         problems = [problem] if problem else []
+        problems += self.keyctl.restore()  # pauses first: nothing restored is granted past one
         problems += restore.restore(self.manager, saved, self.gate.inspect_all())
         for text in problems:
             log.error("%s", text)
@@ -267,6 +278,12 @@ class Daemon:
     async def cmd_reload(self, args: dict) -> dict:
         return self.reload()
 
+    async def cmd_pause(self, args: dict) -> dict:
+        return self.keyctl.pause(protocol.parse_pause(args), by="control")
+
+    async def cmd_resume(self, args: dict) -> dict:
+        return self.keyctl.resume(protocol.parse_resume(args))
+
     async def cmd_quit(self, args: dict) -> dict:
         asyncio.get_running_loop().call_soon(self.quit)
         return {"stopping": True}
@@ -276,6 +293,7 @@ class Daemon:
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
         self.manager.settings = self._settings(config)
+        self.keyctl.retune(admission_settings(config))
         self.server.publish("supervisor.reloaded", {"config": config.source})
         log.info("reloaded %s", config.source)
         self.manager.grant_waiters()  # a raised cap may admit waiters now
@@ -303,6 +321,8 @@ class Daemon:
                 self.manager.request_turn(protocol.parse_turn(body))
             elif kind == "cancel":
                 self.manager.cancel(protocol.parse_cancel(body), reason="cancelled")
+            elif kind == "pause":
+                self.keyctl.pause(protocol.parse_pause(body), by="bus")
             else:
                 self.manager.reserve(protocol.parse_reserve(body))
         except (ProtocolError, CcsupError) as e:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -334,6 +333,8 @@ class Endings:
         )
         if outcome is None:
             return
+        if turn.stop_reason == "timeout" and outcome["reason"] is None:
+            outcome = {**outcome, "reason": "timeout"}  # stopped at its runtime limit (keyctl)
         if turn.guard is not None:
             turn.guard.drain()  # output first, then the outcome
         if outcome["reason"] is None and containment.oom_killed(self._cgroup_of.get(turn.id)):
@@ -372,12 +373,7 @@ class Endings:
     def _drop_record(self, turn: Turn, **_: Any) -> None:
         """Once the work is confirmed gone and the guard reaped, its record serves nobody."""
         assert turn.guard is not None
-        try:
-            os.unlink(turn.guard.record_path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.warning("unable to remove guard record %s: %s", turn.guard.record_path, e.strerror)
+        self.ledger.files.unlink_soon(turn.guard.record_path)  # off the loop: see filework
 
     # -- confirmed gone --------------------------------------------------------------------------
 

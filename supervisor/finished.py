@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from . import store
+from .filework import FileWorker
 
 log = logging.getLogger("ccsup.finished")
 
@@ -24,9 +25,12 @@ FINISHED_MEMORY = 600.0  # seconds a finished id is remembered
 
 
 class FinishedIds:
-    def __init__(self, path: Path, clock: Callable[[], float]):
+    def __init__(
+        self, path: Path, clock: Callable[[], float], files: FileWorker | None = None
+    ) -> None:
         self.path = path
         self.clock = clock
+        self.files = files  # fsyncs each append soon, off the caller (else each is fsynced here)
         self._ids: dict[str, tuple[str, float]] = {}  # id -> (terminal state, epoch), oldest first
         self._appended = 0  # lines appended since the log was last compacted
 
@@ -46,7 +50,7 @@ class FinishedIds:
         self._ids[item_id] = (state, at)
         self._appended += 1
         try:
-            store.append_finished(self.path, item_id, state, at)
+            store.append_finished(self.path, item_id, state, at, self.files)
         except OSError as e:
             log.error("unable to append to %s: %s", self.path, e.strerror)
 

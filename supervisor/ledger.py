@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import store
+from .filework import FileWorker
 from .finished import FinishedIds
 from .turns import Event, Item, Reservation, State, Turn
 from .waits import Queue, WaitQueue
@@ -50,8 +51,11 @@ class Ledger:
         timers: Timers,
         clock: Callable[[], float],
         queue: Queue | None = None,
+        files: FileWorker | None = None,
     ):
         self.queue_path = queue_path
+        self.queue_file = store.QueueFile(queue_path, files)  # queue.json + its journal
+        self.files = self.queue_file.files  # fsyncs and removals off the event loop
         self.publish = publish
         self.finished = finished
         self.timers = timers
@@ -63,11 +67,16 @@ class Ledger:
         self.deadlines: dict[str, float] = {}  # wait deadlines (epoch), for queue.json
         self.lost_running: list[dict[str, str]] = []  # a dead supervisor's turns not yet gone
         self.on_finished: list[Callable[[Item], None]] = []
+        # Called with every event as it is emitted (before the batch is saved and published), so
+        # an observer (supervisor.keyctl: rate windows, runtime limits, pause_on) sees a grant
+        # before the next head is considered. An observer must be quick and must not emit.
+        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
         self.idle = asyncio.Event()
         self.idle.set()
         self._timers: dict[str, Timer] = {}
         self._pending: list[tuple[str, dict[str, Any]]] = []
         self._must_save = False
+        self._dirty: set[str] = set()  # ids whose queue.json entry may have changed since the save
         self._batch_depth = 0
 
     def get(self, item_id: str) -> Item | None:
@@ -91,11 +100,14 @@ class Ledger:
             return
         if item.state.terminal:
             self._finish(item)
+        self._dirty.add(item.id)
         self._must_save |= event in PERSISTED
         self.emit(f"turn.{item.id}.{event.value}", {**item.fields(), **fields})
 
     def emit(self, topic: str, body: dict[str, Any]) -> None:
         self._pending.append((topic, body))
+        for observe in self.observers:
+            observe(topic, body)
         if not self._batch_depth:
             self._flush()
 
@@ -152,18 +164,38 @@ class Ledger:
     # -- queue.json ------------------------------------------------------------------------------
 
     def save(self) -> None:
-        """Persist everything acknowledged and unfinished (atomic; see supervisor.store)."""
-        waiting, running = [], []
-        for turn in self.turns.values():
-            if turn.state is State.QUEUED:
-                waiting.append(turn.to_json(self.deadlines.get(turn.id)))
-            else:
-                running.append({"id": turn.id, "key": turn.key})
-        running += self.lost_running
-        reservations = [r.to_json(self.deadlines.get(r.id)) for r in self.reservations.values()]
+        """Persist what changed since the last save: one journal append (see supervisor.store)."""
+        dirty, self._dirty = self._dirty, set()
         try:
-            store.save(self.queue_path, waiting=waiting, reservations=reservations, running=running)
+            self.queue_file.update({item_id: self._entry(item_id) for item_id in dirty})
+        except OSError as e:
+            self._dirty |= dirty  # tried again at the next save
+            log.error(
+                "unable to save %s: %s (what waits is kept in memory)", self.queue_path, e.strerror
+            )
+
+    def save_all(self) -> None:
+        """Persist everything acknowledged and unfinished, whole (a compaction: restore's end)."""
+        self._dirty.clear()
+        ids = [*self.turns, *self.reservations, *(entry["id"] for entry in self.lost_running)]
+        try:
+            self.queue_file.replace({i: e for i in ids if (e := self._entry(i)) is not None})
         except OSError as e:
             log.error(
                 "unable to save %s: %s (what waits is kept in memory)", self.queue_path, e.strerror
             )
+
+    def _entry(self, item_id: str) -> store.Entry | None:
+        """What queue.json holds for this id now: (section, item), or None when nothing."""
+        turn = self.turns.get(item_id)
+        if turn is not None:
+            if turn.state is State.QUEUED:
+                return "waiting", turn.to_json(self.deadlines.get(turn.id))
+            return "running", {"id": turn.id, "key": turn.key}
+        reservation = self.reservations.get(item_id)
+        if reservation is not None:
+            return "reservations", reservation.to_json(self.deadlines.get(item_id))
+        for entry in self.lost_running:
+            if entry["id"] == item_id:
+                return "running", entry
+        return None

@@ -36,6 +36,7 @@ from . import containment, spawn
 from .admission import Admission, AdmitAll, Refusal
 from .endings import Endings, What
 from .errors import CcsupError
+from .filework import FileWorker
 from .finished import FinishedIds
 from .gone import Probe
 from .ledger import Ledger, Publish
@@ -90,8 +91,10 @@ class Manager:
         if me is None:
             raise CcsupError(f"unable to read the start time of this process ({os.getpid()})")
         self.me: procs.Identity = me
-        self.finished = FinishedIds(paths.finished, clock)
+        files = FileWorker()  # fsyncs and removals off the event loop
+        self.finished = FinishedIds(paths.finished, clock, files)
         self.ledger = Ledger(
+            files=files,
             queue_path=paths.queue,
             publish=publish,
             finished=self.finished,
@@ -143,6 +146,7 @@ class Manager:
             requested_at=self.clock(),
             wait_timeout=args.wait_timeout,
             reservation=args.reservation,
+            timeout=args.timeout,
         )
         self.ledger.add(turn)
         if reservation is not None and reservation.state is State.GRANTED:
@@ -300,7 +304,8 @@ class Manager:
             raise ProtocolError(
                 "failed", f"unable to write to the stdin of turn {args.id}: {e}"
             ) from None
-        return {"id": args.id, "written": written}
+        # `pending`: what the turn's pipe has not taken yet, so a writer can hold back
+        return {"id": args.id, "written": written, "pending": turn.guard.stdin_pending}
 
     def on_guard_hint(self, topic: str, body: dict[str, Any]) -> None:
         parts = topic.split(".")
@@ -333,6 +338,10 @@ class Manager:
                         break
                     self.refused.pop(key, None)
                     if not self._grant(item):
+                        # the gate's word ("key_full", "machine_full", ...) for why the key waits
+                        self.refused[key] = Refusal(
+                            getattr(self.gate, "last_refusal", None) or "key_full"
+                        )
                         break
                     if isinstance(item, Turn):
                         granted.append(item)
@@ -401,3 +410,4 @@ class Manager:
 
     def close(self) -> None:
         self.requesters.close()
+        self.ledger.files.stop()

@@ -29,12 +29,16 @@ VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: larger frames are refused unparsed
 MAX_ARGV = 4096
 MAX_WAIT_TIMEOUT = 7 * 24 * 3600.0
+MAX_TIMEOUT = 366 * 24 * 3600.0  # a turn's runtime limit
+MAX_PAUSE_ASKED = 366 * 24 * 3600.0  # a pause asked for longer is refused (max_pause caps less)
 
-COMMANDS = ("status", "turn", "reserve", "cancel", "send", "ps", "reap", "reload", "quit")
+COMMANDS: tuple[str, ...] = ("status", "turn", "reserve", "cancel", "send", "ps", "reap", "reload")
+COMMANDS += ("quit", "pause", "resume")  # pause, resume: admission, see parse_pause
 # Commands that take no arguments: anything in their args is refused (a closed vocabulary; a
 # `quit` carrying fields it does not know is not obeyed on a guess).
 NO_ARGS = ("status", "ps", "reload", "quit")
 REQUEST_TOPICS = {"request.turn": "turn", "request.reserve": "reserve", "request.cancel": "cancel"}
+REQUEST_TOPICS["request.pause"] = "pause"
 
 # The fixed set of error codes a reply may carry.
 ERROR_CODES = (
@@ -264,9 +268,11 @@ class TurnArgs:
     holder: Holder = Holder()
     reservation: str | None = None
     wait_timeout: float | None = None
+    timeout: float | None = None  # the turn's runtime limit (seconds)
 
 
 _TURN_FIELDS = {
+    "timeout",
     "id",
     "key",
     "argv",
@@ -327,6 +333,7 @@ def parse_turn(args: dict) -> TurnArgs:
         holder=parse_holder(args.get("holder")),
         reservation=reservation,
         wait_timeout=_wait_timeout(args),
+        timeout=_seconds(args, "timeout", MAX_TIMEOUT),
     )
 
 
@@ -359,17 +366,98 @@ class SendArgs:
 
 
 def parse_send(args: dict) -> SendArgs:
-    _reject_unknown(args, {"id", "data", "eof"}, "a send request")
+    _reject_unknown(args, {"id", "data", "data_b64", "eof"}, "a send request")
     data = args.get("data", "")
     if not isinstance(data, str):
         raise _bad("'data' must be a string (written as UTF-8)")
+    raw = data.encode()
+    if args.get("data_b64") is not None:  # bytes that are not UTF-8 (`ccsup run` forwarding stdin)
+        if data:
+            raise _bad("a send request takes 'data' or 'data_b64', not both")
+        raw = _base64(args["data_b64"])
     eof = args.get("eof", False)
     if not isinstance(eof, bool):
         raise _bad("'eof' must be true or false")
-    return SendArgs(check_id(args.get("id")), data.encode(), eof)
+    return SendArgs(check_id(args.get("id")), raw, eof)
+
+
+def _base64(value: Any) -> bytes:
+    import base64
+    import binascii
+
+    if not isinstance(value, str):
+        raise _bad("'data_b64' must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise _bad("'data_b64' is not valid base64") from None
 
 
 def parse_reap(args: dict) -> str | None:
     _reject_unknown(args, {"key"}, "a reap request")
     key = args.get("key")
     return None if key is None else _key(key)
+
+
+def _seconds(args: dict, name: str, limit: float) -> float | None:
+    """An optional number of seconds above 0 and at most `limit`."""
+    value = args.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"'{name}' must be a number of seconds")
+    if not 0 < value <= limit:
+        raise _bad(f"'{name}' must be above 0 and at most {limit:.0f} seconds")
+    return float(value)
+
+
+# -- admission: pause and resume ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseArgs:
+    """`pause {id?, key, for | until, reason?, by?}`; `for` in seconds, `until` in epoch seconds."""
+
+    id: str | None
+    key: str
+    for_: float | None
+    until: float | None
+    reason: str | None
+    by: str | None
+
+    def end(self, now: float) -> float:
+        return self.until if self.until is not None else now + (self.for_ or 0.0)
+
+
+def parse_pause(args: dict) -> PauseArgs:
+    known = {"id", "key", "for", "until", "reason", "by", "v", "ts"}
+    _reject_unknown(args, known, "a pause request")
+    pause_id = None if args.get("id") is None else check_id(args["id"])
+    key = _key(args.get("key"))
+    for_ = _seconds(args, "for", MAX_PAUSE_ASKED)
+    until = args.get("until")
+    if until is not None and (
+        isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until)
+    ):
+        raise _bad("'until' must be a time in epoch seconds")
+    if (for_ is None) == (until is None):
+        raise _bad("a pause takes exactly one of 'for' (seconds) and 'until' (epoch seconds)")
+    return PauseArgs(
+        pause_id,
+        key,
+        for_,
+        None if until is None else float(until),
+        _opt_str(args, "reason", 1024),
+        _opt_str(args, "by", 256),
+    )
+
+
+@dataclass(frozen=True)
+class ResumeArgs:
+    key: str
+    reason: str | None
+
+
+def parse_resume(args: dict) -> ResumeArgs:
+    _reject_unknown(args, {"key", "reason"}, "a resume request")
+    return ResumeArgs(_key(args.get("key")), _opt_str(args, "reason", 1024))

@@ -66,7 +66,7 @@ def restore(manager: Manager, data: dict[str, Any], slot_views: list[SlotView]) 
             except MALFORMED as e:
                 shown = entry.get("id") if isinstance(entry, dict) else entry
                 problems.append(f"waiting entry {str(shown)[:200]} is malformed: {e}")
-    ledger.save()
+    ledger.save_all()
     return problems
 
 
@@ -130,6 +130,7 @@ def _waiting_turn(manager: Manager, entry: dict[str, Any]) -> None:
         args.holder,
         requested_at=float(entry["requested_at"]),
         reservation=args.reservation,
+        timeout=args.timeout,
     )
     if entry.get("wait_deadline") is not None:
         manager.ledger.deadlines[turn.id] = float(entry["wait_deadline"])
@@ -151,5 +152,5 @@ def _requeue(manager: Manager, item: Item, requester: Identity | None | bool) ->
 
 def _turn_args(entry: dict[str, Any]) -> TurnArgs:
     """A waiting turn from queue.json, checked as strictly as a new request."""
-    names = ("id", "key", "argv", "cwd", "env", "holder", "reservation")
+    names = ("id", "key", "argv", "cwd", "env", "holder", "reservation", "timeout")
     return parse_turn({name: entry.get(name) for name in names})

@@ -1,6 +1,8 @@
 """The slot gate: a machine-wide cap per key, held as flock slots, with orphans found and reaped.
 
-Knows flock, slot records, caps and group liveness (from guardd); nothing of ZeroMQ or asyncio.
+Knows flock, caps, which slot to take and when a slot counts; the records themselves (shape,
+writing, reading, the boot rule, work liveness) are supervisor.slot_record's. Nothing of ZeroMQ or
+asyncio.
 Nothing here blocks on another holder: every lock is taken with LOCK_NB. Only `reap` blocks (it
 waits for work to end), and the supervisor runs it in a thread.
 
@@ -10,7 +12,7 @@ even by SIGKILL, and keeps it for a stopped holder, so no liveness guess is ever
 holder itself. Lock files are never deleted (unlinking a held lock file would let a second holder
 lock a new file at the same path); after locking, the holder checks that the file it locked is
 still the one at the path. The record says who holds the slot and what work runs under it; it is
-written atomically (temp file, fsync, rename) only by whoever holds the lock. The lock is the
+written (in place, see slot_record) only by whoever holds the lock. The lock is the
 truth about holding; the record is the truth about work. When the lock is free but the record is
 not released, the recorded work decides: alive (guard process by identity, or any recorded group,
 including those in the guard's own record) means *orphaned*: counted against the cap, never handed
@@ -23,7 +25,9 @@ slot during the probe sees it busy and may be refused): readers use /proc/locks 
 lock file's device and inode, parsed once per call.
 
 The cap: try_acquire tries indices below the cap; each index is one lock, so holders below the cap
-can never exceed it. After a lowered cap, holders above it may remain: every slot file present is
+can never exceed it. A grant costs O(1), not O(cap): the gate tries only the indices it does not
+hold itself (its own lock would refuse it anyway), and reads the key's directory listing again
+only when the directory changed (it changes only when an index is used for the first time). After a lowered cap, holders above it may remain: every slot file present is
 then counted (held, reserved, orphaned and unreadable all count), before any lock is touched and
 again after one is taken, so no grant happens until the count is under the cap. With a machine cap,
 the `_machine` key is a slot key of its own, locked before the key's slot and unlocked again when
@@ -35,9 +39,12 @@ The state question:
 - Stops half-way: killed after locking and before writing, the lock dies with it and the old record
   (released, or unreleased with dead work) reads as free. Killed after writing, the record says
   unreleased: free at once when it had no work, orphaned while recorded work lives. A crash inside
-  a write leaves at most a stray `.slot-<i>.json.<pid>.tmp`, which nothing reads.
-- Old, empty, corrupt or newer-version records, a directory that cannot be read, or a guard record
-  named by the work that cannot be read: *unreadable*. Counted as taken, never handed out, shown
+  a write leaves the old record or the new one (slot_record).
+- After a reboot (or power loss): a record of an earlier boot whose lock is free is free, whatever
+  its work says; so is a record file that cannot be parsed but was last changed before this boot
+  (slot_record's boot rule). Old records without a boot id are judged by their work.
+- Empty, corrupt or newer-version records of this boot, a directory that cannot be read, or a
+  guard record named by the work that cannot be read: *unreadable*. Counted as taken, never handed out, shown
   with an error naming the file. Nothing here deletes or rewrites them; a person fixes or removes
   the file (a reaper does act on a slot whose own record is readable but whose guard record is not:
   it ends what it knows of and releases).
@@ -51,160 +58,41 @@ them means reading every process's environment, too slow for every acquire).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from guardd import procs
-from guardd.procs import Group, Identity, available_memory, file_key, held_locks
-from guardd.record import RecordError, read_json, record_groups, write_json
+from guardd.procs import Group, Identity, available_memory
+from guardd.record import RecordError
 
-from .caps import MACHINE_KEY, Caps, check_key, key_problem
-from .containment import cgroup_populated, remove_cgroup
+from .caps import MACHINE_KEY, Caps, check_key
 from .errors import CcsupError, UsageError, os_failure
-from .holder import Holder
-from .reaper import end_work
+from .slot_record import (  # noqa: F401  (re-exported: the gate's public names stay here)
+    FREE,
+    HELD,
+    LABELS,
+    ORPHANED,
+    RESERVED,
+    SLOT_VERSION,
+    TAKEN,
+    UNREADABLE,
+    Holder,
+    SlotView,
+    from_earlier_boot,
+    live_work,
+    open_record,
+    read_settled,
+    read_slot_record,
+    work_alive,
+    work_groups,
+    work_parts,
+    write_slot_record,
+    written_before_boot,
+)
+from .slot_views import SlotReader, _indices, held_locks  # noqa: F401  (held_locks: re-exported)
 
-SLOT_VERSION = 1
-FREE, RESERVED, HELD, ORPHANED, UNREADABLE = "free", "reserved", "held", "orphaned", "unreadable"
-TAKEN = (RESERVED, HELD, ORPHANED, UNREADABLE)
-_LOCK_RETRIES = 3  # a lock file replaced under us this many times in a row: treat the slot as busy
-
-
-@dataclass
-class SlotView:
-    """One slot as a reader sees it, without taking anything."""
-
-    key: str
-    index: int
-    cap: int
-    state: str
-    turn: str | None = None
-    holder: dict | None = None
-    pid: int | None = None  # the guard's
-    groups: list[dict] = field(default_factory=list)
-    since: float | None = None
-    error: str | None = None
-    record: dict | None = None
-
-    def to_json(self) -> dict:
-        data = {
-            "key": self.key,
-            "index": self.index,
-            "cap": self.cap,
-            "state": self.state,
-            "turn": self.turn,
-            "holder": self.holder,
-            "pid": self.pid,
-            "groups": self.groups,
-            "since": self.since,
-        }
-        if self.error is not None:
-            data["error"] = self.error
-        return data
-
-
-# ---- records -------------------------------------------------------------------------------
-
-
-def _bad_record(path, why: str) -> RecordError:
-    return RecordError(f"{path} is not a usable slot record: {why}")
-
-
-def _work_parts(work: dict, path) -> tuple[Identity | None, str | None, list[Group]]:
-    """The guard, the guard's record path and the groups of a record's `work` (RecordError if malformed)."""
-    try:
-        guard = None if work.get("guard") is None else Identity.from_json(work["guard"])
-        record = work.get("record")
-        if record is not None and not isinstance(record, str):
-            raise TypeError("record is not a path")
-        groups = [Group.from_json(g) for g in work.get("groups") or []]
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise _bad_record(path, f"malformed 'work' ({e})") from None
-    return guard, record, groups
-
-
-def read_slot_record(path: str | Path) -> dict | None:
-    """The slot record at path, None when there is none; RecordError when it cannot be used."""
-    try:
-        data = read_json(path, SLOT_VERSION)
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        raise RecordError(f"unable to read {path}: its directory is not a directory") from None
-    if not isinstance(data.get("released"), bool):
-        raise _bad_record(path, "'released' is not true or false")
-    holder = data.get("holder")
-    if holder is not None and not isinstance(holder, dict):
-        raise _bad_record(path, "'holder' is not an object")
-    work = data.get("work")
-    if work is not None:
-        if not isinstance(work, dict):
-            raise _bad_record(path, "'work' is not an object")
-        _work_parts(work, path)
-    return data
-
-
-def work_groups(work: dict, path="slot record") -> tuple[Identity | None, list[Group]]:
-    """Every group a record's work names: its own list plus the guard record's own group and groups.
-
-    RecordError when the guard record exists but cannot be read (its groups are unknown).
-    """
-    guard, record, groups = _work_parts(work, path)
-    if record:
-        try:
-            data = read_json(record)
-        except FileNotFoundError:
-            data = None
-        if data is not None:
-            try:
-                groups.extend(record_groups(data))
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise RecordError(
-                    f"{record} is not a usable guard record: malformed groups ({e})"
-                ) from None
-    unique = list(dict.fromkeys(groups))
-    return guard, unique
-
-
-def work_alive(work: dict, path="slot record") -> bool:
-    """Is anything of this recorded work still running? RecordError when that cannot be known."""
-    guard, groups = work_groups(work, path)
-    if guard is not None and procs.process_running(guard):
-        return True
-    cgroup = work.get("cgroup")
-    if isinstance(cgroup, str) and cgroup and cgroup_populated(cgroup):
-        return True  # the kernel's word: something of the turn runs in its cgroup
-    return bool(procs.live_groups(groups))  # one pass over /proc, whatever the number of groups
-
-
-# ---- locks ---------------------------------------------------------------------------------
-
-
-def _try_lock(path: str) -> int | None:
-    """Lock the slot file at path without blocking: the fd, or None when someone else holds it."""
-    for _ in range(_LOCK_RETRIES):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except OSError:
-            os.close(fd)
-            raise
-        mine = os.fstat(fd)
-        try:
-            there = os.stat(path)
-        except FileNotFoundError:
-            there = None
-        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
-            return fd
-        os.close(fd)  # the file at the path was replaced or removed: what we locked is no slot
-    return None
+_RACY_NS = 50_000_000  # a directory changed this recently may change again within its mtime tick
 
 
 # ---- the gate ------------------------------------------------------------------------------
@@ -220,7 +108,9 @@ class _Full(Exception):
 class Slot:
     """A held slot: owns the flock fd in this process until release()."""
 
-    def __init__(self, key, index, cap, fd, path, record, took_over, clock, machine=None):
+    def __init__(
+        self, key, index, cap, fd, path, record, took_over, clock, machine=None, on_release=None
+    ):
         self.key: str = key
         self.index: int = index
         self.cap: int = cap
@@ -230,6 +120,8 @@ class Slot:
         self._fd: int | None = fd
         self._path: str = path
         self._clock = clock
+        self._on_release: Callable[[Slot], None] | None = on_release
+        self._record_fd: int | None = None  # the record file, open while held
 
     @property
     def released(self) -> bool:
@@ -238,9 +130,20 @@ class Slot:
     def _write(self) -> None:
         self.record["updated_at"] = self._clock()
         try:
-            write_json(self._path, self.record, 0o600)
+            if self._record_fd is None:
+                try:
+                    self._record_fd = open_record(self._path)
+                except FileNotFoundError:
+                    pass  # the first record of this slot: write_slot_record creates it whole
+            if not write_slot_record(self._path, self.record, self._record_fd):
+                self._close_record()  # replaced by a long record: open the new file next time
         except OSError as e:
             raise os_failure("write slot record", self._path, e) from None
+
+    def _close_record(self) -> None:
+        if self._record_fd is not None:
+            os.close(self._record_fd)
+            self._record_fd = None
 
     def _check_held(self, what: str) -> None:
         if self._fd is None:
@@ -284,7 +187,10 @@ class Slot:
             self.record["released"] = True
             self._write()
         finally:
+            self._close_record()
             os.close(fd)
+            if self._on_release is not None:
+                self._on_release(self)
             if self.machine is not None:
                 self.machine.release()
 
@@ -304,7 +210,7 @@ def _reservation(reservation: dict | None) -> dict | None:
         ) from None
 
 
-class SlotGate:
+class SlotGate(SlotReader):
     """The machine-wide gate over `<state_dir>/slots`. See the module's design note."""
 
     def __init__(
@@ -322,17 +228,15 @@ class SlotGate:
         self.available_memory = available_memory
         self.last_refusal: str | None = None
         self.reap_failures: list[SlotView] = []
-
-    # -- paths
-
-    def _dir(self, key: str) -> str:
-        return f"{self.root}/{key}"
-
-    def _cap(self, key: str) -> int:
-        if key == MACHINE_KEY:
-            # A leftover `_machine` directory without a machine cap: cap 0, so only taken slots show.
-            return self.caps.machine_cap or 0
-        return self.caps.cap_for(key)
+        # What this gate itself knows, to make a grant O(1) instead of a scan from index 0: the
+        # indices it holds (never worth trying: its own lock refuses it too), those it does not
+        # (tried, in order), and each directory's listing while the directory is unchanged.
+        self._held: dict[str, set[int]] = {}
+        self._own: dict[tuple[str, int], Slot] = {}  # the slots held, for views without I/O
+        self._unheld: dict[
+            str, tuple[int, set[int]]
+        ] = {}  # key -> (cap, indices below it not held)
+        self._listings: dict[str, tuple[tuple[int, int], list[int]]] = {}
 
     # -- acquiring
 
@@ -413,20 +317,44 @@ class SlotGate:
             took_over,
             self.clock,
             machine,
+            self._forget,
         )
-        slot._write()
+        self._held.setdefault(key, set()).add(index)
+        self._own[key, index] = slot
+        self._unheld_of(key, cap).discard(index)
+        try:
+            slot._write()
+        except BaseException:
+            slot._close_record()
+            self._forget(slot)
+            raise
         return slot
+
+    def _forget(self, slot: Slot) -> None:
+        self._held.get(slot.key, set()).discard(slot.index)
+        self._own.pop((slot.key, slot.index), None)
+        unheld = self._unheld.get(slot.key)
+        if unheld is not None and slot.index < unheld[0]:
+            unheld[1].add(slot.index)
+
+    def _own_record(self, key: str, index: int) -> dict | None:
+        slot = self._own.get((key, index))
+        return None if slot is None else dict(slot.record)
+
+    def _unheld_of(self, key: str, cap: int) -> set[int]:
+        """The indices below cap this gate does not hold (made again when the cap changed)."""
+        entry = self._unheld.get(key)
+        if entry is None or entry[0] != cap:
+            held = self._held.get(key, set())
+            entry = (cap, {i for i in range(cap) if i not in held})
+            self._unheld[key] = entry
+        return entry[1]
 
     def _claim(self, key: str, cap: int) -> tuple[int, int, dict | None]:
         """Lock a free slot of key: (index, fd, the old unreleased record taken over or None)."""
         directory = self._dir(key)
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            names = []
-        except OSError:
-            raise _Full(UNREADABLE) from None
-        higher = [i for i in _indices(names) if i >= cap]
+        indices = self._listing(key, directory)
+        higher = [i for i in indices if i >= cap]
         unreadable = False
         if higher:
             # A lowered cap: count what is above it before touching any lock.
@@ -435,17 +363,22 @@ class SlotGate:
             taken = [v for v in views if v.state in TAKEN]
             if len(taken) >= cap:
                 raise _Full(UNREADABLE if any(v.state == UNREADABLE for v in taken) else "full")
-        for index in range(cap):
+        for index in self._unheld_of(key, cap):  # not changed in this loop: it returns first
             fd = self._lock(directory, index)
             if fd is None:
                 continue
             try:
                 path = f"{directory}/slot-{index}.json"
-                record = read_slot_record(path)
-                if record is not None and not record["released"] and record.get("work") is not None:
-                    if work_alive(record["work"], path):
-                        os.close(fd)  # orphaned: counted, not taken
-                        continue
+                try:
+                    record = read_slot_record(path)
+                except RecordError:
+                    if not written_before_boot(path):
+                        raise
+                    record = None  # torn by a power loss: nothing of that boot runs
+                work = live_work(record)
+                if work is not None and work_alive(work, path):
+                    os.close(fd)  # orphaned: counted, not taken
+                    continue
             except RecordError:
                 os.close(fd)
                 unreadable = True
@@ -453,193 +386,45 @@ class SlotGate:
             except BaseException:
                 os.close(fd)
                 raise
-            if higher and not self._under_cap_with(key, cap, index, names):
+            if higher and not self._under_cap_with(key, cap, index, indices):
                 os.close(fd)
                 raise _Full("full")
             took_over = record if record is not None and not record["released"] else None
             return index, fd, took_over
         raise _Full(UNREADABLE if unreadable else "full")
 
-    def _under_cap_with(self, key: str, cap: int, index: int, names: list[str]) -> bool:
-        """Holding `index`, is the key's count (every slot present, any index) still within the cap?"""
-        locks = held_locks()
-        others = (set(_indices(names)) | set(range(cap))) - {index}
-        taken = sum(1 for i in others if self._view(key, i, cap, locks).state in TAKEN)
-        return taken + 1 <= cap
+    def _listing(self, key: str, directory: str) -> list[int]:
+        """The indices with files in the key's directory; _Full(UNREADABLE) when it cannot be read.
 
-    def _lock(self, directory: str, index: int) -> int | None:
-        path = f"{directory}/slot-{index}.lock"
+        Cached while the directory's mtime is unchanged and old enough that a change within the
+        same timestamp tick cannot hide. Records are written in place, so the directory changes
+        only when an index is used for the first time: after that, a grant lists nothing.
+        """
         try:
-            return _try_lock(path)
+            st = os.stat(directory)
         except FileNotFoundError:
-            pass
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            return _try_lock(path)
-        except OSError as e:
-            raise os_failure("lock slot file", path, e) from None
-
-    # -- reading
-
-    def inspect(self, key: str) -> list[SlotView]:
-        """Every slot of key (below the cap, and any taken one above it), taking no lock."""
-        check_key(key, reserved_ok=True)
-        return self._inspect_key(key, held_locks())
-
-    def inspect_all(self) -> list[SlotView]:
-        """Every key configured or with a directory under <state>/slots, `_machine` first."""
-        locks = held_locks()
-        views = []
-        for key in self._keys():
-            views.extend(self._inspect_key(key, locks))
-        return views
-
-    def _keys(self) -> list[str]:
-        keys = set(self.caps.configured_keys())
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            names = []
-        except OSError as e:
-            raise os_failure("list slot directories in", self.root, e) from None
-        # Stray names that are no key (a temp file, a hand-made directory) are not slots.
-        keys.update(n for n in names if key_problem(n, reserved_ok=True) is None)
-        return sorted(keys, key=lambda k: (k != MACHINE_KEY, k))
-
-    def _inspect_key(self, key: str, locks: set) -> list[SlotView]:
-        cap = self._cap(key)
-        directory = self._dir(key)
+            return []
+        except OSError:
+            raise _Full(UNREADABLE) from None
+        stamp = (st.st_ino, st.st_mtime_ns)
+        cached = self._listings.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        listed_at = time.time_ns()
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
-            names = []
-        except OSError as e:
-            error = f"unable to read slot directory {directory}: {e.strerror}"
-            return [SlotView(key, i, cap, UNREADABLE, error=error) for i in range(max(cap, 1))]
-        views = []
-        for index in sorted(set(range(cap)) | set(_indices(names))):
-            view = self._view(key, index, cap, locks)
-            if index < cap or view.state != FREE:
-                views.append(view)
-        return views
+            return []
+        except OSError:
+            raise _Full(UNREADABLE) from None
+        indices = _indices(names)
+        if st.st_mtime_ns < listed_at - _RACY_NS:
+            self._listings[key] = (stamp, indices)
+        return indices
 
-    def _view(self, key: str, index: int, cap: int, locks: set) -> SlotView:
-        directory = self._dir(key)
-        try:
-            locked = file_key(os.stat(f"{directory}/slot-{index}.lock")) in locks
-        except FileNotFoundError:
-            locked = False
-        except OSError as e:
-            return SlotView(
-                key,
-                index,
-                cap,
-                UNREADABLE,
-                error=f"unable to stat {directory}/slot-{index}.lock: {e.strerror}",
-            )
-        path = f"{directory}/slot-{index}.json"
-        try:
-            record = read_slot_record(path)
-        except RecordError as e:
-            return SlotView(key, index, cap, UNREADABLE, error=str(e))
-        live = record is not None and not record["released"]
-        work = record.get("work") if live else None
-        if locked:
-            state = HELD if work is not None else RESERVED
-        elif work is None:
-            state = FREE
-        else:
-            try:
-                state = ORPHANED if work_alive(work, path) else FREE
-            except RecordError as e:
-                return SlotView(key, index, cap, UNREADABLE, error=str(e), record=record)
-        if state == FREE or not live:
-            return SlotView(key, index, cap, state, record=record)
-        return SlotView(
-            key,
-            index,
-            cap,
-            state,
-            turn=record.get("turn"),
-            holder=record.get("holder"),
-            pid=None if work is None or work.get("guard") is None else work["guard"].get("pid"),
-            groups=[] if work is None else list(work.get("groups") or []),
-            since=record.get("updated_at"),
-            record=record,
-        )
-
-    # -- reaping
-
-    def reap(self, key: str | None = None, *, grace: float = 5.0) -> list[SlotView]:
-        """End the work of every orphaned slot (of key, or of all keys); blocking.
-
-        Returns the slots reaped, as they were seen orphaned. Slots whose work could not be
-        confirmed gone stay orphaned and are listed in self.reap_failures with an error.
-        """
-        keys = [check_key(key, reserved_ok=True)] if key is not None else self._keys()
+    def _under_cap_with(self, key: str, cap: int, index: int, indices: list[int]) -> bool:
+        """Holding `index`, is the key's count (every slot present, any index) still within the cap?"""
         locks = held_locks()
-        # Unreadable with a readable slot record: only the guard record is unreadable.
-        # Every candidate is found before any is reaped: ending a key slot's work also ends its
-        # `_machine` slot's (the same work), which must then be released too, not skipped as free.
-        candidates = [
-            view
-            for k in keys
-            for view in self._inspect_key(k, locks)
-            if view.state == ORPHANED or (view.state == UNREADABLE and view.record is not None)
-        ]
-        reaped, self.reap_failures = [], []
-        for view in candidates:
-            outcome = self._reap_slot(view, grace)
-            if outcome is True:
-                reaped.append(view)
-            elif outcome is not None:
-                view.error = outcome
-                self.reap_failures.append(view)
-        return reaped
-
-    def _reap_slot(self, view: SlotView, grace: float) -> bool | str | None:
-        """True when reaped; None when it is no longer orphaned (or another acts); else an error."""
-        directory = self._dir(view.key)
-        path = f"{directory}/slot-{view.index}.json"
-        fd = self._lock(directory, view.index)
-        if fd is None:
-            return None  # someone holds it now: a holder, or another reaper
-        try:
-            record = read_slot_record(path)
-            if record is None or record["released"] or record.get("work") is None:
-                return None
-            work = record["work"]
-            try:
-                guard, groups = work_groups(work, path)
-            except RecordError:
-                # The guard record cannot be read: end what the slot record itself names.
-                guard, _, groups = _work_parts(work, path)
-            cgroup = work.get("cgroup") if isinstance(work.get("cgroup"), str) else None
-            ended = end_work(
-                groups, guard=guard, turn=record.get("turn"), grace=grace, cgroup=cgroup
-            )
-            if not ended:
-                return f"unable to end the work of slot {view.key}#{view.index}: still running after SIGKILL"
-            record["released"] = True
-            record["updated_at"] = self.clock()
-            try:
-                write_json(path, record, 0o600)
-            except OSError as e:
-                return f"unable to write slot record {path}: {e.strerror}"
-            remove_cgroup(cgroup)  # confirmed empty; a second slot of the same work finds none
-            return True
-        except RecordError as e:
-            return str(e)
-        finally:
-            os.close(fd)
-
-
-def _indices(names: list[str]) -> list[int]:
-    found = set()
-    for name in names:
-        if not name.startswith("slot-"):
-            continue
-        stem, dot, ext = name[5:].partition(".")
-        if ext in ("lock", "json") and stem.isdigit():
-            found.add(int(stem))
-    return sorted(found)
+        others = (set(indices) | set(range(cap))) - {index}
+        taken = sum(1 for i in others if self._view(key, i, cap, locks).state in TAKEN)
+        return taken + 1 <= cap

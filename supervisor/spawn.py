@@ -171,6 +171,11 @@ class GuardProcess:
         if log is not None:
             log.close()
 
+    @property
+    def stdin_pending(self) -> int:
+        """Bytes sent to CMD's stdin that the pipe has not taken yet (a writer's back-pressure)."""
+        return len(self._stdin_buffer)
+
     def write_stdin(self, data: bytes, eof: bool = False) -> int:
         """Queue data for CMD's stdin (written as the pipe takes it); eof closes it after."""
         if self._stdin_eof or self.stdin.closed:
@@ -220,7 +225,13 @@ class GuardProcess:
             self.terminate_pending = True
             return False
         self.terminate_pending = False
-        return procs.signal_process(self.identity, signal.SIGTERM)
+        if self.pidfd < 0:
+            return procs.signal_process(self.identity, signal.SIGTERM)
+        try:  # the pidfd is this very process: no identity check (a /proc read) needed
+            signal.pidfd_send_signal(self.pidfd, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        return True
 
     def terminate_if_pending(self) -> None:
         if self.terminate_pending and self.returncode is None:

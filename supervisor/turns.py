@@ -126,6 +126,7 @@ class Turn:
     requested_at: float = field(default_factory=time.time)
     wait_timeout: float | None = None
     reservation: str | None = None
+    timeout: float | None = None  # its own runtime limit (supervisor.runtime_limits)
     state: State = State.NEW
     exit: Outcome | None = None  # once known
     stop_reason: str | None = None
@@ -155,6 +156,7 @@ class Turn:
             "requested_at": self.requested_at,
             "wait_deadline": wait_deadline,
             "reservation": self.reservation,
+            "timeout": self.timeout,
         }
 
 

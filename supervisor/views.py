@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, requester_names
 from .turns import Reservation, State
 
 if TYPE_CHECKING:
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 def ps(manager: Manager) -> dict[str, Any]:
     slots = [view.to_json() for view in manager.gate.inspect_all()]
+    for slot in slots:  # who asked for the turn, beside the lock holder (the supervisor)
+        asking = manager.ledger.get(slot.get("turn") or "")
+        slot["requester"] = requester_names.requester(asking.holder.pid) if asking else None
     waits = []
     for waiter in manager.queue.all():
         item = manager.ledger.get(waiter.id)
@@ -28,10 +31,24 @@ def ps(manager: Manager) -> dict[str, Any]:
                 "position": manager.queue.position(waiter.id),
                 "since": waiter.requested_at,
                 "holder": item.holder.to_json(),
+                "requester": requester_names.requester(item.holder.pid),
                 "reservation": isinstance(item, Reservation),
+                "why": _why(manager, waiter.key, manager.queue.position(waiter.id)),
             }
         )
-    return {"slots": slots, "waits": waits}
+    return {"slots": slots, "waits": waits, "keys": _keys(manager)}
+
+
+def _why(manager: Manager, key: str, position: int | None) -> Any:
+    """Why a waiter waits (supervisor.keyctl), when the manager's admission can say."""
+    waits_why = getattr(manager.admission, "waits_why", None)
+    return waits_why(key, position, manager.refused.get(key)) if waits_why else None
+
+
+def _keys(manager: Manager) -> list[Any]:
+    """Paused keys, rate windows and why each key's head waits (supervisor.keyctl)."""
+    keys_view = getattr(manager.admission, "keys_view", None)
+    return keys_view(manager.queue.keys_by_age(), manager.refused) if keys_view else []
 
 
 def status(manager: Manager) -> dict[str, Any]:
@@ -45,4 +62,5 @@ def status(manager: Manager) -> dict[str, Any]:
         "waits": len(manager.queue),
         "reservations": sum(1 for r in manager.reservations.values() if r.state is State.GRANTED),
         "stopping": manager.stopping,
+        "keys": _keys(manager),
     }

@@ -1,4 +1,5 @@
-"""The fair wait queue: per cap key, oldest first (request time, then id).
+"""The fair wait queue: per cap key, in the order of supervisor.fairness (by default oldest first,
+request time then id; with `[slots] fairness = "session"`, round-robin across sessions).
 
 A new request never jumps older waiters of its key, even when it sees a free slot: the caller
 grants only the head of a key. Keys are independent: a full key blocks only its own waiters.
@@ -13,15 +14,20 @@ sessions, say, orders each key's waiters differently behind the same methods).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from .fairness import FifoOrdering, Ordering
 
 
 @dataclass(frozen=True, order=True)
 class Waiter:
-    requested_at: float
-    id: str
-    key: str
+    rank: tuple  # supervisor.fairness: what a key's waiters are sorted by
+    requested_at: float = field(compare=False)
+    id: str = field(compare=False)
+    key: str = field(compare=False)
+    session: str = field(compare=False, default="")
 
 
 class Queue(Protocol):
@@ -39,9 +45,17 @@ class Queue(Protocol):
 
 
 class WaitQueue:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        ordering: Ordering | None = None,
+        session_of: Callable[[str], str] | None = None,
+    ) -> None:
+        """`ordering` ranks each key's waiters (default FIFO); `session_of(item_id)` names the
+        session a waiter counts in (supervisor.fairness.session_of), asked when it is added."""
         self._by_key: dict[str, list[Waiter]] = {}
         self._by_id: dict[str, Waiter] = {}
+        self.ordering: Ordering = ordering or FifoOrdering()
+        self.session_of = session_of or (lambda item_id: f"i:{item_id}")
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -53,7 +67,9 @@ class WaitQueue:
         """Queue an item; returns its position (1 = next)."""
         if item_id in self._by_id:
             raise ValueError(f"{item_id} is already waiting")
-        waiter = Waiter(requested_at, item_id, key)
+        session = self.session_of(item_id)
+        rank = self.ordering.rank(key, item_id, session, requested_at)
+        waiter = Waiter(rank, requested_at, item_id, key, session)
         bisect.insort(self._by_key.setdefault(key, []), waiter)
         self._by_id[item_id] = waiter
         return bisect.bisect_left(self._by_key[key], waiter) + 1
@@ -62,7 +78,8 @@ class WaitQueue:
         """new_id takes old_id's place (a turn binding a reservation that still waits)."""
         old = self._by_id.pop(old_id)
         waiters = self._by_key[old.key]
-        new = Waiter(old.requested_at, new_id, old.key)
+        new = Waiter(old.rank, old.requested_at, new_id, old.key, old.session)
+        self.ordering.renamed(old_id, new_id)
         waiters[waiters.index(old)] = new
         waiters.sort()
         self._by_id[new_id] = new
@@ -88,7 +105,18 @@ class WaitQueue:
         return bisect.bisect_left(self._by_key[waiter.key], waiter) + 1
 
     def keys_by_age(self) -> list[str]:
-        return sorted(self._by_key, key=lambda k: self._by_key[k][0])
+        def age(key: str) -> tuple[float, str]:
+            head = self._by_key[key][0]
+            return (head.requested_at, head.id)
+
+        return sorted(self._by_key, key=age)
+
+    def reorder(self, ordering: Ordering) -> None:
+        """A new fairness (a reload): every waiter ranked again, in its current order."""
+        waiters = self.all()
+        self._by_key, self._by_id, self.ordering = {}, {}, ordering
+        for w in waiters:
+            self.add(w.key, w.id, w.requested_at)
 
     def all(self) -> list[Waiter]:
         """Every waiter, keys in order of their heads' age, each key oldest first."""

@@ -101,7 +101,6 @@ def test_help_lists_every_command(runner):
             ["start", "--caps", "codex=two"],
             "bad caps item 'codex=two': 'two' is not a whole number",
         ),
-        (["run", "--", "true"], "Missing option '--key'"),
         (
             ["run", "--key", "_machine", "--", "true"],
             "Invalid value for '--key': bad cap key '_machine'",
@@ -297,8 +296,8 @@ def test_format_ps_is_an_aligned_table():
         "codex  0      2    held   t1    s1/a1   4242  2       2m05s",
         "codex  1      2    free   -     -       -     -       -",
         "",
-        "POS  ID  KEY    HOLDER  WAITING",
-        "1    t2  codex  pid 77  3s",
+        "POS  ID  KEY    HOLDER  WAITING  WHY",
+        "1    t2  codex  pid 77  3s       -",
     ]
 
 
@@ -477,8 +476,8 @@ def test_ps_json_shape(daemon):
     done = ccsup("ps", "--json", state_dir=state_dir, timeout=10)
     assert done.returncode == 0, done.stderr
     ps = json.loads(done.stdout)
-    assert set(ps) == {"slots", "waits"}
-    assert ps["waits"] == []
+    assert set(ps) == {"slots", "waits", "keys"}  # keys: paused and rate-held (issue 12)
+    assert ps["waits"] == [] and ps["keys"] == []
     mine = sorted(
         (s["key"], s["index"], s["cap"], s["state"])
         for s in ps["slots"]
@@ -496,6 +495,7 @@ def test_ps_json_shape(daemon):
             "pid",
             "groups",
             "since",
+            "requester",  # who asked for the turn: {"pid","command"} (issue 12)
         }
         assert slot["state"] == "free"
 
@@ -551,7 +551,7 @@ def test_ps_shows_a_running_turn_and_a_waiter(daemon):
         ]
         assert "POS  ID" in table
         first.send_signal(signal.SIGINT)  # Ctrl-C: cancel, then wait until released
-        assert first.wait(15) == 128 + 15
+        assert first.wait(15) == 130  # as a shell reports Ctrl-C (issue 12)
         assert second.wait(15) == 0
     finally:
         for p in (first, second):
@@ -578,7 +578,7 @@ def test_stop_returns_only_when_everything_is_gone_and_the_lock_is_free(daemon):
         assert not procs.process_running(sleeper)
         assert done.returncode == 0, done.stderr
         assert done.stdout.decode() == f"ccsup stopped (state {state_dir})\n"
-        assert run.wait(10) == 128 + 9
+        assert run.wait(10) == 69  # stopped by someone else: EX_UNAVAILABLE (issue 12)
     finally:
         if run.poll() is None:
             run.kill()

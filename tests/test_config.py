@@ -17,6 +17,7 @@ from supervisor import config as cfg
 from supervisor.caps import Caps
 from supervisor.cli.config import config_group
 from supervisor.errors import ConfigError
+from supervisor.rates import Rate
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = "/etc/x/ccsup.toml"
@@ -520,7 +521,7 @@ def test_commented_examples_in_the_default_are_valid_when_uncommented():
     text = cfg.default_config_text()
     # Uncomment every example except the CURVE placeholders (they are not keys, on purpose).
     uncommented = re.sub(
-        r"^# ((?!\[endpoints\.curve\]|public_key|secret_key|client_keys|client_secret_key)(\[[a-z.]+\]|[a-z_]+ = .*))$",
+        r"^# ((?!\[endpoints\.curve\]|public_key|secret_key|client_keys|client_secret_key)(\[[a-z_.]+\]|[a-z_]+ = .*))$",
         r"\1",
         text,
         flags=re.M,
@@ -533,6 +534,14 @@ def test_commented_examples_in_the_default_are_valid_when_uncommented():
     )
     assert config.harness["codex"].command == ["codex", "app-server"]
     assert config.endpoints.control == "ipc:///run/user/1000/ccsup/control"
+    assert config.admission.rates["opencode:xai"] == Rate(3, 10.0)
+    assert config.admission.max_runtime == {"codex": 7200.0}
+    rule = config.admission.pause_on["codex"]
+    assert (rule.exit_codes, rule.for_, rule.stderr.pattern) == (
+        frozenset({75}),
+        60.0,
+        "(?i)rate.?limit|429",
+    )
 
 
 def test_example_conf_parses():

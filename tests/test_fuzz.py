@@ -179,6 +179,15 @@ SEND_BAD = {
     "eof": ["yes", 1, 0, None, [], "true", 1.0],
 }
 REAP_BAD = {"key": BAD_KEYS + WRONG_TYPES}
+PAUSE_BAD = {  # issue 12: one of for/until, each a finite number (for > 0)
+    "id": BAD_IDS + [5, 1.5, True, [], {}],
+    "key": BAD_KEYS + [None, *WRONG_TYPES],
+    "for": [0, -1, NAN, "1s", True, [], {}, None, 1e12],
+    "until": ["2026-12-01", True, NAN, [], {}, 1.0],
+    "reason": [5, [], {}, True, "x" * 2000],
+    "by": [5, [], {}, "x" * 300],
+}
+RESUME_BAD = {"key": BAD_KEYS + [None, *WRONG_TYPES], "reason": [5, [], {}, "x" * 2000]}
 EXTRA_FIELDS = [{"bogus": 1}, {"../x": 1}, {"": None}, {"a/b": "c"}, {"x" * 200: 1}, {"\ud800": 1}]
 BAD_VERSIONS = [0, 2, -1, "1", None, True, 1.0, 1.5, NAN, [], {}, 1 << 64]
 BAD_ENVELOPE_IDS = ["", "x" * 129, "x" * 200, None, [], {}, True, NAN, 1.5, {"id": "x"}]
@@ -203,6 +212,7 @@ UNKNOWN_COMMANDS = [
     "q",
 ]
 COMMANDS_FUZZED = ("turn", "reserve", "cancel", "send", "ps", "reap", "status", "reload", "quit")
+COMMANDS_FUZZED += ("pause", "resume")
 
 
 class Fuzzer:
@@ -250,6 +260,10 @@ class Fuzzer:
             return {"id": self.fresh("s"), "data": "x", "eof": False}
         if cmd == "reap":
             return {"key": "codex"}
+        if cmd == "pause":
+            return {"id": self.fresh("p"), "key": "codex", "for": 1, "reason": "fuzz"}
+        if cmd == "resume":
+            return {"key": "codex", "reason": "fuzz"}
         return {}
 
     def bad_args(self, cmd: str, *, keep_id: bool = False) -> dict:
@@ -262,6 +276,8 @@ class Fuzzer:
             "cancel": CANCEL_BAD,
             "send": SEND_BAD,
             "reap": REAP_BAD,
+            "pause": PAUSE_BAD,
+            "resume": RESUME_BAD,
         }.get(cmd)
         fields = sorted(name for name in table or () if not (keep_id and name == "id"))
         if not fields or self.rng.random() < 0.15:
@@ -452,7 +468,7 @@ class Fuzzer:
         """Frames for bus-in and the id whose `rejected` event must follow (None: no event)."""
         r = self.rng.random()
         if r < 0.45:  # a request with a good id and one bad field
-            kind = self.pick(["turn", "reserve", "cancel"])
+            kind = self.pick(["turn", "reserve", "cancel", "pause"])
             body = self.bad_args(kind, keep_id=True)
             body["id"] = self.fresh("b")
             if self.rng.random() < 0.2:

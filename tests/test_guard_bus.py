@@ -12,6 +12,7 @@ from conftest import PYTHON
 from guardd.launch import guard_command
 
 zmq = pytest.importorskip("zmq")
+from zmq.utils.monitor import recv_monitor_message  # noqa: E402
 
 
 @pytest.mark.parametrize("launch", ["module", "launch"])
@@ -209,3 +210,38 @@ def test_a_curve_peer_is_refused_with_one_line(tmp_path, state_dir):
         f"ccsup-guard: unable to publish hints on {endpoint}: the peer closed the"
         " connection in the handshake (a CURVE endpoint? the guard speaks only NULL)\n"
     )
+
+
+def test_an_idle_publisher_lets_its_connection_go_and_reconnects_for_the_next_hint(
+    state_dir, monkeypatch
+):
+    """A long turn holds no connection while it has nothing to say (each held ~24 KiB of the
+    supervisor's ZeroMQ buffers); a short one keeps the one made at its start."""
+    monkeypatch.setattr(hints, "_IDLE", 0.3)
+    endpoint = f"ipc://{state_dir}/bus-in"
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XSUB)
+    monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    sock.bind(endpoint)
+    sock.send(b"\x01guard.")
+
+    def next_event(timeout: float = 5.0) -> int:
+        assert monitor.poll(timeout * 1000), "no connection event"
+        return recv_monitor_message(monitor)["event"]
+
+    try:
+        pub = hints.Publisher(endpoint, "t4", {})
+        assert next_event() == zmq.EVENT_ACCEPTED  # at once, before any hint
+        pub.publish("group", pgid=7, leader_start=None)
+        first = _collect(sock, lambda got: len(got) == 1)
+        assert next_event() == zmq.EVENT_DISCONNECTED  # idle: let go
+        pub.publish("exited", code=0, signal=None)
+        assert next_event() == zmq.EVENT_ACCEPTED  # connected again for the next hint
+        rest = _collect(sock, lambda got: len(got) == 1)
+        pub.close()
+    finally:
+        monitor.close(0)
+        sock.disable_monitor()
+        sock.close(0)
+        ctx.term()
+    assert [t for t, _ in first + rest] == [b"guard.t4.group", b"guard.t4.exited"]

@@ -8,11 +8,14 @@ import time
 
 from conftest import PYTHON, wait_until
 
+from supervisor import store
+
 HOLDER = {"session": "s1", "agent": "a1"}
 
 
 def queue_file(state_dir) -> dict:
-    return json.loads((state_dir / "queue.json").read_text())
+    """What queue.json and its journal hold together."""
+    return store.read_queue(state_dir / "queue.json")
 
 
 # Holds the codex slot from outside the supervisor (the gate is a library any local program may
@@ -176,5 +179,7 @@ def test_a_corrupt_or_newer_queue_file_is_moved_aside_and_the_supervisor_starts(
         log.close()
     assert list(state_dir.glob("queue.json.bad-*"))  # kept for a person to look at, never deleted
     logged = d.stderr_path.read_text()
-    assert logged.count("moved aside") == 2
+    assert sum("moved aside" in line for line in logged.splitlines()) == 2
+    # the second time, the journal of the first run went aside with the snapshot it belongs to
+    assert list(state_dir.glob("queue.journal.bad-*"))
     assert "is not valid JSON" in logged and "is version 99, newer than this ccsup knows" in logged

@@ -411,6 +411,113 @@ def test_recorded_group_whose_id_now_belongs_to_another_group_is_gone(state_dir)
         other.wait()
 
 
+# ---- records of an earlier boot (slot records are not fsynced: supervisor.slot_record) -------------
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.mark.parametrize(
+    "boot, expected",
+    [(BOOT_ID, "orphaned"), ("0e5a7a1e-0000-4000-8000-000000000000", "free"), (None, "orphaned")],
+    ids=["this-boot", "an-earlier-boot", "no-boot-id-old-record"],
+)
+def test_a_record_of_an_earlier_boot_with_its_lock_free_is_free(state_dir, boot, expected):
+    """Work recorded in an earlier boot cannot run now, even if its pid and start match a process
+    of this boot; a record without a boot id (an older ccsup, which fsynced) is judged by its work."""
+    live = subprocess.Popen([PYTHON, "-c", IGNORER], start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        assert live.stdout.readline() == b"ready\n"
+        group = {"pgid": live.pid, "leader_start": procs.start_ticks(live.pid)}
+        work = {"guard": None, "record": None, "groups": [group]}
+        record = slot_record("codex", holder={"pid": 1, "start": 1}, work=work)
+        if boot is not None:
+            record["boot"] = boot
+        plant(state_dir, "codex", record)
+        gate = SlotGate(state_dir, Caps(caps={"codex": 1}))
+        assert states(gate, "codex") == [(0, expected)]
+        slot = gate.try_acquire("codex", ME)
+        assert (slot is None) == (expected == "orphaned")
+        if slot is not None:
+            assert slot.took_over == record  # said, as for any unreleased record taken over
+            slot.release()
+        reaped = gate.reap("codex", grace=0.5)
+        assert [(v.index, v.state) for v in reaped] == (
+            [] if expected == "free" else [(0, expected)]
+        )
+        assert (live.poll() is None) == (expected == "free")  # ended only when of this boot
+    finally:
+        live.kill()
+        live.wait()
+
+
+@pytest.mark.parametrize("before_boot", [True, False], ids=["changed-before-boot", "this-boot"])
+def test_a_torn_record_file_from_before_the_boot_is_free(state_dir, before_boot):
+    """An unsynced write torn by a power loss cannot block a slot forever; one of this boot can."""
+    directory = state_dir / "slots" / "codex"
+    directory.mkdir(parents=True)
+    (directory / "slot-0.lock").touch()
+    path = directory / "slot-0.json"
+    path.write_bytes(b'{"v":1,"key":"co\x00\x00\x00')
+    if before_boot:
+        btime = next(
+            int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime ")
+        )
+        os.utime(path, (btime - 60, btime - 60))
+    gate = SlotGate(state_dir, Caps(caps={"codex": 1}))
+    assert states(gate, "codex") == [(0, "free" if before_boot else "unreadable")]
+    slot = gate.try_acquire("codex", ME)
+    assert (slot is not None) == before_boot
+    if slot is not None:
+        slot.release()
+        assert json.loads(path.read_text())["released"] is True  # rewritten whole
+
+
+def test_records_are_written_in_place_never_empty_and_long_ones_whole(state_dir):
+    gate = SlotGate(state_dir, Caps(caps={"solo": 1}))
+    path = state_dir / "slots" / "solo" / "slot-0.json"
+    slot = gate.try_acquire("solo", ME, turn="t1")
+    inode = path.stat().st_ino
+    many = [Group(100000 + i, i) for i in range(200)]  # a record longer than a page
+    slot.record_work(procs.identity_of(os.getpid()), None, many)
+    assert path.stat().st_ino != inode and len(path.read_bytes()) > 4096  # replaced whole
+    slot.record_work(procs.identity_of(os.getpid()), None, [])
+    assert json.loads(path.read_text())["work"]["groups"] == []  # long file: replaced again
+    slot.release()
+    inode = path.stat().st_ino
+    slot = gate.try_acquire("solo", ME, turn="t2")
+    slot.bind(turn="t3", reservation=None)
+    slot.release()
+    assert path.stat().st_ino == inode  # short records: the same file, rewritten in place
+    text = path.read_text()
+    assert json.loads(text)["turn"] == "t3" and json.loads(text)["released"] is True
+
+
+def test_a_grant_tries_only_what_it_does_not_hold_and_lists_the_directory_once(
+    state_dir, monkeypatch
+):
+    from supervisor import slot_views
+
+    gate = SlotGate(state_dir, Caps(caps={"wide": 300}))
+    held = [gate.try_acquire("wide", ME) for _ in range(299)]
+    assert sorted(s.index for s in held) == list(range(299))
+    gate.try_acquire("wide", ME).release()  # index 299's first use makes its files
+    tries, listings = [], []
+    real_try_lock, real_listdir = slot_views._try_lock, os.listdir
+    monkeypatch.setattr(slot_views, "_try_lock", lambda p: tries.append(p) or real_try_lock(p))
+    monkeypatch.setattr(os, "listdir", lambda p: listings.append(p) or real_listdir(p))
+    time.sleep(0.06)  # the directory's last change (a first use) is older than a timestamp tick
+    for _ in range(3):
+        last = gate.try_acquire("wide", ME)
+        assert last.index == 299
+        last.release()
+    assert len(tries) == 3  # one lock tried per grant, not 300
+    assert len(listings) <= 1  # the listing is cached while the directory does not change
+    assert gate.try_acquire("wide", ME) is not None
+    assert gate.try_acquire("wide", ME) is None  # and the cap still holds
+    for slot in held:
+        slot.release()
+
+
 # ---- 7. a lowered cap ------------------------------------------------------------------------------
 
 
@@ -626,6 +733,7 @@ def test_record_fields_bind_and_work(state_dir):
         "work": None,
         "released": False,
         "updated_at": 100.0,
+        "boot": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
     }
     assert holder.to_json() == {
         "pid": os.getpid(),
@@ -678,3 +786,33 @@ def test_inspect_all_lists_configured_keys_and_keys_found_on_disk(state_dir):
         ("codex", 1, "free"),
         ("other:x", 0, "free"),
     ]
+
+
+def test_the_holders_own_views_read_nothing_and_match_what_others_read(state_dir, monkeypatch):
+    gate = SlotGate(state_dir, Caps(caps={"codex": 3}, machine_cap=4))
+    me = procs.identity_of(os.getpid())
+    held = gate.try_acquire("codex", ME, turn="t1")
+    held.record_work(me, str(state_dir / "none.json"), [Group(os.getpgid(0), None)])
+    reserved = gate.try_acquire("codex", ME, reservation={"id": "r1", "until": 9.0})
+    others = [v.to_json() for v in SlotGate(state_dir, gate.caps).inspect_all()]
+    opened = []
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k)
+    )
+    mine = [v.to_json() for v in gate.inspect_all()]
+    assert mine == others
+    assert [(s["key"], s["state"], s["turn"]) for s in mine] == [
+        ("_machine", "held", "t1"),
+        ("_machine", "reserved", None),
+        ("_machine", "free", None),
+        ("_machine", "free", None),
+        ("codex", "held", "t1"),
+        ("codex", "reserved", None),
+        ("codex", "free", None),
+    ]
+    read = sorted(str(p).split("/slots/")[1] for p in opened if str(p).endswith(".json"))
+    # its own slots came from memory; only the free ones were read
+    assert read == ["_machine/slot-2.json", "_machine/slot-3.json", "codex/slot-2.json"]
+    held.release()
+    reserved.release()

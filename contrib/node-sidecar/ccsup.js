@@ -28,7 +28,7 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 
 export const TERMINAL = new Set(["released", "cancelled", "rejected"]);
-const SUPERVISOR_TOPICS = ["turn.", "supervisor.", "slot."];
+const SUPERVISOR_TOPICS = ["turn.", "supervisor.", "slot.", "key."];
 const HELLO_PREFIX = "ccsup.hello.";
 const HELLO_RETRY_MS = 500;
 
@@ -144,6 +144,8 @@ export class Sidecar {
     this._lastSeq = null;
     this._closed = false;
     this._controlChain = Promise.resolve();
+    this._pauseAnswers = new Map(); // request.pause id -> resolve (see publishPause)
+    this._keyListeners = new Set();
     this._sub = new Subscriber({ receiveHighWaterMark: 0 });
     this._sub.connect(this.endpoints.busOut);
     for (const prefix of SUPERVISOR_TOPICS) this._sub.subscribe(prefix);
@@ -194,6 +196,7 @@ export class Sidecar {
       if (this._lastSeq !== null && body.seq > this._lastSeq + 1) this._onGap(this._lastSeq + 1, body.seq - 1);
       this._lastSeq = body.seq; // a lower seq: a restarted supervisor; follow its count
     }
+    if (topic.startsWith("key.")) return this._onKeyEvent(topic, body); // pause and resume
     if (!topic.startsWith("turn.")) return;
     const kind = topic.slice(topic.lastIndexOf(".") + 1);
     const id = topic.slice(5, topic.lastIndexOf("."));
@@ -360,6 +363,67 @@ export class Sidecar {
   /** Write to a turn's stdin (`eof` closes it). */
   send(id, data, eof = false) {
     return this.call("send", { id, data, eof });
+  }
+
+  // -- admission: pause and resume a key ------------------------------------------------------
+
+  /**
+   * `turn` with a runtime limit: the turn is stopped after `timeout` seconds of running (or the
+   * key's [slots] max_runtime when smaller); `turn.<id>.expiring` comes first, and its `exited`
+   * says `reason: "timeout"`.
+   */
+  turnWithTimeout({ timeout, key, argv, id = newId(), cwd, env, holder = this.holder, reservation, waitTimeout } = {}) {
+    const body = compact({ id, key, argv, cwd, env, holder, reservation, wait_timeout: waitTimeout, timeout });
+    return this._request("turn", body, this._follow(id));
+  }
+
+  /**
+   * Pause a key (a bare harness name pauses all its keys) for `seconds` or until `until` (epoch
+   * seconds), through the control socket. Resolves with the key's pause: {key, until, reason, by,
+   * since, changed, capped}; the supervisor caps the end at now + [slots] max_pause.
+   */
+  pause({ key, seconds, until, reason, id } = {}) {
+    return this.call("pause", compact({ key, for: seconds, until, reason, id }));
+  }
+
+  /** End a key's pause now. Resolves with {key, resumed: [...], still_paused}. */
+  resume({ key, reason } = {}) {
+    return this.call("resume", compact({ key, reason }));
+  }
+
+  /**
+   * Pause a key on the bus (`request.pause`), as a sidecar that just saw a 429 does: re-published
+   * (idempotent by id) until the supervisor's `key.<key>.paused` answer for this id arrives;
+   * resolves with that event's body.
+   */
+  async publishPause({ key, seconds, until, reason, id = newId() } = {}) {
+    const body = compact({ id, key, for: seconds, until, reason });
+    const frames = ["request.pause", JSON.stringify({ v: 1, ts: Date.now() / 1000, ...body })];
+    const answered = new Promise((resolve) => this._pauseAnswers.set(id, resolve));
+    const deadline = Date.now() + this.timeout;
+    let interval = 20;
+    try {
+      for (;;) {
+        await this._pub.send(frames);
+        const answer = await Promise.race([answered, sleep(interval).then(() => null)]);
+        if (answer) return answer;
+        if (Date.now() > deadline) throw new CcsupError(`no event answered request.pause ${JSON.stringify(id)} on ${this.stateDir}`);
+        interval = Math.min(interval * 2, 500);
+      }
+    } finally {
+      this._pauseAnswers.delete(id);
+    }
+  }
+
+  /** Call `listener(topic, body)` for every key.<key>.paused|resumed event; returns an unsubscribe. */
+  onKey(listener) {
+    this._keyListeners.add(listener);
+    return () => this._keyListeners.delete(listener);
+  }
+
+  _onKeyEvent(topic, body) {
+    if (topic.endsWith(".paused") && this._pauseAnswers.has(body.id)) this._pauseAnswers.get(body.id)(body);
+    for (const listener of this._keyListeners) listener(topic, body);
   }
 }
 

@@ -3,7 +3,7 @@
 Exit codes: 0 ok, 1 failure, 2 usage or configuration (click's own usage errors and ccsup's
 UsageError family, a supervisor's `bad_request` reply included), 3 no supervisor running on the
 state directory. `ccsup run` exits with its command's status instead (128+N for a signal), 125
-when the turn's guard was lost, 1 when the turn was cancelled or rejected. Only CcsupError is
+when the turn's guard was lost, and supervisor.run_exit's codes (124, 75, 130, 69, 65). Only CcsupError is
 caught at the top ("ccsup: <message>" on stderr, its `exit_code`); anything else is a bug and
 shows its traceback.
 
@@ -51,6 +51,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reap": ("reap", "reap"),
     "reload": ("reload", "reload"),
     "config": ("config", "config_group"),
+    "pause": ("pause", "pause"),
+    "resume": ("resume", "resume"),
 }
 
 

@@ -21,15 +21,6 @@ def age(since, now: float) -> str:
     return format_age(now - since) if isinstance(since, (int, float)) else "-"
 
 
-def format_holder(holder) -> str:
-    if not isinstance(holder, dict):
-        return "-"
-    names = [str(holder[k]) for k in ("session", "agent") if holder.get(k)]
-    if names:
-        return "/".join(names)
-    return f"pid {holder['pid']}" if holder.get("pid") else "-"
-
-
 def format_groups(groups) -> str:
     """How many process groups the slot's work was recorded in (a big turn has hundreds: the
     list is in `ps --json`)."""
@@ -45,6 +36,9 @@ def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def format_ps(ps: dict, now: float) -> list[str]:
+    from ..requester_names import describe
+    from .keys import format_keys, format_why
+
     slots = ps.get("slots", [])
     waits = ps.get("waits", [])
     lines = []
@@ -56,7 +50,7 @@ def format_ps(ps: dict, now: float) -> list[str]:
                 str(s.get("cap", "?")),
                 s.get("state", "?"),
                 s.get("turn") or "-",
-                format_holder(s.get("holder")),
+                describe(s.get("holder"), s.get("requester")),
                 str(s.get("pid") or "-"),
                 format_groups(s.get("groups")),
                 age(s.get("since"), now),
@@ -75,12 +69,14 @@ def format_ps(ps: dict, now: float) -> list[str]:
                 str(w.get("position", "?")),
                 w.get("id", "?"),
                 w.get("key", "?"),
-                format_holder(w.get("holder")),
+                describe(w.get("holder"), w.get("requester")),
                 age(w.get("since"), now),
+                format_why(w.get("why"), now),
             ]
             for w in waits
         ]
-        lines += format_table(["POS", "ID", "KEY", "HOLDER", "WAITING"], rows)
+        lines += format_table(["POS", "ID", "KEY", "HOLDER", "WAITING", "WHY"], rows)
     else:
         lines.append("no one waiting")
-    return lines
+    keys = format_keys(ps, now)  # paused keys and rate windows
+    return lines + ([""] + keys if keys else [])

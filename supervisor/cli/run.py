@@ -1,6 +1,10 @@
 """`ccsup run`: one turn from the shell: wait for a slot, stream its output, exit with its status.
 
-Ctrl-C cancels the turn and waits for its end; a second Ctrl-C stops waiting (exit 130).
+Without --key: $CCSUP_KEY, else `default`. Its stdin is forwarded to the turn once it started, end
+of input included (supervisor.stdin_forward). Exit codes a script can tell apart are
+supervisor.run_exit's (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled by someone else, 65
+rejected, 125 guard lost). Ctrl-C cancels the turn and waits for its end; a second Ctrl-C stops
+waiting (exit 130).
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import click
@@ -42,19 +47,43 @@ def env_option(
 
 def turn_exit_status(exited: dict | None) -> int:
     """`ccsup run`'s status from a turn's `exited` event: CMD's code, 128+signal, 125 guard lost."""
-    if exited is None:
-        return 125
-    if exited.get("reason") == "guard_lost":
-        return 125
-    if exited.get("signal"):
-        return 128 + int(exited["signal"])
-    code = exited.get("code")
-    return int(code) if isinstance(code, int) else 125
+    from ..run_exit import command_status
+
+    return command_status(exited)
 
 
-@click.command(context_settings={"allow_interspersed_args": False})
+def run_key_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """--key, else $CCSUP_KEY, else `default` (supervisor.run_exit.default_key)."""
+    if value is None:
+        from ..run_exit import default_key
+
+        value = default_key(os.environ)
+    return key_option(ctx, param, value)
+
+
+def timeout_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    from ..config.values import duration
+    from ..errors import UsageError
+
+    try:
+        return duration(value, where="--timeout")
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+
+
+def _run_epilog() -> str:
+    from ..run_exit import EXIT_CODES_HELP  # pure and tiny: no start-up cost
+
+    return EXIT_CODES_HELP
+
+
+@click.command(context_settings={"allow_interspersed_args": False}, epilog=_run_epilog())
 @click.option(
-    "--key", required=True, callback=key_option, help="The cap key, e.g. codex or opencode:xai."
+    "--key",
+    callback=run_key_option,
+    help="The cap key, e.g. codex or opencode:xai (default: $CCSUP_KEY, else `default`).",
 )
 @click.option("--session", help="The holder's session label.")
 @click.option("--agent", help="The holder's agent label.")
@@ -75,6 +104,12 @@ def turn_exit_status(exited: dict | None) -> int:
     help="Give up after waiting this many seconds for a slot.",
 )
 @click.option(
+    "--timeout",
+    callback=timeout_option,
+    metavar="D",
+    help='Stop the turn after it ran this long ("30m", "90s"); it then exits 124.',
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -90,10 +125,13 @@ def run(
     cwd: str | None,
     env: dict[str, str],
     wait_timeout: float | None,
+    timeout: float | None,
     as_json: bool,
     cmd: tuple[str, ...],
 ) -> None:
-    """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status."""
+    """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status.
+
+    This process's stdin is forwarded to CMD, end of input included."""
     import uuid
 
     from guardd.procs import start_ticks
@@ -106,10 +144,12 @@ def run(
     turn_id = uuid.uuid4().hex
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         runner = _TurnRunner(client, turn_id, key, as_json)
-        with _sigint_queued() as interrupts:
-            reply = client.turn(
+        runner.forward_stdin = where(ctx).client  # supervisor.stdin_forward, once started
+        with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
+            reply = client.turn_limited(
                 key,
                 list(cmd),
+                timeout=timeout,
                 id=turn_id,
                 cwd=os.path.abspath(cwd or os.getcwd()),
                 env=env or None,
@@ -120,6 +160,25 @@ def run(
                 runner.waiting(reply.get("position"))
             code = runner.follow(sub, interrupts)
     ctx.exit(code)
+
+
+class _rejected_exits:
+    """A turn request the supervisor refuses ends `ccsup run` with EXIT_REJECTED (65), saying why."""
+
+    def __init__(self, ctx: click.Context, turn_id: str):
+        self.ctx = ctx
+        self.turn_id = turn_id
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind, error, tb) -> None:
+        from ..client import RemoteError
+        from ..run_exit import EXIT_REJECTED
+
+        if isinstance(error, RemoteError) and error.code in ("bad_request", "conflict", "stopping"):
+            click.echo(f"ccsup: turn {self.turn_id} rejected: {error.message}", err=True)
+            self.ctx.exit(EXIT_REJECTED)
 
 
 class _sigint_queued:
@@ -147,6 +206,10 @@ class _TurnRunner:
         self.key = key
         self.as_json = as_json
         self.exited: dict | None = None
+        self.stop_reason: str | None = None  # of its `stopping` event
+        self.interrupted = False  # Ctrl-C cancelled it from here
+        # a Client factory: forward our stdin once the turn started (supervisor.stdin_forward)
+        self.forward_stdin: Callable[..., Client] | None = None
         self._shown_position = None
         self._waiting: tuple | None = None
         self.granted = False
@@ -171,6 +234,23 @@ class _TurnRunner:
         self._shown_position = position
         where = f" (position {position})" if position is not None else ""
         click.echo(f"ccsup: waiting for a slot of {self.key}{where}", err=True)
+        why = self._why()
+        if why and why.get("reason") != "key_full" and "slot of the key" not in why["detail"]:
+            from .keys import clock_time
+
+            until = f" (until {clock_time(why['until'])})" if why.get("until") else ""
+            click.echo(f"ccsup: {self.key}: {why['detail']}{until}", err=True)
+
+    def _why(self) -> dict | None:
+        """Why this turn waits, as ps says (a pause, a rate window, the machine cap...)."""
+        from ..errors import CcsupError
+
+        try:
+            waits = self.client.ps().get("waits", [])
+        except CcsupError:
+            return None
+        mine = [w.get("why") for w in waits if w.get("id") == self.turn_id]
+        return mine[0] if mine and isinstance(mine[0], dict) else None
 
     def follow(self, sub, interrupts: list[int]) -> int:
         from ..client import RemoteError
@@ -180,6 +260,7 @@ class _TurnRunner:
         while True:
             if interrupts and not cancel_sent:
                 cancel_sent = True
+                self.interrupted = True
                 click.echo(
                     f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)",
                     err=True,
@@ -221,6 +302,13 @@ class _TurnRunner:
             self.waiting(body.get("position"))
         elif kind in ("granted", "started"):
             self.granted = True
+            if kind == "started" and self.forward_stdin is not None:
+                from ..stdin_forward import StdinForwarder
+
+                StdinForwarder(self.forward_stdin, self.turn_id).start()
+                self.forward_stdin = None
+        elif kind == "stopping":
+            self.stop_reason = body.get("reason")
         elif kind == "exited":
             self.exited = body
         if not is_terminal(topic):
@@ -229,15 +317,20 @@ class _TurnRunner:
             for follower in self.outputs.values():
                 follower.drain()
                 follower.close()
+        from ..run_exit import run_exit_status
+
         if kind == "released":
             if self.exited is None and not self.as_json:
                 click.echo(
                     f"ccsup: turn {self.turn_id} was released without an exit status", err=True
                 )
-            return turn_exit_status(self.exited)
-        if not self.as_json:
+            elif self.stop_reason and not self.as_json:
+                click.echo(f"ccsup: turn {self.turn_id} stopped: {self.stop_reason}", err=True)
+        elif not self.as_json:
             click.echo(
                 f"ccsup: turn {self.turn_id} {kind}: {body.get('reason') or 'no reason given'}",
                 err=True,
             )
-        return 1
+        return run_exit_status(
+            kind, body, self.exited, self.stop_reason, interrupted=self.interrupted
+        )

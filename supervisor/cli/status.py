@@ -29,3 +29,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if "config" in result:
         click.echo(f"config  {result['config']}")
     click.echo(f"turns   {result['turns']} active, {result['waits']} waiting")
+    from .keys import format_keys
+
+    for line in format_keys(result):  # paused keys and rate windows
+        click.echo(f"keys    {line}")

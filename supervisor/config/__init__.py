@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from ..admission_policy import AdmissionSettings
 from ..caps import Caps
-from . import endpoints, guard, harness, limits, slots, top
+from . import admission, endpoints, guard, harness, limits, slots, top
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -94,6 +95,7 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.CURVE_SECTION,
     harness.SECTION,
     limits.SECTION,
+    admission.PAUSE_ON_SECTION,
 )
 
 
@@ -109,6 +111,7 @@ class Config:
     harness: Mapping[str, Harness] = field(default_factory=dict)
     guard_cgroup: str = "auto"  # [guard] cgroup: "auto", "off" or a path
     limits: Mapping[str, limits.Limits] = field(default_factory=dict)  # [limits.<key>]
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -128,6 +131,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
     key_limits = limits.parse_limits(c, table)
+    admission_settings = admission.parse_admission(c, table)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -152,6 +156,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         harness=harnesses,
         guard_cgroup=guard_settings.cgroup or "auto",
         limits=key_limits,
+        admission=admission_settings,
     )
 
 

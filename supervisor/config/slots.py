@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..caps import key_problem
+from .admission import SLOTS_KEYS
 from .schema import Checker, Key, Section, Table, kind
 from .values import cap, duration, size
 
@@ -48,6 +49,7 @@ SECTION = Section(
             "not named itself, each key on its own. Keys are `harness` or `harness:variant`.",
             example=True,
         ),
+        *SLOTS_KEYS,  # admission: pauses, start rates, runtime limits, fairness (admission.py)
     ),
 )
 

@@ -22,11 +22,15 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from supervisor.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
+# Turn ids unique to this run: a reaper of another test on the machine ends escapees by their
+# CCSUP_TURN marker, so a common id such as `b1` can be ended by someone else's test.
+RUN = uuid.uuid4().hex[:8]
 
 
 def start_daemon(state: Path, caps: str) -> subprocess.Popen:
@@ -93,7 +97,7 @@ def through_ccsup(state: Path, turns: int, cap: int) -> float:
         with Client(state, timeout=10) as client, client.subscribe(["turn.b"]) as sub:
             t0 = time.monotonic()
             for i in range(turns):
-                client.turn("bench", ["sleep", "0.05"], id=f"b{i}")
+                client.turn("bench", ["sleep", "0.05"], id=f"b{RUN}-{i}")
             done = 0
             while done < turns:
                 event = sub.recv(60)
@@ -115,12 +119,12 @@ def handoff(state: Path, turns: int = 30) -> list[float]:
         with Client(state, timeout=10) as client, client.subscribe(["turn.h"]) as sub:
             gone_at = {}
             for i in range(turns):
-                client.turn("hand", ["sh", "-c", f"date +%s.%N > {marks}/h{i}"], id=f"h{i}")
+                client.turn("hand", ["sh", "-c", f"date +%s.%N > {marks}/h{i}"], id=f"h{RUN}-{i}")
             done = 0
             while done < turns:
                 topic, body = sub.recv(60)
                 if topic.endswith(".gone"):
-                    gone_at[int(body["id"][1:])] = body["ts"]
+                    gone_at[int(body["id"].rsplit("-", 1)[1])] = body["ts"]
                 if topic.endswith(".released"):
                     done += 1
         for i in range(1, turns):

@@ -184,3 +184,56 @@ test("a reservation holds the slot and a turn that names it binds it ahead of a 
   const waiterGranted = waiterEvents.find((e) => e.kind === "granted").body.seq;
   assert.ok(waiterGranted > boundEvents.at(-1).body.seq, "the waiter was granted after the bound turn was released");
 });
+
+// -- admission: pause and resume (issue 12) ---------------------------------------------------
+
+test("pause and resume a key through the control socket", { timeout: 30000 }, async () => {
+  const keyEvents = [];
+  const stop = sidecar.onKey((topic, body) => keyEvents.push([topic, body]));
+  const paused = await sidecar.pause({ key: "capped", seconds: 60, reason: "429" });
+  assert.equal(paused.key, "capped");
+  assert.equal(paused.reason, "429");
+  assert.ok(paused.changed);
+  const waiting = await sidecar.turn({ key: "capped", argv: ["true"] });
+  const ps = await sidecar.ps();
+  assert.equal(ps.waits.find((w) => w.id === waiting.id).why.reason, "paused");
+  const resumed = await sidecar.resume({ key: "capped" });
+  assert.deepEqual(resumed.resumed, ["capped"]);
+  assert.equal((await waiting.done()).kind, "released");
+  stop();
+  assert.deepEqual(keyEvents.map(([t]) => t), ["key.capped.paused", "key.capped.resumed"]);
+});
+
+test("a bus request.pause is answered by its key.<key>.paused event, once per id", { timeout: 30000 }, async () => {
+  const id = newId();
+  const first = await sidecar.publishPause({ key: "res", seconds: 30, reason: "bus", id });
+  assert.equal(first.id, id);
+  assert.equal(first.by, "bus");
+  assert.ok(first.until > Date.now() / 1000 + 25);
+  const other = await sidecar.publishPause({ key: "res", seconds: 5 }); // a new id: answered, unchanged
+  assert.equal(other.changed, false);
+  assert.equal(other.until, first.until);
+  await sidecar.resume({ key: "res" });
+});
+
+test("the example sidecar pauses its key on a harness 429 for its Retry-After", { timeout: 30000 }, async () => {
+  const { followPausingOn429 } = await import("../examples/pause-on-429.js");
+  const argv = ["sh", "-c", "echo 'HTTP 429 Too Many Requests' >&2; echo 'Retry-After: 9' >&2; exit 1"];
+  const turn = await sidecar.turn({ key: "solo", argv });
+  const { events, pause } = await followPausingOn429(sidecar, turn, "solo");
+  assert.equal(events.at(-1).kind, "released");
+  assert.ok(pause, "the key was paused");
+  assert.ok(Math.abs(pause.until - pause.since - 9) < 1.5, `paused for about 9 s: ${pause.until - pause.since}`);
+  const ps = await sidecar.ps();
+  assert.equal(ps.keys.find((k) => k.key === "solo").paused.until, pause.until);
+  await sidecar.resume({ key: "solo" });
+});
+
+test("a turn with a timeout is warned, then stopped with reason timeout", { timeout: 30000 }, async () => {
+  const turn = await sidecar.turnWithTimeout({ key: "solo", argv: ["sleep", "30"], timeout: 0.5 });
+  const events = await collect(turn);
+  const kinds = events.map((e) => e.kind);
+  assert.ok(kinds.indexOf("expiring") < kinds.indexOf("stopping"), kinds.join(","));
+  assert.equal(events.find((e) => e.kind === "exited").body.reason, "timeout");
+  assert.equal(kinds.at(-1), "released");
+});

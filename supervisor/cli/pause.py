@@ -1,0 +1,72 @@
+"""`ccsup pause KEY (--for D | --until T) [--reason TEXT] [--json]`: grant nothing of KEY a while.
+
+`--for` is a duration ("90s", "5m", "1h"); `--until` a local date and time
+(`2026-12-01T10:00`, seconds and a UTC offset optional). A bare harness name pauses every key of
+the harness. The supervisor caps every pause at now + `[slots] max_pause` and says so. `--json`
+prints the supervisor's answer. Knows the CLI's words; the decisions are the supervisor's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import click
+
+from ..errors import UsageError
+from .keys import clock_time
+from .options import key_option
+from .where import emit_json, where
+
+
+def _duration(ctx, param, value: str | None) -> float | None:
+    if value is None:
+        return None
+    from ..config.values import duration
+
+    try:
+        return duration(value, where="--for")
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+
+
+def parse_until(text: str) -> float:
+    """Epoch seconds of a local ISO date-time (`2026-12-01T10:00`, offset optional)."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"--until {text!r} is not a date and time; write it like 2026-12-01T10:00"
+        ) from None
+    return when.timestamp()  # a naive time is local, as the user reads a clock
+
+
+def _until(ctx, param, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_until(value)
+    except UsageError as e:
+        raise click.BadParameter(e.message) from None
+
+
+@click.command()
+@click.argument("key", callback=key_option)
+@click.option("--for", "for_", callback=_duration, metavar="D", help='How long: "90s", "5m".')
+@click.option("--until", callback=_until, metavar="T", help="Until a local time: 2026-12-01T10:00.")
+@click.option("--reason", help="Why (shown by ps and in the key.<key>.paused event).")
+@click.option("--json", "as_json", is_flag=True, help="Print the supervisor's answer as JSON.")
+@click.pass_context
+def pause(ctx, key: str, for_, until, reason, as_json: bool) -> None:
+    """Grant nothing of KEY for a while (running turns go on; waiters keep their places).
+
+    A bare harness name (opencode) pauses all its keys. Several pauses end at the latest end,
+    never later than now + [slots] max_pause (default 1h)."""
+    if (for_ is None) == (until is None):
+        raise click.UsageError("give exactly one of --for and --until")
+    with where(ctx).client() as client:
+        answer = client.pause(key, for_=for_, until=until, reason=reason)
+    if as_json:
+        emit_json(answer)
+        return
+    capped = " (capped by max_pause)" if answer.get("capped") else ""
+    click.echo(f"{key} paused until {clock_time(answer.get('until'))}{capped}")

@@ -1,0 +1,231 @@
+"""Cost per turn from 50 to 500 turns, against plain subprocess.Popen in the same run.
+
+    .venv/bin/python tests/bench/bench_scale.py [--sizes 50,100,250,500] [--repeat 1]
+
+For each N: a real daemon with `s = N` (grace 1s), N turns of `sleep 600` requested at once from
+one client (`--via bus`, the default: every `request.turn` published on the bus in one burst, as
+sidecars send them; `--via control`: one control request after another, each waiting for its
+answer); the clock stops when every turn's `started` event has arrived. Then, with all N
+running: the supervisor's RSS (VmRSS), the guards' USS (Private_* of /proc/<pid>/smaps_rollup:
+median and max over every guard), `ccsup ps --json` as a subprocess (CLI start-up included,
+median of 5), and `ccsup stop` as a subprocess (until it returns: every turn ended and confirmed
+gone). The reference: `subprocess.Popen(["sleep", "600"])` 500 times (N times for each N), timed
+in the same run just before, then killed by pid.
+
+Prints one JSON line per N and a last one, `"bench": "scale"`, with the per-turn spread
+(max / min of the per-turn cost over the sizes: goal <= 1.2) and the 500 ratio (goal <= 10).
+`supervisor_cpu_ms_per_turn` is the daemon's own CPU (utime + stime) while the N turns started,
+divided by N: less noisy than wall time on a shared machine.
+Clean-up: the daemon is stopped by `ccsup stop` (which ends every turn) and killed by pid if that
+fails; the Popen reference processes are killed by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import zmq  # noqa: E402
+
+from supervisor import protocol  # noqa: E402
+from supervisor.client import Client  # noqa: E402
+
+CCSUP = [sys.executable, "-m", "supervisor"]
+
+
+def start_daemon(state: Path, cap: int) -> subprocess.Popen:
+    config = state / "ccsup.toml"
+    config.write_text(f'[slots]\ncaps = {{ s = {cap} }}\n[guard]\ngrace = "1s"\nscan = "2s"\n')
+    proc = subprocess.Popen(
+        [*CCSUP, "--state-dir", str(state), "--config", str(config), "start", "--foreground"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(state / "daemon.err", "wb"),
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with Client(state, timeout=1) as c:
+                c.status()
+            return proc
+        except Exception:
+            time.sleep(0.02)
+    proc.kill()
+    raise SystemExit("daemon did not start")
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def uss_kib(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return sum(int(line.split()[1]) for line in f if line.startswith("Private_"))
+    except OSError:
+        return None
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of pid, seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def plain_popen(n: int) -> float:
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]
+    elapsed = time.monotonic() - t0
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+    return elapsed
+
+
+# Turn ids unique to this run: a reaper of another test on the machine ends escapees by their
+# CCSUP_TURN marker, so a common id such as `t1` can be ended by someone else's test.
+RUN = uuid.uuid4().hex[:8]
+
+
+def turn_id(i: int) -> str:
+    return f"t{RUN}-{i}"
+
+
+def request(pub, i: int) -> None:
+    body = {"v": protocol.VERSION, "ts": time.time(), "id": turn_id(i), "key": "s"}
+    body["argv"] = ["sleep", "600"]
+    pub.send_multipart([b"request.turn", protocol.dumps(body)])
+
+
+def publish_all(pub, sub, n: int) -> None:
+    """Every request at once on the bus (as sidecars send them), after one that proves the PUB's
+    connection is up (a new PUB drops what it sends before). Events seen meanwhile are put back."""
+    while True:
+        request(pub, 0)
+        if sub.peek(0.05):
+            break
+    for i in range(1, n):
+        request(pub, i)
+
+
+def one_size(root: Path, n: int, via: str) -> dict:
+    state = root / f"n{n}"
+    state.mkdir(mode=0o700)
+    plain = plain_popen(n)
+    proc = start_daemon(state, n)
+    stopped = False
+    try:
+        with Client(state, timeout=30) as client, client.subscribe(["turn.t"]) as sub:
+            cpu0 = cpu_s(proc.pid)
+            t0 = time.monotonic()
+            if via == "bus":
+                pub = client._socket(zmq.PUB, client.bus_in_endpoint)
+                publish_all(pub, sub, n)
+            else:
+                for i in range(n):
+                    client.turn("s", ["sleep", "600"], id=turn_id(i))
+            requested = time.monotonic() - t0
+            started = 0
+            while started < n:
+                event = sub.recv(120)
+                if event is None:
+                    raise SystemExit(f"N={n}: only {started} started after 120 s without an event")
+                if event[0].endswith(".started"):
+                    started += 1
+                elif event[0].endswith((".exited", ".cancelled", ".rejected")):
+                    raise SystemExit(f"N={n}: {event[0]} before all started: {event[1]}")
+            all_running = time.monotonic() - t0
+            cpu = cpu_s(proc.pid) - cpu0
+        time.sleep(0.5)  # let the last guards settle before measuring memory
+        ps_cmd = [*CCSUP, "--state-dir", str(state), "ps", "--json"]
+        ps_times, slots = [], []
+        for _ in range(5):
+            t1 = time.monotonic()
+            out = subprocess.run(ps_cmd, capture_output=True, check=True).stdout
+            ps_times.append((time.monotonic() - t1) * 1000)
+            slots = json.loads(out)["slots"]
+        guards = [s["pid"] for s in slots if s["key"] == "s" and s["pid"]]
+        uss = sorted(u for u in (uss_kib(p) for p in guards) if u is not None)
+        supervisor_rss = rss_kib(proc.pid)
+        t2 = time.monotonic()
+        subprocess.run([*CCSUP, "--state-dir", str(state), "stop"], capture_output=True, check=True)
+        stop_s = time.monotonic() - t2
+        stopped = True
+        proc.wait(30)
+    finally:
+        if not stopped:
+            proc.kill()
+            proc.wait()
+    return {
+        "bench": "scale_n",
+        "n": n,
+        "via": via,
+        "plain_popen_s": round(plain, 3),
+        "request_s": round(requested, 3),
+        "all_running_s": round(all_running, 3),
+        "per_turn_ms": round(all_running / n * 1000, 2),
+        "ratio_to_popen": round(all_running / plain, 1),
+        "supervisor_cpu_ms_per_turn": round(cpu / n * 1000, 2),
+        "supervisor_rss_mib": round(supervisor_rss / 1024, 1),
+        "guard_uss_mib_median": round(statistics.median(uss) / 1024, 2) if uss else None,
+        "guard_uss_mib_max": round(uss[-1] / 1024, 2) if uss else None,
+        "guards_measured": len(uss),
+        "ps_ms_median": round(statistics.median(ps_times), 1),
+        "stop_s": round(stop_s, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="50,100,250,500")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--via", choices=("bus", "control"), default="bus")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="ccsup-scale-", dir="/tmp"))
+    try:
+        results = []
+        for r in range(args.repeat):
+            (root / f"r{r}").mkdir()
+            for n in sizes:
+                result = one_size(root / f"r{r}", n, args.via)
+                print(json.dumps(result), flush=True)
+                results.append(result)
+        per_turn = [x["per_turn_ms"] for x in results]
+        top = max(sizes)
+        at_top = [x for x in results if x["n"] == top]
+        print(
+            json.dumps(
+                {
+                    "bench": "scale",
+                    "sizes": sizes,
+                    "per_turn_spread": round(max(per_turn) / min(per_turn), 2),
+                    f"all_running_s_{top}": [x["all_running_s"] for x in at_top],
+                    f"ratio_to_popen_{top}": [x["ratio_to_popen"] for x in at_top],
+                }
+            )
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
