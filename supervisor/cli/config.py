@@ -116,9 +116,9 @@ def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
     try:
         config = cfg.load(config_path or _parent_param(ctx, "config"), env)
         state_dir = cfg.resolve_state_dir(_parent_param(ctx, "state_dir"), env, config)
-        problem = containment.check_setting(config.guard_cgroup)
-        if problem is not None:
-            raise ConfigError(f"{config.source}: {problem}")
+        unusable = containment.check_setting(config.guard_cgroup)
+        if unusable is not None:
+            raise ConfigError(f"{config.source}: {unusable}")
         summary = _summary(config, state_dir)
     except cfg.ConfigProblems as err:
         for problem in err.problems:
