@@ -57,7 +57,7 @@ HWM = 500_000
 MAX_MESSAGE = 8 * protocol.MAX_FRAME
 RESERVED_TOPICS = ("turn.", "supervisor.", "slot.")
 HELLO = "ccsup.hello."
-BUS_IN_BATCH = 64  # bus messages taken before the loop is let run (see _serve_bus_in)
+BUS_IN_BATCH = 16  # bus messages taken before the loop is let run (see _serve_bus_in)
 
 RequestHandler = Callable[[protocol.Request], Awaitable[dict]]
 BusHandler = Callable[[str, dict], None]

@@ -1,6 +1,6 @@
 """A big turn cancelled while it forks: release time and status latency against the tree's size.
 
-    .venv/bin/python tests/bench/bench_bigtree.py [--sizes 100,400,1000] [--grace 1s]
+    .venv/bin/python tests/bench/bench_bigtree.py [--sizes 100,400,1000] [--grace 1s] [--cgroup off]
 
 For each size N, a fresh supervisor runs tests/bigtree.py N (3 processes and 2 leaderless groups
 per subtree), cancels it when 90 % of the subtrees have started, and prints one JSON line:
@@ -30,9 +30,12 @@ from bigtree import cancel_while_forking  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 
-def start_daemon(state: Path, grace: str) -> subprocess.Popen:
+def start_daemon(state: Path, grace: str, cgroup: str = "auto") -> subprocess.Popen:
     config = state / "ccsup.toml"
-    config.write_text(f'[slots]\ncaps = {{ big = 1 }}\n[guard]\ngrace = "{grace}"\nscan = "2s"\n')
+    config.write_text(
+        f'[slots]\ncaps = {{ big = 1 }}\n[guard]\ngrace = "{grace}"\nscan = "2s"\n'
+        f'cgroup = "{cgroup}"\n'
+    )
     command = [sys.executable, "-m", "supervisor", "--state-dir", str(state)]
     command += ["--config", str(config), "start", "--foreground"]
     with open(state / "daemon.err", "wb") as err:
@@ -60,16 +63,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="100,400,1000")
     parser.add_argument("--grace", default="1s")
+    parser.add_argument("--cgroup", default="auto", help='[guard] cgroup: "auto" or "off"')
     args = parser.parse_args()
     for size in [int(s) for s in args.sizes.split(",")]:
         state = Path(tempfile.mkdtemp(prefix="ccsup-bb-", dir="/tmp"))
-        proc = start_daemon(state, args.grace)
+        proc = start_daemon(state, args.grace, args.cgroup)
         try:
             result = cancel_while_forking(state, size, int(size * 0.9))
         finally:
             stop_daemon(proc, state)
             shutil.rmtree(state, ignore_errors=True)
-        print(json.dumps({"bench": "bigtree", "grace": args.grace, **result}), flush=True)
+        line = {"bench": "bigtree", "grace": args.grace, "cgroup": args.cgroup, **result}
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
