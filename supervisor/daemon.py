@@ -294,6 +294,8 @@ class Daemon:
         self.gate.caps = config.caps.with_caps(self.caps_override)
         self.manager.settings = self._settings(config)
         self.keyctl.retune(admission_settings(config))
+        for sentence in self.cgroups.set_limits(dict(config.limits)):  # [guard] cgroup: at start
+            log.warning("%s", sentence)
         self.server.publish("supervisor.reloaded", {"config": config.source})
         log.info("reloaded %s", config.source)
         self.manager.grant_waiters()  # a raised cap may admit waiters now

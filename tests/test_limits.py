@@ -4,6 +4,9 @@ to its cgroup2 hierarchy, so enforcement itself is not exercised here (see the R
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from click.testing import CliRunner
 
@@ -66,3 +69,18 @@ def test_status_reports_each_limit_and_why_it_is_not_enforced(daemon):
     assert set(not_enforced) | set(limits["codex"]["enforced"]) == {"pids_max", "cpu_max"}
     for name, why in not_enforced.items():
         assert "controller is not delegated" in why or "cgroup" in why, (name, why)
+
+
+def test_start_says_which_limits_are_not_enforced(state_dir):
+    config = state_dir / "ccsup.toml"
+    config.write_text('[guard]\ncgroup = "off"\n[limits.codex]\npids_max = 8\n')
+    base = [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir), "--config"]
+    started = subprocess.run([*base, str(config), "start"], capture_output=True, timeout=30)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert (
+            b'warning: limits.codex.pids_max: not enforced: [guard] cgroup = "off"\n'
+            in started.stderr
+        )
+    finally:
+        subprocess.run([*base, str(config), "stop"], capture_output=True, timeout=30)
