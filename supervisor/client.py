@@ -22,7 +22,9 @@ is free now) or a plain failure "did not answer" (the lock is held: the daemon i
 Control replies are matched by request id: a late reply to an earlier, timed-out request is
 dropped, and the DEALER is replaced after a timeout so that nothing stale stays queued on it.
 
-A bus subscription (supervisor.subscription) is live before `subscribe` returns it.
+A bus subscription (supervisor.subscription) is live before `subscribe` returns it; a narrow one
+(a turn's topics) sees every loss by the family counters. `TurnOutput` reassembles a turn's
+output exactly from its events (see the README's "Exact output").
 
 Client keys on tcp://. A supervisor with tcp:// endpoints lets in only the CURVE clients whose
 public keys its `[endpoints.curve] client_keys` lists, so a client brings its own key pair: the
@@ -39,6 +41,7 @@ it is not thread-safe (one per thread).
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import os
@@ -58,7 +61,7 @@ from .paths import StatePaths, ipc_path
 
 if TYPE_CHECKING:
     from .config import CurveKeys, Endpoints
-    from .subscription import Subscription
+    from .subscription import Loss, Subscription
 
 LINGER_MS = 100
 CLIENT_KEY_ENV = "CCSUP_CLIENT_SECRET_KEY"
@@ -295,8 +298,19 @@ class Client:
     def cancel(self, id: str) -> dict:
         return self.call("cancel", id=id)
 
-    def send(self, id: str, data: str, eof: bool = False) -> dict:
-        return self.call("send", id=id, data=data, eof=eof)
+    def send(self, id: str, data: str | bytes, eof: bool = False) -> dict:
+        """Write to a turn's stdin: text as UTF-8, bytes exactly (as 'data_b64' unless UTF-8)."""
+        return self.call("send", id=id, eof=eof, **send_data(data))
+
+    def read_log(self, turn_id: str, stream: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of a turn's output log on this machine (a TurnOutput `fill`)."""
+        path = self.paths.output_log(turn_id, stream)
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read(-1 if end is None else max(0, end - start))
+        except OSError as e:
+            raise CcsupError(f"unable to read {path}: {e.strerror}") from None
 
     def reap(self, key: str | None = None) -> dict:
         return self.call("reap", **({} if key is None else {"key": key}))
@@ -315,6 +329,7 @@ class Client:
         *,
         timeout: float | None = None,
         on_gap: Callable[[int, int], None] | None = None,
+        on_loss: Callable[[Loss], None] | None = None,
     ) -> Subscription:
         """A live subscription to these topic prefixes ("" for everything)."""
         if isinstance(prefixes, str):
@@ -324,7 +339,7 @@ class Client:
         sock.rcvhwm = 0  # a slow reader queues rather than loses; seq still reveals any loss
         from .subscription import Subscription  # here: `ccsup ps` and `status` subscribe to nothing
 
-        sub = Subscription(sock, list(prefixes), on_gap=on_gap)
+        sub = Subscription(sock, list(prefixes), on_gap=on_gap, on_loss=on_loss)
         try:
             sub.handshake(self.timeout if timeout is None else timeout)
         except BaseException:
@@ -346,6 +361,7 @@ class Client:
         """
         turn_id = kw.pop("id", None) or uuid.uuid4().hex
         with self.subscribe([f"turn.{turn_id}."]) as sub:
+            sub.expect_turn(turn_id)
             self.turn(key, argv, id=turn_id, **kw)
             yield from sub.until_terminal(idle_check=self.check_running)
 
@@ -471,6 +487,66 @@ def _pause_args(key, for_, until, reason, id) -> dict:
         if value is not None:
             args[name] = value
     return args
+
+
+def send_data(data: str | bytes) -> dict[str, str]:
+    """The data field of a send request: 'data' for text (and UTF-8 bytes), else 'data_b64'."""
+    if isinstance(data, str):
+        return {"data": data}
+    try:
+        return {"data": data.decode()}
+    except UnicodeDecodeError:
+        return {"data_b64": base64.b64encode(data).decode("ascii")}
+
+
+class OutputGap(CcsupError):
+    """Output events were lost: `stream` bytes [expected, got) never arrived."""
+
+    def __init__(self, turn_id: str, stream: str, expected: int, got: int):
+        super().__init__(
+            f"turn {turn_id}: {stream} bytes {expected} to {got} were lost on the bus; they are "
+            f"in its {stream}.log (Client.read_log)"
+        )
+        self.stream = stream
+        self.expected = expected
+        self.got = got
+
+
+class TurnOutput:
+    """Reassembles a turn's stdout and stderr from its events, exactly: the sidecar's helper.
+
+        out = TurnOutput(turn_id, fill=partial(client.read_log, turn_id))
+        for topic, body in client.run_turn(...):
+            got = out.feed(topic, body)   # (stream, exact bytes) or None
+    `feed` returns an output event's exact bytes (text events are UTF-8, `data_b64` ones are
+    decoded) in stream order; any other event gives None. Offsets tile each stream, so a chunk
+    that starts past `position[stream]` means events were lost: `fill(stream, start, end)`
+    supplies the missing bytes when given, else OutputGap is raised. A chunk already seen is
+    ignored (only its new part counts).
+    """
+
+    def __init__(self, turn_id: str, fill: Callable[[str, int, int], bytes] | None = None):
+        self.turn_id = turn_id
+        self.fill = fill
+        self.position = {"stdout": 0, "stderr": 0}
+
+    def feed(self, topic: str, body: dict) -> tuple[str, bytes] | None:
+        stream = topic.rsplit(".", 1)[-1]
+        if stream not in self.position or not topic.startswith(f"turn.{self.turn_id}."):
+            return None
+        offset, data = protocol.output_bytes(body)
+        position = self.position[stream]
+        if offset > position:
+            if self.fill is None:
+                raise OutputGap(self.turn_id, stream, position, offset)
+            missing = self.fill(stream, position, offset)
+            if len(missing) != offset - position:
+                raise OutputGap(self.turn_id, stream, position + len(missing), offset)
+            data = missing + data
+        elif offset < position:
+            data = data[position - offset :]
+        self.position[stream] += len(data)
+        return stream, data
 
 
 def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> dict:

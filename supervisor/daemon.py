@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import containment, protocol, restore, spawn, store, views
+from . import containment, history, metrics, protocol, restore, retention, spawn, store, views
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .keyctl import KeyControl, admission_settings
@@ -133,6 +133,14 @@ class Daemon:
         self.keyctl.attach(self.manager)
         self._stop = asyncio.Event()
         self._reaping: asyncio.Task | None = None
+        self.history = history.Recorder(paths.root)  # writes in a thread of its own
+        self.server.observers.append(self.history.observe)
+        self.launcher.on_truncated = self._log_truncated
+        self.launcher.log_limit = self._log_limits().turn_max_bytes
+        self._pruning: asyncio.Task | None = None
+        self.metrics = metrics.Metrics(ps=lambda: views.ps(self.manager))
+        self.server.observers.append(self.metrics.observe)
+        self.metrics_server: metrics.MetricsServer | None = None
 
     def _settings(self, config: Config) -> Settings:
         return Settings(
@@ -145,6 +153,7 @@ class Daemon:
 
     async def run(self) -> int:
         self.server.bind()
+        self.history.start()
         self.server.publish(
             "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
         )
@@ -154,11 +163,13 @@ class Daemon:
         self.launcher.start()  # before restore, which may start guards
         self.restore_queue()  # before any request is served: nothing new can jump what was waiting
         self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
+        self._serve_metrics()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.quit)
         loop.add_signal_handler(signal.SIGINT, self.quit)
         loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
         await self.reap_orphans()
+        self._pruning = asyncio.create_task(self._prune_logs_periodically())
         sd_notify("READY=1")
         ticker = asyncio.create_task(self._tick())
         await self._stop.wait()
@@ -168,6 +179,7 @@ class Daemon:
         self.manager.begin_stop()
         await self.manager.wait_idle()
         ticker.cancel()
+        self._pruning.cancel()
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
@@ -175,6 +187,9 @@ class Daemon:
         self.launcher.close()
         self.cgroups.close()
         self.server.close()
+        self.history.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         log.info("stopped")
         return 0
 
@@ -200,6 +215,47 @@ class Daemon:
 
     def quit(self) -> None:
         self._stop.set()
+
+    def _serve_metrics(self) -> None:
+        """[metrics] listen: serve /metrics (off unless configured; an address it cannot take is
+        logged and the supervisor runs on without it)."""
+        listen = getattr(getattr(self.config, "metrics", None), "listen", None)
+        if not listen:
+            return
+        try:
+            host, port = metrics.parse_listen(listen)
+            server = metrics.MetricsServer(self.metrics, host, port)
+            server.start()
+        except CcsupError as e:
+            log.error("%s; no metrics are served", e.message)
+            return
+        self.metrics_server = server
+
+    # -- output logs -----------------------------------------------------------------------------
+
+    def _log_limits(self) -> retention.LogLimits:
+        return getattr(self.config, "logs", None) or retention.LogLimits()
+
+    def _log_truncated(self, turn_id: str, stream: str, offset: int, limit: int) -> None:
+        fields = {"id": turn_id, "stream": stream, "offset": offset, "limit": limit}
+        self.server.publish(f"turn.{turn_id}.truncated", fields)
+
+    async def _prune_logs_periodically(self) -> None:
+        """[logs] keep and max_bytes: at start, then every PRUNE_INTERVAL, in a thread."""
+        while True:
+            limits = self._log_limits()
+            running = set(self.manager.turns)
+            try:
+                pruned = await asyncio.to_thread(retention.prune, self.paths.turns, limits, running)
+            except OSError as e:  # a bug-free prune logs its own; this is the unexpected rest
+                log.error("unable to prune turn logs in %s: %s", self.paths.turns, e)
+                pruned = []
+            if pruned:
+                log.info("pruned the logs of %d turn(s)", len(pruned))
+                self.history.mark_pruned([p["id"] for p in pruned], pruned[0]["pruned_at"])
+            if limits.keep is not None:
+                self.history.prune(time.time() - limits.keep)
+            await asyncio.sleep(retention.PRUNE_INTERVAL)
 
     async def _tick(self) -> None:
         elapsed = 0.0
@@ -275,6 +331,9 @@ class Daemon:
     async def cmd_reap(self, args: dict) -> dict:
         return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}
 
+    async def cmd_metrics(self, args: dict) -> dict:
+        return {"text": self.metrics.exposition().decode()}
+
     async def cmd_reload(self, args: dict) -> dict:
         return self.reload()
 
@@ -293,6 +352,7 @@ class Daemon:
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
         self.manager.settings = self._settings(config)
+        self.launcher.log_limit = self._log_limits().turn_max_bytes
         self.keyctl.retune(admission_settings(config))
         for sentence in self.cgroups.set_limits(dict(config.limits)):  # [guard] cgroup: at start
             log.warning("%s", sentence)

@@ -42,6 +42,7 @@ from . import containment
 from .errors import CcsupError
 from .gone import Probe, confirm_gone
 from .ledger import Ledger
+from .output import Chunk
 from .paths import StatePaths
 from .spawn import STATUS_UNKNOWN
 from .turns import Event, IllegalTransition, Item, Outcome, Reservation, State, Turn
@@ -475,11 +476,8 @@ class Endings:
             log.error("%s; stopping it", problem)
             self.happen(turn, What.CANCEL, reason=problem)
 
-    def _on_output(self, turn: Turn, stream: str, offset: int, data: bytes) -> None:
-        self.ledger.emit(
-            f"turn.{turn.id}.{stream}",
-            {"id": turn.id, "offset": offset, "data": data.decode("utf-8", errors="replace")},
-        )
+    def _on_output(self, turn: Turn, stream: str, chunk: Chunk) -> None:
+        self.ledger.emit(f"turn.{turn.id}.{stream}", chunk.body(turn.id))
 
     def _on_guard_exit(self, turn: Turn) -> None:
         assert turn.guard is not None

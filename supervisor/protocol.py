@@ -13,6 +13,8 @@ before they are parsed. Knows JSON and field types; nothing of sockets, slots or
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import time
@@ -33,10 +35,15 @@ MAX_TIMEOUT = 366 * 24 * 3600.0  # a turn's runtime limit
 MAX_PAUSE_ASKED = 366 * 24 * 3600.0  # a pause asked for longer is refused (max_pause caps less)
 
 COMMANDS: tuple[str, ...] = ("status", "turn", "reserve", "cancel", "send", "ps", "reap", "reload")
-COMMANDS += ("quit", "pause", "resume")  # pause, resume: admission, see parse_pause
+COMMANDS += (
+    "quit",
+    "pause",
+    "resume",
+    "metrics",
+)  # pause, resume: admission, see parse_pause; metrics: {"text"}
 # Commands that take no arguments: anything in their args is refused (a closed vocabulary; a
 # `quit` carrying fields it does not know is not obeyed on a guess).
-NO_ARGS = ("status", "ps", "reload", "quit")
+NO_ARGS = ("status", "ps", "reload", "quit", "metrics")
 REQUEST_TOPICS = {"request.turn": "turn", "request.reserve": "reserve", "request.cancel": "cancel"}
 REQUEST_TOPICS["request.pause"] = "pause"
 
@@ -50,6 +57,12 @@ ERROR_CODES = (
     "conflict",  # an id reused for a different request, a reservation of another holder
     "stopping",  # the supervisor is shutting down and takes no new work
     "failed",  # the command was understood but could not be carried out
+)
+
+# A turn's (or reservation's) last event: nothing follows it on `turn.<id>.`.
+TERMINAL_EVENTS = ("released", "cancelled", "rejected")
+TURN_ENDED = (
+    "supervisor.turn_ended"  # published after each terminal event: {id, key, state, turn_seq}
 )
 
 
@@ -93,13 +106,73 @@ def encode_error(req_id: Any, code: str, message: str) -> bytes:
 
 
 def encode_event(
-    topic: str, fields: dict, *, seq: int | None = None, ts: float | None = None
+    topic: str,
+    fields: dict,
+    *,
+    seq: int | None = None,
+    ts: float | None = None,
+    counters: dict[str, int] | None = None,
 ) -> list[bytes]:
-    body = {"v": VERSION, "ts": time.time() if ts is None else ts}
+    """`counters`: the family counters (`turn_seq`, `supervisor_seq`) beside `seq`."""
+    return [topic.encode(), dumps(event_body(fields, seq=seq, ts=ts, counters=counters))]
+
+
+def event_body(
+    fields: dict,
+    *,
+    seq: int | None = None,
+    ts: float | None = None,
+    counters: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """An event's body as published: the envelope (v, ts, seq, counters), then its fields."""
+    body: dict[str, Any] = {"v": VERSION, "ts": time.time() if ts is None else ts}
     if seq is not None:
         body["seq"] = seq
+    if counters:
+        body.update(counters)
     body.update(fields)
-    return [topic.encode(), dumps(body)]
+    return body
+
+
+def output_body(turn_id: str, offset: int, data: bytes, text: str | None) -> dict:
+    """The body of `turn.<id>.stdout|stderr`: {"id","offset","data"} when the chunk is UTF-8
+    (`text`), else {"id","offset","data_b64"} with its exact bytes in base64. `offset` is the
+    byte offset of the chunk's first byte in the stream (and its log): chunks tile it."""
+    if text is not None:
+        return {"id": turn_id, "offset": offset, "data": text}
+    return {"id": turn_id, "offset": offset, "data_b64": base64.b64encode(data).decode("ascii")}
+
+
+def output_bytes(body: dict) -> tuple[int, bytes]:
+    """An output event's body -> (offset, exact bytes). ProtocolError when it is not one."""
+    offset = body.get("offset")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise _bad("an output event has a whole-number 'offset' of 0 or more")
+    return offset, _data_field(body, "an output event")
+
+
+def _data_field(body: dict, what: str) -> bytes:
+    """The bytes of 'data' (text, written as UTF-8) or 'data_b64' (base64): at most one of them."""
+    text, b64 = body.get("data"), body.get("data_b64")
+    if text is not None and b64 is not None:
+        raise _bad(f"{what} carries 'data' or 'data_b64', not both")
+    if b64 is not None:
+        if not isinstance(b64, str):
+            raise _bad(f"'data_b64' of {what} must be a base64 string")
+        try:
+            return base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad(f"'data_b64' of {what} is not valid base64") from None
+    if text is None:
+        return b""
+    if not isinstance(text, str):
+        raise _bad(f"'data' of {what} must be a string (written as UTF-8)")
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise _bad(
+            f"'data' of {what} holds a lone surrogate; send such bytes as 'data_b64'"
+        ) from None
 
 
 def decode_event(frames: list[bytes]) -> tuple[str, dict]:
@@ -366,31 +439,13 @@ class SendArgs:
 
 
 def parse_send(args: dict) -> SendArgs:
+    """'data' (text, written as UTF-8) or 'data_b64' (any bytes, base64), and 'eof'."""
     _reject_unknown(args, {"id", "data", "data_b64", "eof"}, "a send request")
-    data = args.get("data", "")
-    if not isinstance(data, str):
-        raise _bad("'data' must be a string (written as UTF-8)")
-    raw = data.encode()
-    if args.get("data_b64") is not None:  # bytes that are not UTF-8 (`ccsup run` forwarding stdin)
-        if data:
-            raise _bad("a send request takes 'data' or 'data_b64', not both")
-        raw = _base64(args["data_b64"])
+    data = _data_field(args, "a send request")
     eof = args.get("eof", False)
     if not isinstance(eof, bool):
         raise _bad("'eof' must be true or false")
-    return SendArgs(check_id(args.get("id")), raw, eof)
-
-
-def _base64(value: Any) -> bytes:
-    import base64
-    import binascii
-
-    if not isinstance(value, str):
-        raise _bad("'data_b64' must be a base64 string")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise _bad("'data_b64' is not valid base64") from None
+    return SendArgs(check_id(args.get("id")), data, eof)
 
 
 def parse_reap(args: dict) -> str | None:

@@ -8,6 +8,18 @@ publishers, so nobody can forge a turn's events. The supervisor's own events go 
 the XPUB with a per-supervisor `seq`. High-water marks are raised for bursts (the default 1000
 lost up to half of a 100k burst here); a subscriber that still misses one sees a `seq` gap.
 
+Counters for narrow subscribers (`Counters`). `seq` counts every event, so only a subscriber to
+everything can tell a hole from a filtered-out event, and subscribing to everything made each
+sidecar receive and decode every turn's output. So each family also has its own count: a
+`turn.<id>.*` event carries `turn_seq` (1, 2, ... for that turn's events in this supervisor's
+life) and a `supervisor.*` event carries `supervisor_seq`. After a turn's terminal event the
+server publishes `supervisor.turn_ended` {id, key, state, turn_seq: its last}. A sidecar that
+follows one turn subscribes to `turn.<id>.` and `supervisor.` (low volume: one message per turn
+end plus the supervisor's own) and sees every loss: a hole in `turn_seq`, a hole in
+`supervisor_seq`, or a `turn_ended` whose `turn_seq` is past the last it saw (the tail, the
+terminal event included, was lost). A restarted supervisor counts from 1 again (its
+`supervisor.started` has `supervisor_seq` 1): a lower count is followed, not a hole.
+
 Subscription handshake: the XPUB is verbose, so the server sees every subscription; one to a
 topic starting with `ccsup.hello.` is answered at once with a message on exactly that topic. A
 client that receives it knows its earlier subscriptions are live (they travel in order).
@@ -56,6 +68,7 @@ log = logging.getLogger("ccsup.server")
 HWM = 500_000
 MAX_MESSAGE = 8 * protocol.MAX_FRAME
 RESERVED_TOPICS = ("turn.", "supervisor.", "slot.")
+SUPERVISOR_PREFIX = "supervisor."
 HELLO = "ccsup.hello."
 BUS_IN_BATCH = 16  # bus messages taken before the loop is let run (see _serve_bus_in)
 
@@ -108,6 +121,35 @@ def zap_answer(frames: list[bytes], allowed: frozenset[bytes]) -> tuple[list[byt
     if mechanism == b"NULL":
         return [b"1.0", request_id, b"200", b"OK", b"", b""], None
     return [b"1.0", request_id, b"400", b"unknown ZAP domain", b"", b""], None
+
+
+class Counters:
+    """The counters each supervisor event carries (see the module note)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.supervisor_seq = 0
+        self.turns: dict[str, int] = {}  # turn id -> its last turn_seq, while it has not ended
+
+    def stamp(self, topic: str, fields: dict) -> tuple[dict[str, int], dict | None]:
+        """This event's counter fields, and the body of the `turn_ended` to follow it (or None)."""
+        self.seq += 1
+        counters = {}
+        ended = None
+        if topic.startswith("turn."):
+            turn_id, _, kind = topic[5:].rpartition(".")
+            turn_seq = self.turns.get(turn_id, 0) + 1
+            counters["turn_seq"] = turn_seq
+            if kind in protocol.TERMINAL_EVENTS:
+                self.turns.pop(turn_id, None)
+                ended = {"id": turn_id, "key": fields.get("key"), "state": kind}
+                ended["turn_seq"] = turn_seq
+            else:
+                self.turns[turn_id] = turn_seq
+        elif topic.startswith(SUPERVISOR_PREFIX):
+            self.supervisor_seq += 1
+            counters["supervisor_seq"] = self.supervisor_seq
+        return counters, ended
 
 
 def _bind(sock: zmq.Socket, what: str, endpoint: str) -> None:
@@ -164,7 +206,9 @@ class Server:
         self.zap: zmq.asyncio.Socket | None = None
         self.refused_clients: set[bytes] = set()
         self.ctx = zmq.asyncio.Context()
-        self.seq = 0
+        self.counters = Counters()
+        # Called with every event published, as published (history, metrics): must be cheap.
+        self.observers: list[Callable[[str, dict], None]] = []
         self.rejected_bus_messages = 0
         self._tasks: list[asyncio.Task] = []
         self._answering: set[asyncio.Task] = set()
@@ -266,11 +310,20 @@ class Server:
                         z85.encode(refused).decode(),
                     )
 
+    @property
+    def seq(self) -> int:
+        return self.counters.seq
+
     def publish(self, topic: str, fields: dict) -> None:
-        """Publish one of the supervisor's own events, with the next seq."""
-        self.seq += 1
-        if not _send_nowait(self.bus_out, protocol.encode_event(topic, fields, seq=self.seq)):
-            log.warning("bus-out is full: dropped %s (seq %d)", topic, self.seq)
+        """Publish one of the supervisor's own events, with its counters (see `Counters`)."""
+        counters, ended = self.counters.stamp(topic, fields)
+        body = protocol.event_body(fields, seq=self.counters.seq, counters=counters)
+        if not _send_nowait(self.bus_out, [topic.encode(), protocol.dumps(body)]):
+            log.warning("bus-out is full: dropped %s (seq %d)", topic, self.counters.seq)
+        for observe in self.observers:
+            observe(topic, body)
+        if ended is not None:
+            self.publish(protocol.TURN_ENDED, ended)
 
     async def _serve_control(self) -> None:
         while True:

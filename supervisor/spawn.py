@@ -8,8 +8,13 @@ from shadowing ours), ~25-36 ms of CPU a turn. `Launcher` chooses: the zygote wh
 direct way when it could not be started, has died, or was given up (and says so in the log once);
 containment never depends on it. Either way the guard is in a session of its own, so nothing of
 the supervisor's terminal reaches it, and its stdout and stderr are pipes the event loop reads:
-every chunk is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on with
-its byte offset. The guard's exit is seen through a pidfd. Its status: a directly started guard is
+every read is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on as a
+`supervisor.output.Chunk`: whole characters, its byte offset in the stream, chunks tiling it.
+Beside each log, `<stream>.idx` records when each read arrived (`logindex`: 16 bytes a read, the
+log's bytes untouched), for `ccsup logs -t`. With `log_limit` ([logs] turn_max_bytes), the two
+logs of a turn together stop growing at that many bytes: `on_truncated` is called once (the
+daemon publishes `turn.<id>.truncated`), and the bus keeps streaming, offsets still counting the
+stream. The guard's exit is seen through a pidfd. Its status: a directly started guard is
 our child and `reap()` is the daemon's only waitpid for it, called when that pidfd is readable; a
 forked guard is the zygote's child, reaped there, and its status comes over the zygote's socket
 (`ForkedGuardProcess`): the exit callback waits for both. If the zygote dies first, the status is lost,
@@ -27,6 +32,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -37,9 +43,13 @@ from guardd.launch import guard_command
 from guardd.record import record_path
 from guardd.zygote_handle import Zygote, ZygoteGone
 
+from . import logindex
+from .output import Chunk, StreamSplitter
+
 log = logging.getLogger("ccsup.spawn")
 
-OutputCallback = Callable[[str, int, bytes], None]  # stream, offset, data
+OutputCallback = Callable[[str, Chunk], None]  # stream, chunk
+TruncatedCallback = Callable[[str, str, int, int], None]  # turn id, stream, offset, limit
 # A forked guard whose zygote died before reporting its status: unknown, read as the guard's own
 # failure (the record's exit, when it has one, wins; without one the guard was lost).
 STATUS_UNKNOWN = EXIT_GUARD_FAILURE
@@ -95,7 +105,13 @@ class GuardProcess:
         self._on_exit: Callable[[], None] = _nothing
         self._loop: asyncio.AbstractEventLoop | None = None
         self._logs: dict[str, IO[bytes]] = {}
-        self._offsets = {"stdout": 0, "stderr": 0}
+        self._indexes: dict[str, IO[bytes]] = {}
+        self.log_limit: int | None = None  # [logs] turn_max_bytes: both logs together
+        self.on_truncated: TruncatedCallback | None = None
+        self._logged = 0
+        self.truncated = False
+        self._offsets = {"stdout": 0, "stderr": 0}  # bytes read from each pipe
+        self._splitters = {"stdout": StreamSplitter(), "stderr": StreamSplitter()}
         self._on_output: OutputCallback = _nothing
         self._stdin_buffer = bytearray()
         self._stdin_eof = False
@@ -126,6 +142,7 @@ class GuardProcess:
             pipe = self._pipes[stream]
             os.set_blocking(pipe.fileno(), False)
             self._logs[stream] = open(log_dir / f"{stream}.log", "ab", buffering=0)
+            self._indexes[stream] = open(log_dir / f"{stream}.idx", "ab", buffering=0)
             loop.add_reader(pipe.fileno(), self._read, stream)
         os.set_blocking(self.stdin.fileno(), False)
         self._on_exit = on_exit
@@ -146,13 +163,20 @@ class GuardProcess:
         if not data:
             self._close_stream(stream)
             return
-        offset = self._offsets[stream]
-        self._offsets[stream] = offset + len(data)
-        self._logs[stream].write(data)
-        self._on_output(stream, offset, data)
+        self._log(stream, self._offsets[stream], data)
+        self._offsets[stream] += len(data)
+        chunk = self._splitters[stream].feed(data)
+        if chunk is not None:
+            self._on_output(stream, chunk)
 
     def drain(self) -> None:
-        """Read what the pipes hold now, so output comes before the events that follow it."""
+        """Read what the pipes hold now, so output comes before the events that follow it.
+
+        Called when CMD's outcome is known: a character still incomplete then is sent as it is
+        (bytes, `data_b64`), since the turn's end may be published before the pipes close (its
+        work confirmed gone while the guard itself still holds them). Bytes that complete it
+        later (a descendant's) follow as a chunk of their own; offsets still tile the stream.
+        """
         for stream in ("stdout", "stderr"):
             pipe = self._pipes[stream]
             while stream in self._logs and not pipe.closed:
@@ -160,6 +184,24 @@ class GuardProcess:
                 self._read(stream)
                 if self._offsets[stream] == before:
                     break
+            chunk = self._splitters[stream].finish()
+            if chunk is not None:
+                self._on_output(stream, chunk)
+
+    def _log(self, stream: str, offset: int, data: bytes) -> None:
+        """Append a read to its log (and its arrival to the index), up to the turn's log limit."""
+        if self.truncated:
+            return
+        room = len(data) if self.log_limit is None else self.log_limit - self._logged
+        piece = data if room >= len(data) else data[: max(room, 0)]
+        if piece:
+            self._indexes[stream].write(logindex.entry(offset, time.time()))
+            self._logs[stream].write(piece)
+            self._logged += len(piece)
+        if len(piece) < len(data):
+            self.truncated = True
+            if self.on_truncated is not None:
+                self.on_truncated(self.turn_id, stream, offset + len(piece), self.log_limit or 0)
 
     def _close_stream(self, stream: str) -> None:
         pipe = self._pipes[stream]
@@ -167,9 +209,15 @@ class GuardProcess:
             if self._loop is not None:
                 self._loop.remove_reader(pipe.fileno())
             pipe.close()
+        index = self._indexes.pop(stream, None)
+        if index is not None:
+            index.close()
         log = self._logs.pop(stream, None)
         if log is not None:
             log.close()
+            chunk = self._splitters[stream].finish()  # an incomplete character, for good
+            if chunk is not None:
+                self._on_output(stream, chunk)
 
     @property
     def stdin_pending(self) -> int:
@@ -383,6 +431,8 @@ class Launcher:
 
     def __init__(self, python: str | None = None, *, start_zygote=Zygote.start):
         self.python = python
+        self.log_limit: int | None = None  # given to every guard started ([logs] turn_max_bytes)
+        self.on_truncated: TruncatedCallback | None = None
         self.zygote: Zygote | None = None
         self._start_zygote = start_zygote
         self._forked: dict[int, ForkedGuardProcess] = {}
@@ -418,6 +468,34 @@ class Launcher:
         cgroup: str | None = None,
     ) -> GuardProcess:
         """As `start_guard`: a GuardProcess for the turn, or OSError when it cannot be started."""
+        guard = self._start_guard(
+            turn_id,
+            argv,
+            cwd=cwd,
+            env=env,
+            record_dir=record_dir,
+            grace=grace,
+            scan=scan,
+            bus=bus,
+            cgroup=cgroup,
+        )
+        guard.log_limit = self.log_limit
+        guard.on_truncated = self.on_truncated
+        return guard
+
+    def _start_guard(
+        self,
+        turn_id: str,
+        argv: list[str],
+        *,
+        cwd: str | None,
+        env: dict,
+        record_dir: Path,
+        grace: float,
+        scan: float,
+        bus: str | None,
+        cgroup: str | None = None,
+    ) -> GuardProcess:
         if self.zygote is None:
             return start_guard(
                 turn_id,

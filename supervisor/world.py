@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from guardd.procs import Identity
 
+from .output import Chunk
 from .slots import Slot, SlotView
 
 
@@ -45,7 +46,7 @@ class Guard(Protocol):
         self,
         loop: Any,
         log_dir: Path,
-        on_output: Callable[[str, int, bytes], None],
+        on_output: Callable[[str, Chunk], None],
         on_exit: Callable[[], None],
     ) -> None: ...
     def terminate(self) -> bool: ...

@@ -308,24 +308,17 @@ def test_format_ps_counts_groups_rather_than_listing_hundreds():
     assert row.split()[-2:] == ["800", "-"]
 
 
-def test_output_follower_copies_exact_bytes_from_the_log_once(tmp_path):
+def test_output_follower_writes_exact_event_bytes_and_fills_holes_from_the_log(tmp_path):
     log = tmp_path / "stdout.log"
     out = io.BytesIO()
     follower = OutputFollower(log, out)
-    follower.on_event(
-        {"offset": 0, "data": "ignored: the file is missing"}
-    )  # fallback to the event
-    assert out.getvalue() == b"ignored: the file is missing"
-    out2 = io.BytesIO()
-    follower = OutputFollower(log, out2)
-    log.write_bytes(b"a\xff")
-    follower.on_event({"offset": 0, "data": "a\ufffd"})
-    with log.open("ab") as f:
-        f.write(b"b\n")
-    follower.on_event({"offset": 2, "data": "b\n"})
-    follower.on_event({"offset": 2, "data": "b\n"})  # a repeat writes nothing
-    follower.drain()
-    assert out2.getvalue() == b"a\xffb\n"
+    follower.on_event({"offset": 0, "data_b64": "Yf8="})  # b"a\xff", exactly
+    follower.on_event({"offset": 0, "data_b64": "Yf8="})  # a repeat writes nothing
+    log.write_bytes(b"a\xffbc\n")
+    follower.on_event({"offset": 4, "data": "\nd"})  # "bc" was lost on the bus: from the log
+    assert out.getvalue() == b"a\xffbc\nd" and follower.lost == 0
+    follower.on_event({"offset": 9, "data": "z"})  # past what the log has (cut at its limit)
+    assert out.getvalue() == b"a\xffbc\ndz" and follower.lost == 3
 
 
 def test_output_follower_without_file_places_event_text_by_offset(tmp_path):

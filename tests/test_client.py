@@ -21,6 +21,7 @@ import zmq
 from supervisor import protocol
 from supervisor.client import Client, RemoteError, lock_held
 from supervisor.errors import CcsupError, NotRunning
+from supervisor.subscription import Loss
 
 HELLO = b"ccsup.hello."
 
@@ -408,3 +409,65 @@ def test_a_recorded_pid_with_the_file_open_but_unlocked_is_not_holding_it(state_
     finally:
         child.kill()
         child.wait()
+
+
+# -- narrow subscriptions: the family counters ------------------------------------------------------
+
+
+def test_a_narrow_subscription_counts_holes_in_turn_seq_and_supervisor_seq(state_dir, fake):
+    f = fake()
+    losses = []
+    with Client(state_dir) as client, client.subscribe(["turn.a."], on_loss=losses.append) as sub:
+        f.publish("turn.a.queued", {"id": "a", "turn_seq": 1})
+        f.publish("turn.b.queued", {"id": "b", "turn_seq": 1})
+        f.publish("supervisor.reloaded", {"supervisor_seq": 1})
+        f.publish("turn.a.granted", {"id": "a", "turn_seq": 2})
+        f.publish("turn.a.stdout", {"id": "a", "turn_seq": 4, "offset": 0, "data": ""})
+        f.publish("supervisor.reloaded", {"supervisor_seq": 3})
+        f.publish("turn.a.stdout", {"id": "a", "turn_seq": 5, "offset": 0, "data": ""})
+        got = [sub.recv(2) for _ in range(4)]
+        assert [(t, b["turn_seq"]) for t, b in got] == [
+            ("turn.a.queued", 1),
+            ("turn.a.granted", 2),
+            ("turn.a.stdout", 4),
+            ("turn.a.stdout", 5),
+        ]  # neither turn b nor the watched supervisor family is yielded
+        assert sub.recv(0.1) is None
+        assert losses == [Loss("turn_seq", "a", 3, 3), Loss("supervisor_seq", None, 2, 2)]
+        assert sub.gaps == 2
+
+
+def test_run_turn_ends_even_when_the_terminal_event_is_lost(state_dir, fake):
+    f = None
+
+    def handler(cmd, args):
+        t = args["id"]
+        for n, kind in enumerate(("queued", "granted", "started"), 1):
+            f.publish(f"turn.{t}.{kind}", {"id": t, "key": "k", "turn_seq": n})
+        # exited, gone and released (turn_seq 4-6) are lost on the way; the end is announced
+        f.publish(
+            "supervisor.turn_ended",
+            {"id": t, "key": "k", "state": "released", "turn_seq": 6, "supervisor_seq": 1},
+        )
+        return {"id": t, "state": "queued", "position": 0}
+
+    f = fake(handler)
+    with Client(state_dir) as client:
+        events = list(client.run_turn("k", ["true"], id="t1"))
+    assert [t for t, _ in events] == [
+        f"turn.t1.{k}" for k in ("queued", "granted", "started", "released")
+    ]
+    assert events[-1][1] == {"id": "t1", "key": "k", "inferred": True}
+
+
+def test_a_turn_ended_for_a_turn_seen_to_its_end_changes_nothing(state_dir, fake):
+    f = fake()
+    losses = []
+    with Client(state_dir) as client, client.subscribe(["turn.a."], on_loss=losses.append) as sub:
+        sub.expect_turn("a")
+        f.publish("turn.a.rejected", {"id": "a", "turn_seq": 1})
+        f.publish("supervisor.turn_ended", {"id": "a", "state": "rejected", "turn_seq": 1})
+        f.publish("supervisor.turn_ended", {"id": "zz", "state": "released", "turn_seq": 9})
+        assert sub.recv(2)[0] == "turn.a.rejected"
+        assert sub.recv(0.2) is None
+        assert (losses, sub.gaps) == ([], 0)

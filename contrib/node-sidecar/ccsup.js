@@ -8,27 +8,46 @@
 // The turn's events are then yielded in order by an async iterator that ends after the terminal
 // one (`released`, `cancelled` or `rejected`).
 //
-// Design note (seq gaps). Every supervisor event carries `seq`, one counter for all its topics. A
-// filtered subscription sees holes by design, so this client subscribes to every topic the
-// supervisor speaks (`turn.`, `supervisor.`, `slot.`) and checks the count there; a hole is a
-// real loss. On one, each followed turn gets a `ccsup.gap` event and the client catches up with
-// `ps` on the control socket. A turn that `ps` no longer shows has ended; a second hello round
-// trip (answered after every event the supervisor published before it) then delivers its real
-// terminal event if it is still in flight, else the client yields an *inferred* terminal event
-// (`inferred: true`): `released` when the turn was granted, else `cancelled` with reason
-// `unknown`. Lost output is in `<state>/turns/<id>/stdout.log` (exact bytes, by `offset`).
+// Design note (narrow subscriptions, losses). The client subscribes only to what it follows:
+// `turn.<id>.` for each followed turn (made live by a hello before the turn is requested, and
+// dropped after its terminal event) and the low-volume `supervisor.` family, so a sidecar never
+// receives, let alone decodes, the output of turns it does not follow. (It once subscribed to
+// every `turn.` topic to check the global `seq`: ten sidecars then each decoded every turn's
+// output.) Losses are seen by the family counters: a turn's events carry `turn_seq` (1, 2, ...),
+// `supervisor.*` events carry `supervisor_seq`, and `supervisor.turn_ended` {id, key, state,
+// turn_seq} follows every turn's terminal event. A hole in a turn's `turn_seq` gives that turn a
+// `ccsup.gap` event {id, counter: "turn_seq", from, to}. A `turn_ended` past the last `turn_seq`
+// seen means the tail was lost: a `ccsup.gap`, then the terminal event, *inferred* (`inferred:
+// true`) with the state `turn_ended` names. A hole in `supervisor_seq` (a `turn_ended` may be in
+// it) gives every followed turn a `ccsup.gap` {counter: "supervisor_seq"} and the client catches
+// up with `ps` on the control socket: a turn that `ps` no longer shows has ended; a second hello
+// round trip (answered after every event the supervisor published before it) then delivers its
+// real terminal event if it is still in flight, else an inferred one: `released` when the turn
+// was granted, else `cancelled` with reason `unknown`. Lost output is in
+// `<state>/turns/<id>/stdout.log` (exact bytes, by `offset`; `TurnOutput` fills from it).
+//
+// Output. `turn.<id>.stdout|stderr` bodies carry `offset` (the chunk's byte offset in the stream
+// and its log: chunks tile it) and either `data` (the chunk is UTF-8 text, whole characters) or
+// `data_b64` (its exact bytes, when they are not UTF-8). `outputBytes(body)` gives a chunk's
+// bytes and `TurnOutput` reassembles a turn's streams exactly; `send` takes a Buffer as well as
+// text (a Buffer that is not UTF-8 is sent as `data_b64`).
 //
 // State: none on disk. What the client does not read: the TOML config (its `state_dir` and
 // endpoints) — pass `stateDir` and `endpoints` when the supervisor does not use the defaults.
-// When the supervisor restarts, seq starts again from 1: a lower seq is followed, not a gap.
+// When the supervisor restarts, its counters start again from 1: a lower count is followed, not a gap.
 
 import { Dealer, Publisher, Subscriber } from "zeromq";
 import { randomUUID } from "node:crypto";
+import { closeSync, openSync, readSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 
 export const TERMINAL = new Set(["released", "cancelled", "rejected"]);
-const SUPERVISOR_TOPICS = ["turn.", "supervisor.", "slot.", "key."];
+const SUPERVISOR_FAMILY = "supervisor.";
+// Low-volume topic families every sidecar receives whole (`key.`: pauses and resumes); a turn's
+// own topics are subscribed per turn.
+const LOW_VOLUME_FAMILIES = [SUPERVISOR_FAMILY, "key."];
+const TURN_ENDED = "supervisor.turn_ended";
 const HELLO_PREFIX = "ccsup.hello.";
 const HELLO_RETRY_MS = 500;
 
@@ -67,6 +86,8 @@ export class Turn {
     this.events = []; // every event seen so far: {topic, kind, body}
     this.terminal = null;
     this.granted = false;
+    this.lastSeq = null; // the last turn_seq seen (0: every event of the turn is still to come)
+    this.live = Promise.resolve(); // resolves once the subscription to its topics is live
     this._sidecar = sidecar;
     this._queue = [];
     this._waiters = [];
@@ -138,17 +159,18 @@ export class Sidecar {
     this.endpoints = endpoints || defaultEndpoints(this.stateDir);
     this.timeout = timeout;
     this.holder = holder; // default holder for requests (session, agent, ...)
-    this.gaps = 0; // supervisor events missed, by seq
+    this.gaps = 0; // events missed, by the family counters (turn_seq, supervisor_seq)
+    this.stray = 0; // events received of turns not followed (a narrow subscription keeps it 0)
     this._turns = new Map();
     this._hellos = new Map();
-    this._lastSeq = null;
+    this._supervisorSeq = null;
     this._closed = false;
     this._controlChain = Promise.resolve();
     this._pauseAnswers = new Map(); // request.pause id -> resolve (see publishPause)
     this._keyListeners = new Set();
     this._sub = new Subscriber({ receiveHighWaterMark: 0 });
     this._sub.connect(this.endpoints.busOut);
-    for (const prefix of SUPERVISOR_TOPICS) this._sub.subscribe(prefix);
+    for (const family of LOW_VOLUME_FAMILIES) this._sub.subscribe(family);
     this._pub = new Publisher();
     this._pub.connect(this.endpoints.busIn);
     this._pumping = this._pump().catch((e) => {
@@ -192,16 +214,43 @@ export class Sidecar {
       return;
     }
     if (body === null || typeof body !== "object") return;
-    if (Number.isInteger(body.seq) && SUPERVISOR_TOPICS.some((p) => topic.startsWith(p))) {
-      if (this._lastSeq !== null && body.seq > this._lastSeq + 1) this._onGap(this._lastSeq + 1, body.seq - 1);
-      this._lastSeq = body.seq; // a lower seq: a restarted supervisor; follow its count
+    if (topic.startsWith(SUPERVISOR_FAMILY)) {
+      this._onSupervisorEvent(topic, body);
+      return;
     }
     if (topic.startsWith("key.")) return this._onKeyEvent(topic, body); // pause and resume
     if (!topic.startsWith("turn.")) return;
     const kind = topic.slice(topic.lastIndexOf(".") + 1);
     const id = topic.slice(5, topic.lastIndexOf("."));
     const turn = this._turns.get(id);
-    if (turn) turn._push({ topic, kind, body });
+    if (!turn) {
+      this.stray += 1;
+      return;
+    }
+    if (Number.isInteger(body.turn_seq)) {
+      if (turn.lastSeq !== null && body.turn_seq > turn.lastSeq + 1) this._turnGap(turn, turn.lastSeq + 1, body.turn_seq - 1);
+      turn.lastSeq = body.turn_seq; // lower: a restarted supervisor; follow its count
+    }
+    turn._push({ topic, kind, body });
+  }
+
+  _onSupervisorEvent(topic, body) {
+    if (Number.isInteger(body.supervisor_seq)) {
+      const last = this._supervisorSeq;
+      this._supervisorSeq = body.supervisor_seq; // lower: a restarted supervisor
+      if (last !== null && body.supervisor_seq > last + 1) this._onGap(last + 1, body.supervisor_seq - 1);
+    }
+    if (topic !== TURN_ENDED) return;
+    const turn = this._turns.get(body.id);
+    if (!turn || turn.terminal || turn.lastSeq === null || !TERMINAL.has(body.state)) return;
+    // Its terminal event should have come before this: the tail of the turn was lost.
+    if (Number.isInteger(body.turn_seq) && body.turn_seq > turn.lastSeq) this._turnGap(turn, turn.lastSeq + 1, body.turn_seq);
+    turn._push({ topic: `turn.${turn.id}.${body.state}`, kind: body.state, body: { id: turn.id, key: body.key, inferred: true } });
+  }
+
+  _turnGap(turn, from, to) {
+    this.gaps += to - from + 1;
+    turn._push({ topic: "ccsup.gap", kind: "gap", body: { id: turn.id, counter: "turn_seq", from, to } });
   }
 
   /** Subscribe to a fresh hello topic and wait for the supervisor's answer on it. */
@@ -225,7 +274,7 @@ export class Sidecar {
   _onGap(from, to) {
     this.gaps += to - from + 1;
     const followed = [...this._turns.values()];
-    for (const turn of followed) turn._push({ topic: "ccsup.gap", kind: "gap", body: { id: turn.id, from, to } });
+    for (const turn of followed) turn._push({ topic: "ccsup.gap", kind: "gap", body: { id: turn.id, counter: "supervisor_seq", from, to } });
     this._catchUp(followed).catch((e) => {
       for (const turn of followed) turn._push({ topic: "ccsup.gap", kind: "catchup_failed", body: { id: turn.id, error: e.message } });
     });
@@ -247,20 +296,29 @@ export class Sidecar {
     }
   }
 
-  /** Follow a turn requested elsewhere (another process, the control socket) by its id. */
+  /**
+   * Follow a turn requested elsewhere (another process, the control socket) by its id. Its
+   * events reach this client once `turn.live` resolves; follow it before it is requested to see
+   * them all.
+   */
   follow(id) {
-    return this._follow(id);
+    return this._follow(id, null);
   }
 
   _forget(id) {
-    this._turns.delete(id);
+    if (this._turns.delete(id) && !this._closed) this._sub.unsubscribe(`turn.${id}.`);
   }
 
-  _follow(id) {
+  /** `fromStart`: 0 when every event of the turn is still to come (we request it), else null. */
+  _follow(id, fromStart = 0) {
     let turn = this._turns.get(id);
     if (!turn) {
       turn = new Turn(id, this);
+      turn.lastSeq = fromStart;
       this._turns.set(id, turn);
+      this._sub.subscribe(`turn.${id}.`);
+      turn.live = this._hello(this.timeout); // earlier subscriptions are live once it is answered
+      turn.live.catch(() => {});
     }
     return turn;
   }
@@ -272,6 +330,12 @@ export class Sidecar {
     let interval = 20;
     let answered = false;
     turn._firstEvent.then(() => (answered = true));
+    try {
+      await turn.live;
+    } catch (e) {
+      this._forget(turn.id);
+      throw e;
+    }
     while (!answered) {
       await this._pub.send(frames);
       await Promise.race([turn._firstEvent, sleep(interval)]);
@@ -360,9 +424,14 @@ export class Sidecar {
     return this.call("ps");
   }
 
-  /** Write to a turn's stdin (`eof` closes it). */
+  /** Write to a turn's stdin (`eof` closes it): a string as UTF-8, a Buffer exactly. */
   send(id, data, eof = false) {
-    return this.call("send", { id, data, eof });
+    return this.call("send", { id, ...sendData(data), eof });
+  }
+
+  /** Bytes [start, end) of a turn's output log on this machine (a TurnOutput `fill`). */
+  readLog(id, stream, start = 0, end = undefined) {
+    return readRange(join(this.stateDir, "turns", id, `${stream}.log`), start, end);
   }
 
   // -- admission: pause and resume a key ------------------------------------------------------
@@ -433,4 +502,79 @@ function compact(obj) {
 
 function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+// -- output: exact bytes ------------------------------------------------------------------------
+
+const STRICT_UTF8 = new TextDecoder("utf-8", { fatal: true });
+
+/** The data field of a send request: `data` for text (and UTF-8 Buffers), else `data_b64`. */
+export function sendData(data) {
+  if (typeof data === "string") return { data };
+  const buffer = Buffer.from(data);
+  try {
+    return { data: STRICT_UTF8.decode(buffer) };
+  } catch {
+    return { data_b64: buffer.toString("base64") };
+  }
+}
+
+/** The exact bytes of an output event's body: `data` (UTF-8 text) or `data_b64` (base64). */
+export function outputBytes(body) {
+  if (typeof body.data_b64 === "string") return Buffer.from(body.data_b64, "base64");
+  return Buffer.from(typeof body.data === "string" ? body.data : "", "utf8");
+}
+
+/**
+ * Reassembles a turn's stdout and stderr exactly from its events.
+ *
+ * `feed(event)` returns `{stream, bytes}` for an output event (the new bytes, in stream order) and
+ * null for any other. A chunk that starts past `position[stream]` means events were lost:
+ * `fill(stream, start, end)` (e.g. `(s, a, b) => sidecar.readLog(id, s, a, b)` on the
+ * supervisor's machine) supplies the missing bytes, else it throws a CcsupError with code "gap".
+ * A chunk already seen is ignored (only its new part counts).
+ */
+export class TurnOutput {
+  constructor(id, { fill } = {}) {
+    this.id = id;
+    this.fill = fill;
+    this.position = { stdout: 0, stderr: 0 };
+  }
+
+  feed({ topic, kind, body }) {
+    if (!(kind in this.position) || topic !== `turn.${this.id}.${kind}`) return null;
+    let bytes = outputBytes(body);
+    const position = this.position[kind];
+    if (body.offset > position) {
+      const missing = this.fill ? this.fill(kind, position, body.offset) : null;
+      if (!missing || missing.length !== body.offset - position) {
+        throw new CcsupError(`turn ${this.id}: ${kind} bytes ${position} to ${body.offset} were lost on the bus`, "gap");
+      }
+      bytes = Buffer.concat([missing, bytes]);
+    } else if (body.offset < position) {
+      bytes = bytes.subarray(position - body.offset);
+    }
+    this.position[kind] += bytes.length;
+    return { stream: kind, bytes };
+  }
+}
+
+function readRange(path, start, end) {
+  const fd = openSync(path, "r");
+  try {
+    const chunks = [];
+    let at = start;
+    for (;;) {
+      const want = end === undefined ? 1 << 20 : Math.min(1 << 20, end - at);
+      if (want <= 0) break;
+      const buffer = Buffer.alloc(want);
+      const n = readSync(fd, buffer, 0, want, at);
+      if (n === 0) break;
+      chunks.push(buffer.subarray(0, n));
+      at += n;
+    }
+    return Buffer.concat(chunks);
+  } finally {
+    closeSync(fd);
+  }
 }

@@ -51,6 +51,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reap": ("reap", "reap"),
     "reload": ("reload", "reload"),
     "config": ("config", "config_group"),
+    "history": ("history", "history"),
+    "show": ("show", "show"),
+    "metrics": ("metrics", "metrics"),
     "pause": ("pause", "pause"),
     "resume": ("resume", "resume"),
 }

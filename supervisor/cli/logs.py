@@ -1,15 +1,55 @@
-"""`ccsup logs`: print a turn's output log (exact bytes)."""
+"""`ccsup logs`: print a turn's output log (exact bytes), or with -t each line with its time.
+
+-t reads the time index beside the log (supervisor.logindex) and puts the time a line started to
+arrive before it; the bytes are the log's. A turn whose logs were pruned ([logs] keep or
+max_bytes) is reported as pruned, with when and why (supervisor.retention's marker).
+"""
 
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 
 import click
 
-from ..errors import CcsupError
+from ..errors import CcsupError, UsageError
 from .options import turn_id_argument
 from .output import OutputFollower
 from .where import where
+
+
+def _refuse_pruned(turn_id: str, path: Path) -> None:
+    """A turn whose logs were pruned: say so, when and why (CcsupError)."""
+    from ..retention import marker_of
+
+    marker = marker_of(path.parent)
+    if marker is None:
+        return
+    when = marker.get("pruned_at")
+    shown = (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+        if isinstance(when, (int, float))
+        else "an unknown time"
+    )
+    raise CcsupError(
+        f"turn {turn_id}: its logs were pruned at {shown} ({marker.get('reason', 'unknown')}); "
+        "see [logs] keep and max_bytes"
+    )
+
+
+def _print_timed(turn_id: str, stream: str, path: Path) -> None:
+    from ..logindex import timed_chunks, timed_lines
+
+    if not path.exists():
+        raise CcsupError(f"unable to read the {stream} of turn {turn_id}: no file {path}")
+    out = sys.stdout.buffer
+    try:
+        for piece in timed_lines(timed_chunks(path, path.with_suffix(".idx"))):
+            out.write(piece)
+    except OSError as e:
+        raise CcsupError(f"unable to read {path}: {e.strerror}") from None
+    out.flush()
 
 
 def _turn_active(ps: dict, turn_id: str) -> bool:
@@ -29,8 +69,16 @@ def _turn_active(ps: dict, turn_id: str) -> bool:
 @click.option(
     "--stderr", "use_stderr", is_flag=True, help="The turn's stderr instead of its stdout."
 )
+@click.option(
+    "-t",
+    "--timestamps",
+    is_flag=True,
+    help="Put the time each line started to arrive before it (from the log's index).",
+)
 @click.pass_context
-def logs(ctx: click.Context, turn_id: str, follow: bool, use_stderr: bool) -> None:
+def logs(
+    ctx: click.Context, turn_id: str, follow: bool, use_stderr: bool, timestamps: bool
+) -> None:
     """Print a turn's output log (exact bytes)."""
     from ..subscription import is_terminal
 
@@ -39,6 +87,12 @@ def logs(ctx: click.Context, turn_id: str, follow: bool, use_stderr: bool) -> No
     client = options.client()
     try:
         path = client.paths.output_log(turn_id, stream)
+        _refuse_pruned(turn_id, path)
+        if timestamps:
+            if follow:
+                raise UsageError("-t prints a finished log; it does not follow (-f)")
+            _print_timed(turn_id, stream, path)
+            return
         out = OutputFollower(path, sys.stdout.buffer)
         if follow and not client.running() and not path.exists():
             client.check_running()  # nothing to print and nothing to follow: NotRunning

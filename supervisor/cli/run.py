@@ -143,6 +143,7 @@ def run(
         holder["agent"] = agent
     turn_id = uuid.uuid4().hex
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
+        sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
         runner = _TurnRunner(client, turn_id, key, as_json)
         runner.forward_stdin = where(ctx).client  # supervisor.stdin_forward, once started
         with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
@@ -314,9 +315,11 @@ class _TurnRunner:
         if not is_terminal(topic):
             return None
         if not self.as_json:
-            for follower in self.outputs.values():
+            for stream, follower in self.outputs.items():
                 follower.drain()
                 follower.close()
+                if follower.lost:  # lost on the bus and past the log's [logs] turn_max_bytes
+                    click.echo(f"ccsup: {follower.lost} bytes of {stream} were lost", err=True)
         from ..run_exit import run_exit_status
 
         if kind == "released":

@@ -44,7 +44,8 @@ from types import MappingProxyType
 
 from ..admission_policy import AdmissionSettings
 from ..caps import Caps
-from . import admission, endpoints, guard, harness, limits, slots, top
+from ..retention import LogLimits
+from . import admission, endpoints, guard, harness, limits, logs, metrics, slots, top
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -56,6 +57,7 @@ from .files import (
 )
 from .guard import DEFAULT_GRACE, DEFAULT_SCAN
 from .harness import Harness
+from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
 from .values import duration, size
@@ -95,6 +97,8 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.CURVE_SECTION,
     harness.SECTION,
     limits.SECTION,
+    logs.SECTION,
+    metrics.SECTION,
     admission.PAUSE_ON_SECTION,
 )
 
@@ -111,6 +115,8 @@ class Config:
     harness: Mapping[str, Harness] = field(default_factory=dict)
     guard_cgroup: str = "auto"  # [guard] cgroup: "auto", "off" or a path
     limits: Mapping[str, limits.Limits] = field(default_factory=dict)  # [limits.<key>]
+    logs: LogLimits = logs.DEFAULTS  # [logs]
+    metrics: MetricsSettings = MetricsSettings()
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
 
     def __post_init__(self) -> None:
@@ -131,6 +137,8 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
     key_limits = limits.parse_limits(c, table)
+    log_limits = logs.parse_logs(c, table)
+    metrics_settings = metrics.parse_metrics(c, table)
     admission_settings = admission.parse_admission(c, table)
     c.raise_problems()
     # With no problem recorded, no value is None.
@@ -156,6 +164,8 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         harness=harnesses,
         guard_cgroup=guard_settings.cgroup or "auto",
         limits=key_limits,
+        logs=log_limits,
+        metrics=metrics_settings,
         admission=admission_settings,
     )
 

@@ -5,7 +5,7 @@ import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { Router, XPublisher } from "zeromq";
-import { Sidecar, findStateDir, newId } from "../ccsup.js";
+import { Sidecar, TurnOutput, findStateDir, newId } from "../ccsup.js";
 import { startDaemon } from "./daemon.js";
 
 const LIFECYCLE = new Set(["queued", "granted", "started", "exited", "stopping", "gone", "released", "cancelled", "rejected"]);
@@ -77,6 +77,7 @@ test("a queued turn cancelled takes nothing and ends cancelled", { timeout: 3000
 test("the cap holds across two Node processes", { timeout: 30000 }, async () => {
   const ids = [newId(), newId()];
   const followed = ids.map((id) => sidecar.follow(id));
+  await Promise.all(followed.map((turn) => turn.live));
   const children = ids.map((id) =>
     spawn(process.execPath, [join(import.meta.dirname, "helper-turn.js"), daemon.stateDir, "capped", id, "0.4"], {
       stdio: ["ignore", "pipe", "inherit"],
@@ -106,47 +107,97 @@ test("the cap holds across two Node processes", { timeout: 30000 }, async () => 
   assert.ok(queuedBehind.includes(1), `one of them waited: ${queuedBehind}`);
 });
 
-test("a seq gap is noticed and caught up with ps (fake supervisor)", { timeout: 5000 }, async () => {
+async function fakeSupervisor() {
   const dir = mkdtempSync("/tmp/ccsup-fake-");
   const xpub = new XPublisher({ verbosity: "allSubs" });
   const router = new Router();
   await xpub.bind(`ipc://${dir}/bus-out`);
   await router.bind(`ipc://${dir}/control`);
-  // The fake answers hellos; it "loses" seq 3 (the released event) and answers ps with nothing.
-  let subscriptions = (async () => {
+  const fake = { dir, xpub, router, psCalls: 0, subscriptions: [] };
+  // The fake answers hellos and records every subscription; ps answers that nothing runs.
+  const bus = (async () => {
     for await (const [frame] of xpub) {
-      if (frame[0] === 1 && frame.subarray(1).toString().startsWith("ccsup.hello.")) {
-        await xpub.send([frame.subarray(1), "{}"]);
-      }
+      const topic = frame.subarray(1).toString();
+      if (frame[0] === 1 && topic.startsWith("ccsup.hello.")) await xpub.send([topic, "{}"]);
+      else if (frame[0] === 1) fake.subscriptions.push(topic);
     }
   })().catch(() => {});
-  let psCalls = 0;
-  let control = (async () => {
+  const control = (async () => {
     for await (const [identity, frame] of router) {
       const request = JSON.parse(frame.toString());
-      psCalls += request.cmd === "ps" ? 1 : 0;
+      fake.psCalls += request.cmd === "ps" ? 1 : 0;
       await router.send([identity, JSON.stringify({ v: 1, id: request.id, ok: true, result: { slots: [], waits: [] } })]);
     }
   })().catch(() => {});
-  const client = await Sidecar.connect({ stateDir: dir, timeout: 2000 });
-  try {
-    const turn = client.follow("t1");
-    const ev = (topic, seq, fields) => xpub.send([topic, JSON.stringify({ v: 1, ts: 0, seq, id: "t1", ...fields })]);
-    await ev("turn.t1.queued", 1, { position: 0 });
-    await ev("turn.t1.granted", 2, { index: 0 });
-    await ev("supervisor.reloaded", 4, {});
-    const events = await collect(turn);
-    assert.deepEqual(events.map((e) => e.topic), ["turn.t1.queued", "turn.t1.granted", "ccsup.gap", "turn.t1.released"]);
-    assert.deepEqual(events[2].body, { id: "t1", from: 3, to: 3 });
-    assert.equal(events[3].body.inferred, true);
-    assert.equal(client.gaps, 1);
-    assert.equal(psCalls, 1);
-  } finally {
-    client.close();
+  fake.send = (topic, fields) => xpub.send([topic, JSON.stringify({ v: 1, ts: 0, ...fields })]);
+  fake.close = async () => {
     xpub.close();
     router.close();
-    await Promise.all([subscriptions, control]);
+    await Promise.all([bus, control]);
     rmSync(dir, { recursive: true, force: true });
+  };
+  return fake;
+}
+
+test("a lost tail is seen by turn_ended and its terminal event inferred (fake supervisor)", { timeout: 5000 }, async () => {
+  const fake = await fakeSupervisor();
+  const client = await Sidecar.connect({ stateDir: fake.dir, timeout: 2000 });
+  try {
+    const turn = client._follow("t1"); // as a request does: every event is to come
+    await turn.live;
+    assert.deepEqual(fake.subscriptions, ["supervisor.", "key.", "turn.t1."], "only its own turn and the low-volume families");
+    await fake.send("turn.t1.queued", { id: "t1", turn_seq: 1, position: 0 });
+    await fake.send("turn.t1.stdout", { id: "t1", turn_seq: 3, offset: 0, data: "x" });
+    // turn_seq 4 and 5 (exited, released) are lost; the supervisor family says where it ended.
+    await fake.send("supervisor.turn_ended", { id: "t1", key: "k", state: "released", turn_seq: 5, supervisor_seq: 1 });
+    const events = await collect(turn);
+    assert.deepEqual(events.map((e) => e.topic), ["turn.t1.queued", "ccsup.gap", "turn.t1.stdout", "ccsup.gap", "turn.t1.released"]);
+    assert.deepEqual(events[1].body, { id: "t1", counter: "turn_seq", from: 2, to: 2 });
+    assert.deepEqual(events[3].body, { id: "t1", counter: "turn_seq", from: 4, to: 5 });
+    assert.deepEqual(events[4].body, { id: "t1", key: "k", inferred: true });
+    assert.equal(client.gaps, 3);
+    assert.equal(fake.psCalls, 0);
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+test("a hole in supervisor_seq is caught up with ps (fake supervisor)", { timeout: 5000 }, async () => {
+  const fake = await fakeSupervisor();
+  const client = await Sidecar.connect({ stateDir: fake.dir, timeout: 2000 });
+  try {
+    const turn = client._follow("t1");
+    await turn.live;
+    await fake.send("turn.t1.queued", { id: "t1", turn_seq: 1, position: 0 });
+    await fake.send("turn.t1.granted", { id: "t1", turn_seq: 2, index: 0 });
+    await fake.send("supervisor.reloaded", { supervisor_seq: 1 });
+    // supervisor_seq 2 (its turn_ended) and the released event are lost
+    await fake.send("supervisor.reloaded", { supervisor_seq: 3 });
+    const events = await collect(turn);
+    assert.deepEqual(events.map((e) => e.topic), ["turn.t1.queued", "turn.t1.granted", "ccsup.gap", "turn.t1.released"]);
+    assert.deepEqual(events[2].body, { id: "t1", counter: "supervisor_seq", from: 2, to: 2 });
+    assert.equal(events[3].body.inferred, true);
+    assert.equal(fake.psCalls, 1);
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+test("a sidecar receives only the turns it follows", { timeout: 30000 }, async () => {
+  const other = await Sidecar.connect({ stateDir: daemon.stateDir });
+  try {
+    const mine = await sidecar.turn({ key: "solo", argv: ["sh", "-c", "echo mine"] });
+    const theirs = await other.turn({ key: "capped", argv: ["sh", "-c", "echo theirs"] });
+    const [a, b] = await Promise.all([collect(mine), collect(theirs)]);
+    assert.deepEqual(new Set(a.map((e) => e.body.id)), new Set([mine.id]));
+    assert.deepEqual(new Set(b.map((e) => e.body.id)), new Set([theirs.id]));
+    assert.deepEqual(a.map((e) => e.body.turn_seq), a.map((_, i) => i + 1), "numbered 1..n without holes");
+    assert.equal(sidecar.gaps + other.gaps, 0);
+    assert.equal(sidecar.stray + other.stray, 0, "no event of another turn reached either");
+  } finally {
+    other.close();
   }
 });
 
@@ -183,6 +234,28 @@ test("a reservation holds the slot and a turn that names it binds it ahead of a 
   const waiterEvents = await collect(waiter);
   const waiterGranted = waiterEvents.find((e) => e.kind === "granted").body.seq;
   assert.ok(waiterGranted > boundEvents.at(-1).body.seq, "the waiter was granted after the bound turn was released");
+});
+
+test("output and stdin are exact bytes: split characters, invalid bytes, NULs", { timeout: 30000 }, async () => {
+  // A character split across two writes, then bytes that are not UTF-8, then what was sent.
+  const script = "printf 'a\\303'; sleep 0.05; printf '\\251\\377\\000z'; cat";
+  const turn = await sidecar.turn({ key: "solo", argv: ["sh", "-c", script] });
+  const sent = Buffer.from([0xff, 0x00, 0xe4, 0xb8, 0xad, 0x0a]);
+  await turn.send(sent, true);
+  const output = new TurnOutput(turn.id, { fill: (s, a, b) => sidecar.readLog(turn.id, s, a, b) });
+  const pieces = [];
+  for await (const event of turn) {
+    const got = output.feed(event);
+    if (got?.stream === "stdout") pieces.push(got.bytes);
+    if (event.kind === "stdout") assert.ok(!("data" in event.body) || !event.body.data.includes("\ufffd"));
+  }
+  const expected = Buffer.concat([Buffer.from([0x61, 0xc3, 0xa9, 0xff, 0x00, 0x7a]), sent]);
+  assert.deepEqual(Buffer.concat(pieces), expected);
+  assert.deepEqual(sidecar.readLog(turn.id, "stdout"), expected);
+  assert.equal(output.position.stdout, expected.length);
+  // A gap with nothing to fill it is an error, never silent.
+  const strict = new TurnOutput("x");
+  assert.throws(() => strict.feed({ topic: "turn.x.stdout", kind: "stdout", body: { offset: 3, data: "a" } }), /lost on the bus/);
 });
 
 // -- admission: pause and resume (issue 12) ---------------------------------------------------

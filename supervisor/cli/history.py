@@ -1,0 +1,81 @@
+"""`ccsup history`: finished turns, newest first, from the history file (supervisor.history).
+
+It reads the file directly, read-only, so it works whether or not a supervisor runs on the state
+directory (the history survives it). Exit codes: 0, 1 when the history cannot be read, 2 for
+bad options.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from .. import history as turn_history
+from ..errors import CcsupError
+from .options import optional_key_option
+from .records import format_history
+from .where import where
+
+
+def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    from ..config import duration
+
+    try:
+        return time.time() - duration(value, where="--since")
+    except CcsupError as e:
+        raise click.BadParameter(e.message.removeprefix("--since: ")) from None
+
+
+def _outcome_option(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> list[str] | None:
+    wanted = [o for value in values for o in value.split(",") if o]
+    unknown = sorted(set(wanted) - set(turn_history.OUTCOMES))
+    if unknown:
+        raise click.BadParameter(f"{unknown[0]!r}; known: {', '.join(turn_history.OUTCOMES)}")
+    return wanted or None
+
+
+@click.command()
+@click.option("--key", callback=optional_key_option, help="Only turns of this cap key.")
+@click.option(
+    "--since",
+    callback=_since_option,
+    metavar="DURATION",
+    help='Only turns that ended within this long ("1h", "30m").',
+)
+@click.option(
+    "--outcome",
+    "outcomes",
+    multiple=True,
+    callback=_outcome_option,
+    help=f"Only these outcomes (repeat or comma-separate): {', '.join(turn_history.OUTCOMES)}.",
+)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of turn records.")
+@click.pass_context
+def history(
+    ctx: click.Context,
+    key: str | None,
+    since: float | None,
+    outcomes: list[str] | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Finished turns, newest first: id, key, holder, outcome, times, what they used."""
+    state_dir = where(ctx).state_dir()
+    try:
+        records = turn_history.query(
+            state_dir, key=key, since=since, outcomes=outcomes, limit=limit
+        )
+    except turn_history.HistoryError as e:
+        raise CcsupError(e.message) from None
+    if as_json:
+        click.echo(json.dumps(records, ensure_ascii=False))
+        return
+    for line in format_history(records):
+        click.echo(line)

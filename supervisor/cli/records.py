@@ -1,0 +1,107 @@
+"""How `ccsup history` and `ccsup show` print turn records (supervisor.history). Pure."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .. import history
+from ..requester_names import describe
+from .formats import format_age, format_table
+
+USAGE_COLUMNS = (  # the exited event's usage figures shown as columns, when any turn has them
+    ("cpu_user_s", "CPU USER", lambda v: f"{v:.2f}s"),
+    ("cpu_system_s", "CPU SYS", lambda v: f"{v:.2f}s"),
+    ("peak_rss_bytes", "PEAK RSS", lambda v: _size(v)),
+    ("processes", "PROCS", lambda v: str(v)),
+)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def when(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}s" if value < 60 else format_age(value)
+
+
+def outcome_text(record: history.TurnRecord) -> str:
+    outcome = record["outcome"] or record["state"]
+    if outcome == "exit":
+        return f"exit {record['exit_code']}"
+    if outcome == "signal":
+        return f"signal {record['signal']}"
+    return outcome
+
+
+def format_history(records: list[history.TurnRecord]) -> list[str]:
+    usage = [c for c in USAGE_COLUMNS if any(c[0] in r["usage"] for r in records)]
+    header = ["ID", "KEY", "HOLDER", "OUTCOME", "QUEUED", "WAIT", "RUN", "ENDED"]
+    header += [title for _, title, _ in usage]
+    rows = []
+    for r in records:
+        row = [
+            r["id"],
+            r["key"],
+            describe(r["holder"], None),
+            outcome_text(r),
+            when(r["queued_at"]),
+            seconds(r["wait_s"]),
+            seconds(r["run_s"]),
+            when(r["ended_at"]),
+        ]
+        for name, _, fmt in usage:
+            value = r["usage"].get(name)
+            row.append("-" if not isinstance(value, (int, float)) else fmt(value))
+        rows.append(row)
+    return format_table(header, rows)
+
+
+def _given(fields: dict) -> dict:
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def format_story(story: history.TurnStory) -> list[str]:
+    lines = [
+        f"turn {story['id']}",
+        f"  key        {story['key']}",
+        f"  holder     {json.dumps(_given(story['holder']), ensure_ascii=False)}",
+        f"  state      {story['state']}",
+        f"  outcome    {outcome_text(story) if story['outcome'] else '- (not ended)'}",
+    ]
+    if story["reason"]:
+        lines.append(f"  reason     {story['reason']}")
+    for name in ("queued_at", "granted_at", "started_at", "exited_at", "ended_at"):
+        lines.append(f"  {name.removesuffix('_at'):<10} {when(story[name])}")
+    lines.append(f"  wait       {seconds(story['wait_s'])}")
+    lines.append(f"  run        {seconds(story['run_s'])}")
+    if story["slot_index"] is not None:
+        lines.append(f"  slot       {story['key']}#{story['slot_index']}")
+    if story["guard_pid"] is not None:
+        lines.append(f"  guard pid  {story['guard_pid']}")
+    for name, value in sorted(story["usage"].items()):
+        lines.append(f"  {name:<10} {value}")
+    if story["log_pruned_at"] is not None:
+        lines.append(f"  logs       pruned at {when(story['log_pruned_at'])}")
+    lines.append("  events")
+    for event in story["events"]:
+        fields = {
+            k: v
+            for k, v in event["body"].items()
+            if k not in ("v", "ts", "seq", "turn_seq", "id", "key")
+        }
+        shown = json.dumps(fields, ensure_ascii=False) if fields else ""
+        lines.append(
+            f"    {when(event['ts'])}.{int(event['ts'] % 1 * 1000):03d}  {event['kind']:<9} {shown}".rstrip()
+        )
+    return lines
