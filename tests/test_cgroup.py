@@ -316,15 +316,16 @@ def test_exited_carries_what_the_whole_tree_used_within_20_percent(
 def test_ps_shows_a_running_turns_usage_so_far(daemon, event_log):
     d = daemon(grace="300ms", scan="200ms")
     log = event_log(d)
-    burn = "import os\nwhile sum(os.times()[:2]) < 0.5: pass\nprint('burnt', flush=True)\nos.read(0, 1)"
+    burn = "import os, time\nwhile sum(os.times()[:2]) < 0.5: pass\ntime.sleep(300)"
     with d.client() as client:
         client.turn("codex", [PYTHON, "-c", burn], id="t1")
-        log.wait_for("turn.t1.stdout")
+        log.wait_for("turn.t1.started")
 
         def usage():
             slot = next(s for s in client.ps()["slots"] if s["turn"] == "t1")
             used = slot.get("usage") or {}
-            return used if used.get("cpu_user_s", 0) + used.get("cpu_system_s", 0) else None
+            cpu = used.get("cpu_user_s", 0) + used.get("cpu_system_s", 0)
+            return used if cpu and used.get("processes") else None  # after a scan saw CMD
 
         used = wait_until(usage, what="usage so far in ps")
         assert set(used) == {"cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes"}
