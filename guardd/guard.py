@@ -51,6 +51,7 @@ EXIT_NOT_FOUND = 127
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _WATCHED_SIGNALS = (signal.SIGCHLD, *_STOP_SIGNALS)
 _STOP_POLL = 0.02  # while stopping, groups whose members are not our children do not wake us
+_STOP_SCAN = 0.05  # while stopping, scans for new groups at most this often
 _GIVE_UP_GRACES = 10
 _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
 
@@ -149,6 +150,7 @@ class Guard:
         self.deadline = 0.0
         self.eperm: list[str] = []
         self.usage = usage.Usage(self.opts.cgroup)
+        self._next_stop_scan = 0.0
         self.hints: Publisher | None = None
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
@@ -280,7 +282,14 @@ class Guard:
                 else:
                     self._write_record()
             now = self.clock()
-            if signal.SIGCHLD in sigs or now >= next_scan or self.phase != "running":
+            if self.phase != "running":
+                # While stopping, a scan finds groups made after the SIGTERM; orphans dying wake
+                # the loop all the time, and a scan of thousands of processes costs ~10 ms each,
+                # so scans are spaced by _STOP_SCAN (a new group gets its SIGTERM that much later).
+                if now >= self._next_stop_scan:
+                    self._scan()
+                    self._next_stop_scan = now + _STOP_SCAN
+            elif signal.SIGCHLD in sigs or now >= next_scan:
                 self._scan()
                 next_scan = now + self.opts.scan
             if self.phase == "running":
