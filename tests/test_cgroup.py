@@ -306,6 +306,8 @@ def test_exited_carries_what_the_whole_tree_used_within_20_percent(
     assert exited["code"] == 0
     assert set(exited) >= {"wall_s", "wait_s", "cpu_user_s", "cpu_system_s", "peak_rss_bytes"}
     reported = exited["cpu_user_s"] + exited["cpu_system_s"]
+    print(f"{mode}: cpu {burned:.3f} s used, {reported:.3f} s reported;", end=" ")
+    print(f"peak {peak} B used, {exited['peak_rss_bytes']} B reported")  # shown with -s
     # the grandchild is most of it; CMD and the middle child add their interpreter starts
     assert burned * 0.8 <= reported <= burned * 1.2 + 0.3, (burned, exited)
     assert int(peak) * 0.8 <= exited["peak_rss_bytes"] <= int(peak) * 1.2, (peak, exited)
