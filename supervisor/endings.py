@@ -398,6 +398,7 @@ class Endings:
                 guard_done=guard_done,
                 grace=self.settings().grace,
                 probe=self.probe,
+                **({"cgroup": self._cgroup_of[turn.id]} if turn.id in self._cgroup_of else {}),
             )
             if gone:
                 returncode = turn.guard.returncode if guard_done and turn.guard else None

@@ -60,11 +60,15 @@ async def confirm_gone(
     guard_done: bool,
     grace: float,
     probe: Probe,
+    cgroup: str | None = None,
 ) -> bool:
-    """True when the turn's work is confirmed gone (ended here first if the guard could not)."""
+    """True when the turn's work is confirmed gone (ended here first if the guard could not).
+
+    cgroup: the turn's cgroup as the supervisor made it, so that it is checked even when the
+    guard died before its record named it."""
     groups = record_groups(record) if record else []
-    cgroup = (record or {}).get("cgroup")
-    cgroup = cgroup if isinstance(cgroup, str) and cgroup else None
+    recorded = (record or {}).get("cgroup")
+    cgroup = recorded if isinstance(recorded, str) and recorded else cgroup
     if not guard_done:
         # A hint that does not hold changes nothing.
         return not await asyncio.to_thread(_work_left, probe, groups, turn_id, False, cgroup)
