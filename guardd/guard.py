@@ -212,9 +212,10 @@ class Guard:
         argv = self.opts.argv
         env = dict(os.environ, CCSUP_TURN=self.turn)
         errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
+        guard_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _exec_child(argv, env, errw, self.opts.cgroup)  # never returns
+            _exec_child(argv, env, errw, self.opts.cgroup, guard_pid)  # never returns
         os.close(errw)
         try:
             os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
@@ -526,7 +527,9 @@ def _drain(fd: int) -> set[int]:
 _CGROUP_FAILED = b"cgroup:"
 
 
-def _exec_child(argv: list[str], env: dict, errw: int, cgroup_path: str | None = None) -> None:
+def _exec_child(
+    argv: list[str], env: dict, errw: int, cgroup_path: str | None = None, guard_pid: int = 0
+) -> None:
     """In the forked child: the turn's cgroup (before anything runs), a new group, default
     dispositions, empty mask, then exec CMD."""
     if cgroup_path is not None:
@@ -547,6 +550,11 @@ def _exec_child(argv: list[str], env: dict, errw: int, cgroup_path: str | None =
                 except (OSError, ValueError):
                     pass  # glibc's own signals cannot be set; the kernel resets handlers at exec
         os.setpgid(0, 0)
+        if guard_pid and os.getppid() != guard_pid:
+            # The guard died before CMD ran (before its record could name CMD's group): run
+            # nothing. Checked after joining the cgroup, so a guard that dies after this check
+            # leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN marker).
+            os._exit(EXIT_GUARD_FAILURE)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.execvpe(argv[0], argv, env)
     except OSError as e:
