@@ -1,13 +1,15 @@
 """`ccsup-guard` / `python -m guardd`: parse the arguments, then run one turn under a guard.
 
     ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]
-                [--cgroup PATH] -- CMD [ARG...]
+                [--cgroup PATH] [--deadline-file F] -- CMD [ARG...]
 
 --cgroup PATH: run CMD in that cgroup2 cgroup (created when missing; see guardd.cgroup).
 
 T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`; guardd.durations). Defaults come from the environment:
 CCSUP_GUARD_DIR (no record without it or --record-dir), CCSUP_GUARD_GRACE_MS (5000),
-CCSUP_GUARD_SCAN_MS (2000). A usage error exits 125, the guard's own failure status, so that a
+CCSUP_GUARD_SCAN_MS (2000), CCSUP_GUARD_DEADLINE_FILE (none). --deadline-file: a dead-man deadline
+the starter keeps pushing forward (guardd.deadman); when it passes, the guard ends the turn on its
+own. A usage error exits 125, the guard's own failure status, so that a
 caller never mistakes it for CMD's. The parser is hand-written: argparse costs a few milliseconds
 of every turn's start, and the grammar is small. Stateless.
 """
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
-    " [--cgroup PATH] -- CMD [ARG...]"
+    " [--cgroup PATH] [--deadline-file F] -- CMD [ARG...]"
 )
 _OPTIONS = {
     "--record-dir": "record_dir",
@@ -35,6 +37,7 @@ _OPTIONS = {
     "--turn": "turn",
     "--bus": "bus",
     "--cgroup": "cgroup",
+    "--deadline-file": "deadline_file",
 }
 
 
@@ -115,6 +118,7 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
         turn=turn,
         bus=values.get("bus") or None,
         cgroup=values.get("cgroup") or None,
+        deadline_file=values.get("deadline_file") or env.get("CCSUP_GUARD_DEADLINE_FILE") or None,
     )
 
 

@@ -38,7 +38,7 @@ import signal
 import sys
 import time
 
-from guardd import cgroup, linux, procs, record, scan, usage
+from guardd import cgroup, deadman, linux, procs, record, scan, usage
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
 if TYPE_CHECKING:
@@ -54,12 +54,13 @@ _STOP_POLL = 0.02  # while stopping, groups whose members are not our children d
 _STOP_SCAN = 0.05  # while stopping, scans for new groups at most this often
 _GIVE_UP_GRACES = 10
 _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
+_DEADLINE_POLL = 0.25  # seconds: how late a suspended-then-resumed machine may see its deadline
 
 
 class Options:
     """What `ccsup-guard` was asked to do (a plain class: dataclasses cost ~10 ms of a start)."""
 
-    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "cgroup")
+    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "cgroup", "deadline_file")
 
     def __init__(
         self,
@@ -70,9 +71,11 @@ class Options:
         turn: str | None = None,
         bus: str | None = None,
         cgroup: str | None = None,
+        deadline_file: str | None = None,
     ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
         self.turn, self.bus, self.cgroup = turn, bus, cgroup
+        self.deadline_file = deadline_file
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -154,6 +157,9 @@ class Guard:
         self.hints: Publisher | None = None
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
+        # The dead-man deadline (guardd.deadman), on CLOCK_BOOTTIME; re-read only when it comes.
+        self.stop_at = float("inf")
+        self.kill_at = float("inf")
 
     # --- the whole life, one call per step --------------------------------------------------
 
@@ -179,6 +185,8 @@ class Guard:
             self.hints = Publisher(self.opts.bus, self.turn, self.me.to_json())
         if self.parent_fd is None:
             self._begin_stop("parent_gone")
+        if self.opts.deadline_file is not None:
+            self.stop_at = 0.0  # read at the loop's first pass
         return self._loop(wake_fd)
 
     def _install_signals(self) -> int:
@@ -259,6 +267,8 @@ class Guard:
             timeout = next_scan - self.clock()
             if self.phase != "running":
                 timeout = min(timeout, self.deadline - self.clock(), _STOP_POLL)
+            elif self.opts.deadline_file is not None:
+                timeout = min(timeout, self._check_deadline())
             events = poller.poll(max(0, int(timeout * 1000) + 1))
             sigs = set()
             for fd, _ in events:
@@ -320,6 +330,24 @@ class Guard:
         _rearm(fd)
         poller.register(fd, select.POLLPRI)
         return fd
+
+    def _check_deadline(self) -> float:
+        """Act on the dead-man deadline; returns how long the loop may sleep before it looks again.
+
+        poll() sleeps on CLOCK_MONOTONIC, which stops while the machine is suspended: the sleep is
+        capped so that a resumed machine notices a passed deadline within _DEADLINE_POLL.
+        """
+        path = self.opts.deadline_file
+        now = deadman.boottime()
+        if path is not None and now >= self.stop_at:
+            self.stop_at, self.kill_at, why = deadman.read_deadline(path)
+            if now >= self.stop_at:
+                late = now >= self.kill_at
+                self._begin_stop(f"deadline: {why}" if why else "deadline")
+                if late:  # the time the grace was meant to fit in has passed: no grace left
+                    self.deadline = self.clock()
+                return 0.0
+        return min(self.stop_at - now, _DEADLINE_POLL)
 
     # --- reaping, scanning, stopping -----------------------------------------------------------
 

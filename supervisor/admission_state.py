@@ -8,7 +8,10 @@ The state question:
 - Runs again / restarts: `load` gives back what the last `save` wrote; supervisor.pauses and
   supervisor.rates take it back, dropping a pause that ended meanwhile and grant times that left
   their window (so an ended pause never comes back, and the current window's grants still count).
-- Stops half-way: the write is an atomic replace; the old file or the new one, never a mix.
+- Stops half-way: the write is an atomic replace; the old file or the new one, never a mix. Its
+  fsync is done soon after by the file worker's thread (supervisor.filework), not on the event
+  loop (a rate-limited grant writes this file): a SIGKILL loses nothing written; a power loss in
+  between can leave an empty or old file, which is read as below.
 - Missing: nothing was paused. Empty, corrupt, not an object, or a newer version: moved aside to
   `admission.json.bad-<epoch>` (nothing deleted); `load` says why, for an error event and a log
   line; the supervisor starts with no pause and empty windows.
@@ -37,11 +40,13 @@ def path_in(state_dir: Path) -> Path:
     return Path(state_dir) / FILE_NAME
 
 
-def save(path: Path, *, pauses: dict, starts: dict) -> None:
+def save(path: Path, *, pauses: dict, starts: dict, sync: bool = True) -> None:
+    """Write the file atomically; `sync=False` leaves its fsync to the caller (a file worker)."""
     write_json(
         path,
         {"v": ADMISSION_VERSION, "saved_at": time.time(), "pauses": pauses, "starts": starts},
         mode=0o600,
+        sync=sync,
     )
 
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from . import containment, history, metrics, protocol, restore, retention, spawn, store, views
+from .cluster_wiring import cluster_wiring
 from .config import Config, load
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .keyctl import KeyControl, admission_settings
@@ -120,12 +121,18 @@ class Daemon:
             admission_settings(config), paths.root, publish=self.server.publish, clock=time.time
         )
         self.cgroups = containment.start_cgroups(config)
+        # [cluster]: a cluster slot before the local one, for the keys it names (cluster_wiring).
+        self.cluster = cluster = cluster_wiring(config, paths.root, self.server.publish)
         self.manager = Manager(
             paths=self.paths,
-            gate=self.gate,
-            publish=self.server.publish,
+            gate=cluster.slot_gate(self.gate) if cluster else self.gate,
+            publish=cluster.publish if cluster else self.server.publish,
             settings=self._settings(self.config),
-            start_guard=self.launcher.start_guard,
+            start_guard=(
+                cluster.start_guard(self.launcher.start_guard)
+                if cluster
+                else self.launcher.start_guard
+            ),
             admission=self.keyctl,
             queue=self.keyctl.make_queue(),
             cgroups=self.cgroups,
@@ -153,6 +160,9 @@ class Daemon:
 
     async def run(self) -> int:
         self.server.bind()
+        cluster = self.cluster
+        if cluster:
+            cluster.attach(self.manager)
         self.history.start()
         self.server.publish(
             "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
@@ -171,6 +181,7 @@ class Daemon:
         await self.reap_orphans()
         self._pruning = asyncio.create_task(self._prune_logs_periodically())
         sd_notify("READY=1")
+        web = _web_beside(self.config, self.paths.root, self.config_path)
         ticker = asyncio.create_task(self._tick())
         await self._stop.wait()
         sd_notify("STOPPING=1")
@@ -178,8 +189,14 @@ class Daemon:
         log.info("stopping: ending every turn")
         self.manager.begin_stop()
         await self.manager.wait_idle()
+        if cluster:
+            await cluster.close()  # every turn is gone: the lease and its keys may go
         ticker.cancel()
         self._pruning.cancel()
+        if web is not None:
+            from .web import beside
+
+            await beside.stop(web)
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         await asyncio.sleep(0.05)  # let the last events leave before the sockets close
         self.manager.close()
@@ -303,6 +320,8 @@ class Daemon:
 
     async def cmd_status(self, args: dict) -> dict:
         result = views.status(self.manager)
+        if self.cluster:
+            result["cluster"] = await self.cluster.status()
         result["caps"] = dict(self.gate.caps.caps)
         result["default_cap"] = self.gate.caps.default_cap
         result["bus_rejected"] = self.server.rejected_bus_messages
@@ -326,6 +345,8 @@ class Daemon:
         # What each running turn used so far: read from its guard record, in a worker thread.
         running = {t.id: t.guard.record_path for t in self.manager.turns.values() if t.guard}
         await asyncio.to_thread(containment.add_usage, result["slots"], running)
+        if self.cluster:
+            result["cluster"] = await self.cluster.view()
         return result
 
     async def cmd_reap(self, args: dict) -> dict:
@@ -351,6 +372,8 @@ class Daemon:
         config = load(self.config_path, os.environ)  # ConfigError: the old config stays
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
+        if self.cluster and config.cluster:
+            self.cluster.reload(config.cluster)
         self.manager.settings = self._settings(config)
         self.launcher.log_limit = self._log_limits().turn_max_bytes
         self.keyctl.retune(admission_settings(config))
@@ -395,6 +418,15 @@ class Daemon:
 
     def handle_bad_bus(self, topic: str, body: dict | None, reason: str) -> None:
         log.warning("ignored a bad bus message on %r: %s", topic[:64], reason)
+
+
+def _web_beside(config: Config, state_dir: Path, config_path: str | None):
+    """`[web] listen`: the page's process, started beside the daemon (supervisor.web.beside)."""
+    if config.web.listen is None:
+        return None
+    from .web import beside
+
+    return beside.start(state_dir, config_path)
 
 
 def serve(

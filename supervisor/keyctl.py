@@ -22,8 +22,11 @@ key's next grant waits until what an ended turn wrote has been scanned (`checkin
 well under a millisecond), so a turn that prints a 429 and exits cannot hand its slot to a waiter
 before its pause lands.
 
-State: pauses and the current rate windows go to admission.json (supervisor.admission_state) at
-every change; `restore` takes them back at start. Runtime deadlines are not saved: a restarted
+State: pauses go to admission.json (supervisor.admission_state) before a pause or resume is
+answered; the current rate windows with the round of grants that changed them (at the end of that
+turn of the event loop, one write for many grants; a grant's later restamp at its start waits for
+the next save or `close`), so a supervisor killed in between forgets at most that round's grants
+or a few ms of restamp. `restore` takes the file back at start. Runtime deadlines are not saved: a restarted
 supervisor does not run the old turns (their guards end with it).
 Knows timers, events and the file; nothing of slots or sockets.
 """
@@ -42,9 +45,10 @@ from . import admission_state
 from .admission import Refusal
 from .admission_policy import Admission, AdmissionSettings, WaitReason, Why, WhyJSON, gate_why
 from .fairness import Ordering, make_ordering, session_of
+from .filework import FileWorker
 from .pause_on import PauseRule, PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
-from .protocol import PauseArgs, ResumeArgs
+from .protocol import PauseArgs, ResumeArgs, output_bytes
 from .rates import RateTable, StartWindows
 from .runtime_limits import RuntimeLimits
 from .turns import Item, State, Turn
@@ -98,6 +102,7 @@ class KeyControl:
         self.cancel: Callable[..., dict] = lambda item_id, reason: {}
         self.lookup: Callable[[str], Item | None] = lambda item_id: None
         self.queue: WaitQueue | None = None
+        self.files: FileWorker | None = None
         self.policy = Admission(
             PauseBook(settings.max_pause), StartWindows(RateTable(settings.rates))
         )
@@ -110,6 +115,8 @@ class KeyControl:
         self._deadlines: dict[str, Timer] = {}
         self._paused_by_turn: set[str] = set()
         self._granted_at: dict[str, float] = {}  # rate-limited grants not yet started
+        self._dirty = False  # admission.json is behind memory (see _save_soon)
+        self._save_pending = False
 
     def ordering(self) -> Ordering:
         return make_ordering(self.settings.fairness)
@@ -125,6 +132,7 @@ class KeyControl:
         self.grant = manager.grant_waiters
         self.cancel = manager.cancel
         self.lookup = manager.ledger.get
+        self.files = manager.ledger.files  # admission.json's fsyncs, off the event loop
         manager.ledger.observers.append(self._observe)
         manager.ledger.on_finished.append(lambda item: self._finished(item.id))
 
@@ -151,8 +159,12 @@ class KeyControl:
             return
         kind = parts[2]
         if kind == "stderr":
-            if self._scanner is not None and isinstance(body.get("data"), str):
-                self._scanner.feed(parts[1], body["data"].encode())
+            if self._scanner is not None:
+                text = body.get("data")  # UTF-8 text, else the exact bytes as data_b64
+                if isinstance(text, str):
+                    self._scanner.feed(parts[1], text.encode())
+                else:
+                    self._scanner.feed(parts[1], output_bytes(body)[1])
             return
         if kind not in ("granted", "started", "exited"):
             return
@@ -266,6 +278,8 @@ class KeyControl:
         return view
 
     def close(self) -> None:
+        if self._dirty:
+            self._save()
         if self._wake is not None:
             self._wake.cancel()
         for timer in self._deadlines.values():
@@ -288,7 +302,7 @@ class KeyControl:
         self.policy.granted(key, now)
         if self.policy.starts.table.rate_for(key) is not None:
             self._granted_at[item_id] = now
-            self._save()  # the grants of the current window survive a restart
+            self._save_soon()  # the grants of the current window survive a restart
 
     def waits_why(self, key: str, position: int | None, gate: Refusal | None) -> WhyJSON | None:
         """Why a waiter of `key` at `position` waits; `gate` is the manager's last refusal of the
@@ -335,13 +349,30 @@ class KeyControl:
         self.grant()  # a head still held is refused again, which arms its own wake
         self._arm()
 
+    def _save_soon(self) -> None:
+        """Save at the end of this turn of the event loop: one write for a round of grants."""
+        self._dirty = True
+        if not self._save_pending:
+            self._save_pending = True
+            self.timers.call_later(0.0, self._save_if_dirty)
+
+    def _save_if_dirty(self) -> None:
+        self._save_pending = False
+        if self._dirty:
+            self._save()
+
     def _save(self) -> None:
+        """Now (a pause is saved before it is answered: nothing acknowledged is lost)."""
+        self._dirty = False
         try:
             admission_state.save(
                 self.path,
                 pauses=self.policy.pauses.to_json(),
                 starts=self.policy.starts.to_json(),
+                sync=self.files is None,
             )
+            if self.files is not None:
+                self.files.sync_soon(self.path)
         except OSError as e:
             log.error("unable to save %s: %s (kept in memory)", self.path, e.strerror)
 
@@ -352,7 +383,7 @@ class KeyControl:
         granted_at = self._granted_at.pop(turn.id, None)
         if granted_at is not None:  # the rate window counts from when the work started
             self.policy.starts.restamp(turn.key, granted_at, now + START_SLACK)
-            self._save()
+            self._dirty = True  # saved with the next grant's save, or at close
         deadline = self.limits.deadline(turn.key, turn.timeout, now)
         if deadline is not None:
 

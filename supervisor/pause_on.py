@@ -150,6 +150,7 @@ class _Watch:
     after_match: int = 0  # characters searched for a Retry-After since the match
     done: bool = False  # nothing more is scanned
     closing: bool = False  # the turn ended: scan what is pending, then call on_done
+    scanning: bool = False  # the worker holds a batch of this turn's text
 
 
 class StderrScanner:
@@ -200,10 +201,14 @@ class StderrScanner:
             self._cond.notify()
 
     def finish(self, turn_id: str) -> bool:
-        """The turn ended: scan what it wrote, then `on_done`. False when it was not watched."""
+        """The turn ended: scan what it wrote, then `on_done`. False when there is nothing left to
+        scan (not watched, matched already, or all it wrote was scanned): no `on_done` then."""
         with self._cond:
             watch = self._watches.get(turn_id)
             if watch is None:
+                return False
+            if watch.done or not (watch.pending or watch.scanning):
+                self._drop(turn_id)
                 return False
             watch.closing = True
             self._ready.append(turn_id)
@@ -246,6 +251,7 @@ class StderrScanner:
                     continue
                 chunks, watch.pending = watch.pending, deque()
                 watch.pending_bytes = 0
+                watch.scanning = True
                 tail = watch.tail
             text = tail + b"".join(chunks).decode("utf-8", errors="replace")
             refine = watch.matched
@@ -263,6 +269,7 @@ class StderrScanner:
                 )
             matched, seconds = answer or (False, None)
             with self._cond:
+                watch.scanning = False
                 watch.tail = text[-TAIL:]
                 if watch.closing:
                     self._ready.append(turn_id)  # come back to report it done

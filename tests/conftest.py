@@ -17,6 +17,9 @@ import pytest
 from guardd import procs
 from supervisor.polling import wait_until
 
+# The etcd cluster and relay fixtures (tests/etcd_cluster.py).
+pytest_plugins = ["etcd_cluster"]
+
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = "CCSUP_TEST_RUN"
 os.environ.setdefault(MARKER, uuid.uuid4().hex)

@@ -119,3 +119,32 @@ async def test_resume_by_hand_and_a_restart_keeps_the_pause(h):
     second = attach(h)  # the next supervisor on the same state directory
     assert second.policy.pauses.paused_until("codex", h.clock.now) == h.clock.now + 600
     assert second.resume(parse_resume({"key": "codex"}))["resumed"] == ["codex"]
+
+
+@scenario(caps={"codex": 1})
+async def test_a_waiting_turns_timeout_and_session_survive_a_restart(h):
+    from supervisor import restore
+
+    attach(h, fairness="session")
+    h.turn("busy", holder={"session": "A"})
+    h.turn("a2", holder={"session": "A"}, timeout=20)
+    h.turn("b1", holder={"session": "B"}, timeout=30)
+    saved = h.saved()
+    h.gate.held.clear()  # the old supervisor died with its locks
+    h.starter.guards.clear()
+    h.published.clear()
+    h.clock.drop_timers()
+    attach(h, fairness="session", expiring_notice=5.0)
+    assert restore.restore(h.manager, saved, []) == []
+    # Ranks are not saved: the rounds start again, in request order (A's turn that ran is gone).
+    assert [w.id for w in h.manager.queue.all()] == ["a2", "b1"]
+    h.manager.grant_waiters()
+    assert h.events("a2") == ["granted", "started"]
+    h.turn("a3", holder={"session": "A"})
+    assert [w.id for w in h.manager.queue.all()] == ["b1", "a3"]  # and fairness goes on
+    await h.end("a2")
+    assert h.events("b1") == ["granted", "started"]
+    h.clock.advance(25)
+    assert h.events("b1")[-1] == "expiring"
+    h.clock.advance(5)
+    assert h.body("turn.b1.stopping")["reason"] == "timeout"

@@ -208,7 +208,11 @@ def test_a_turn_that_prints_a_429_pauses_its_key_for_its_retry_after(daemon, eve
     rule = '[pause_on.codex]\nstderr = "(?i)rate.?limit|429"\nfor = "60s"\n'
     d = daemon(caps="codex = 1", extra="\n" + rule)
     log = event_log(d)
-    script = "echo 'HTTP 429 Too Many Requests' >&2; echo 'Retry-After: 7' >&2; exit 1"
+    # a byte that is not UTF-8 first: that chunk travels as data_b64 and is matched all the same
+    script = (
+        "printf '\\377' >&2; echo 'HTTP 429 Too Many Requests' >&2; echo 'Retry-After: 7' >&2;"
+        " exit 1"
+    )
     with d.client() as client:
         client.turn("codex", ["sh", "-c", script], id="hit")
         client.turn("codex", ["true"], id="next")

@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reap": ("reap", "reap"),
     "reload": ("reload", "reload"),
     "config": ("config", "config_group"),
+    "web": ("web", "web"),
     "history": ("history", "history"),
     "show": ("show", "show"),
     "metrics": ("metrics", "metrics"),

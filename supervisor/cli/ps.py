@@ -21,5 +21,10 @@ def ps(ctx: click.Context, as_json: bool) -> None:
         return
     from .formats import format_ps  # not for --json
 
-    for line in format_ps(result, time.time()):
+    lines = format_ps(result, time.time())
+    if "cluster" in result:  # [cluster]: the cluster keys on every machine
+        from .cluster_formats import format_cluster_ps
+
+        lines += format_cluster_ps(result["cluster"], time.time())
+    for line in lines:
         click.echo(line)

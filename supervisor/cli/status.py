@@ -33,3 +33,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
     for line in format_keys(result):  # paused keys and rate windows
         click.echo(f"keys    {line}")
+    if "cluster" in result:  # [cluster]: health, this machine's lease and its deadline
+        from .cluster_formats import format_cluster_status
+
+        for line in format_cluster_status(result["cluster"]):
+            click.echo(line)

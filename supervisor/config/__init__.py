@@ -14,7 +14,7 @@ found, the embedded `supervisor/default.toml` serves.
 
 The modules: `schema` (Section/Key, the Checker that collects problems with their lines),
 `values` (durations, sizes, caps, strings), one module per section (`top`, `slots`, `guard`,
-`endpoints`, `harness`), `files` (finding and reading the file, the state directory) and
+`endpoints`, `harness`, `cluster`), `files` (finding and reading the file, the state directory) and
 `template` (the commented default `ccsup config init` writes).
 
 How to add a section, say `[logs]`:
@@ -44,8 +44,10 @@ from types import MappingProxyType
 
 from ..admission_policy import AdmissionSettings
 from ..caps import Caps
+from ..cluster_settings import ClusterSettings
 from ..retention import LogLimits
-from . import admission, endpoints, guard, harness, limits, logs, metrics, slots, top
+from ..web.settings import WebSettings
+from . import admission, cluster, endpoints, guard, harness, limits, logs, metrics, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -97,9 +99,11 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.CURVE_SECTION,
     harness.SECTION,
     limits.SECTION,
+    web.SECTION,
     logs.SECTION,
     metrics.SECTION,
     admission.PAUSE_ON_SECTION,
+    cluster.SECTION,
 )
 
 
@@ -115,9 +119,11 @@ class Config:
     harness: Mapping[str, Harness] = field(default_factory=dict)
     guard_cgroup: str = "auto"  # [guard] cgroup: "auto", "off" or a path
     limits: Mapping[str, limits.Limits] = field(default_factory=dict)  # [limits.<key>]
+    web: WebSettings = WebSettings()
     logs: LogLimits = logs.DEFAULTS  # [logs]
     metrics: MetricsSettings = MetricsSettings()
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
+    cluster: ClusterSettings | None = None  # [cluster]: caps across machines (supervisor.cluster)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -137,9 +143,11 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
     key_limits = limits.parse_limits(c, table)
+    web_settings = web.parse_web_section(c, table)
     log_limits = logs.parse_logs(c, table)
     metrics_settings = metrics.parse_metrics(c, table)
     admission_settings = admission.parse_admission(c, table)
+    cluster_settings = cluster.parse_cluster(c, table, guard_settings.grace, env)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -164,9 +172,11 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         harness=harnesses,
         guard_cgroup=guard_settings.cgroup or "auto",
         limits=key_limits,
+        web=web_settings,
         logs=log_limits,
         metrics=metrics_settings,
         admission=admission_settings,
+        cluster=cluster_settings,
     )
 
 

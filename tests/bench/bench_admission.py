@@ -8,7 +8,8 @@ Prints one JSON line:
   in microseconds (pure, in process).
 - `with_s` / `without_s`: wall time of N turns of `true` at cap C through a real daemon with
   admission configured on the key (a rate that never binds, fairness = "session", a runtime limit
-  and a pause_on stderr rule) and without; `ratio` = with_s / without_s.
+  and a pause_on stderr rule) and without, the median of --rounds runs each, interleaved (on a
+  shared machine a burst of load then falls on both); `ratio` = with_s / without_s.
 - `rate_max_in_window`, `rate_wall_s`: 15 turns under a rate of 5/1s: the most grants in any 1 s
   (must be <= 5) and the wall time (ideal: a little over 2 s).
 - `resume_to_grant_ms`: from `key.<key>.resumed` (a pause expiring) to the head's `granted`.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -168,16 +170,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--cap", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ccsup-b-", dir="/tmp"))
     try:
         dirs = {}
-        for name in ("with", "without", "rate", "resume"):
+        for name in ("rate", "resume"):
             dirs[name] = root / name
             dirs[name].mkdir(mode=0o700)
         limited, plain = policy_us(True), policy_us(False)
-        without = through(dirs["without"], args.turns, args.cap, "")
-        with_ = through(dirs["with"], args.turns, args.cap, ADMISSION)
+        withs, withouts = [], []
+        for i in range(args.rounds):
+            for name, admission, times in (("without", "", withouts), ("with", ADMISSION, withs)):
+                state = root / f"{name}{i}"
+                state.mkdir(mode=0o700)
+                times.append(through(state, args.turns, args.cap, admission))
+        without, with_ = statistics.median(withouts), statistics.median(withs)
         most, wall = rate_run(dirs["rate"])
         gaps = sorted(resume_to_grant(dirs["resume"]))
         print(

@@ -1,0 +1,10 @@
+"""`ccsup web`: a live page of the supervisor (keys, holders, queue, timeline, a turn's output).
+
+A client of the supervisor like the CLI (control socket, bus; the history when it is there), run
+as its own process so the daemon stays small: `ccsup web`, or beside the daemon with
+`[web] listen`. Modules: settings (listen, token: pure), access (who may do what), live (what
+the page shows, from `ps` and events: pure), timeline (where the bars come from), usage (CPU and
+memory of running turns from /proc), link (the Client in threads), app (aiohttp routes and
+streams), beside (run by the daemon for `[web] listen`); static/ holds the page (no build
+step). The click command is supervisor/cli/web.py, the config section supervisor/config/web.py.
+"""
