@@ -167,6 +167,7 @@ class Launcher:
         grace: float,
         scan: float,
         bus: str | None,
+        cgroup: str | None = None,
     ) -> GuardProcess | PendingGuard:
         """A GuardProcess started directly (OSError when it cannot be), or a PendingGuard."""
         direct = partial(
@@ -179,10 +180,13 @@ class Launcher:
             grace=grace,
             scan=scan,
             bus=bus,
+            cgroup=cgroup,
         )
         if self.zygote is None:
             return direct()
-        args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
+        args = guard_args(
+            turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
+        )
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()

@@ -310,7 +310,14 @@ def _seconds(value: float) -> str:
 
 
 def guard_args(
-    turn_id: str, argv: list[str], *, record_dir: Path, grace: float, scan: float, bus: str | None
+    turn_id: str,
+    argv: list[str],
+    *,
+    record_dir: Path,
+    grace: float,
+    scan: float,
+    bus: str | None,
+    cgroup: str | None = None,
 ) -> list[str]:
     """`ccsup-guard` arguments for one turn."""
     args = [
@@ -325,6 +332,8 @@ def guard_args(
     ]
     if bus:
         args += ["--bus", bus]
+    if cgroup:
+        args += ["--cgroup", cgroup]
     return [*args, "--", *argv]
 
 
@@ -349,11 +358,14 @@ def start_guard(
     grace: float,
     scan: float,
     bus: str | None,
+    cgroup: str | None = None,
 ) -> GuardProcess:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
-    args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
+    args = guard_args(
+        turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
+    )
     popen = subprocess.Popen(
         guard_command(args),  # python -I -S: see guardd.launch
         cwd=cwd,
