@@ -1,7 +1,9 @@
 """`ccsup-guard` / `python -m guardd`: parse the arguments, then run one turn under a guard.
 
     ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]
-                [--deadline-file F] -- CMD [ARG...]
+                [--cgroup PATH] [--deadline-file F] -- CMD [ARG...]
+
+--cgroup PATH: run CMD in that cgroup2 cgroup (created when missing; see guardd.cgroup).
 
 T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`; guardd.durations). Defaults come from the environment:
 CCSUP_GUARD_DIR (no record without it or --record-dir), CCSUP_GUARD_GRACE_MS (5000),
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
-    " [--deadline-file F] -- CMD [ARG...]"
+    " [--cgroup PATH] [--deadline-file F] -- CMD [ARG...]"
 )
 _OPTIONS = {
     "--record-dir": "record_dir",
@@ -34,6 +36,7 @@ _OPTIONS = {
     "--scan": "scan",
     "--turn": "turn",
     "--bus": "bus",
+    "--cgroup": "cgroup",
     "--deadline-file": "deadline_file",
 }
 
@@ -114,6 +117,7 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
         scan=scan,
         turn=turn,
         bus=values.get("bus") or None,
+        cgroup=values.get("cgroup") or None,
         deadline_file=values.get("deadline_file") or env.get("CCSUP_GUARD_DEADLINE_FILE") or None,
     )
 

@@ -11,10 +11,12 @@ Design note (why it is built this way).
   signals (32, 33) ignored in the child, and CMD must start with every disposition at default and
   an empty mask. The child resets all that itself and reports an exec failure through a
   close-on-exec pipe (127 not found, 126 found but not executable).
-- Groups are signalled with killpg only after `procs.group_alive` said the recorded group (pgid
-  and leader start) is still the same and running: a reaped group's id can be reused. Single
-  processes are signalled by identity through a pidfd (`procs.signal_process`).
-- Judging "gone": reap first (a zombie keeps killpg(pgid, 0) succeeding), then `group_alive`,
+- Groups are signalled with killpg only after `procs.live_groups` said the recorded group (pgid
+  and leader start) is still the same and running: a reaped group's id can be reused. Every
+  group of a round is judged together, with at most one pass over /proc (judging them one by one
+  cost groups x processes: 10 s to end 800 groups), and each live group is signalled once a round.
+  Single processes are signalled by identity through a pidfd (`procs.signal_process`).
+- Judging "gone": reap first (a zombie keeps killpg(pgid, 0) succeeding), then `live_groups`,
   which counts zombies as gone, and finally "no child left" (waitpid says ECHILD): as a subreaper
   every descendant whose parent died is our child, so no child means no descendant.
 - A group whose leader is alive but not one of our descendants belongs to someone else (CMD may
@@ -36,7 +38,7 @@ import signal
 import sys
 import time
 
-from guardd import deadman, linux, procs, record, scan
+from guardd import cgroup, deadman, linux, procs, record, scan, usage
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ EXIT_NOT_FOUND = 127
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _WATCHED_SIGNALS = (signal.SIGCHLD, *_STOP_SIGNALS)
 _STOP_POLL = 0.02  # while stopping, groups whose members are not our children do not wake us
+_STOP_SCAN = 0.05  # while stopping, scans for new groups at most this often
 _GIVE_UP_GRACES = 10
 _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
 _DEADLINE_POLL = 0.25  # seconds: how late a suspended-then-resumed machine may see its deadline
@@ -57,7 +60,7 @@ _DEADLINE_POLL = 0.25  # seconds: how late a suspended-then-resumed machine may 
 class Options:
     """What `ccsup-guard` was asked to do (a plain class: dataclasses cost ~10 ms of a start)."""
 
-    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "deadline_file")
+    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "cgroup", "deadline_file")
 
     def __init__(
         self,
@@ -67,10 +70,12 @@ class Options:
         scan: float = 2.0,
         turn: str | None = None,
         bus: str | None = None,
+        cgroup: str | None = None,
         deadline_file: str | None = None,
     ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
-        self.turn, self.bus, self.deadline_file = turn, bus, deadline_file
+        self.turn, self.bus, self.cgroup = turn, bus, cgroup
+        self.deadline_file = deadline_file
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -147,6 +152,8 @@ class Guard:
         self.phase = "running"  # running -> terminating -> killing
         self.deadline = 0.0
         self.eperm: list[str] = []
+        self.usage = usage.Usage(self.opts.cgroup)
+        self._next_stop_scan = 0.0
         self.hints: Publisher | None = None
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
@@ -166,6 +173,8 @@ class Guard:
         )
         if self.opts.record_dir:
             self._prepare_record_dir(self.opts.record_dir)
+        if self.opts.cgroup is not None:
+            self._prepare_cgroup()
         failed = self._spawn_cmd()
         if failed is not None:
             return failed
@@ -199,14 +208,22 @@ class Guard:
                 f"unable to create record directory {record_dir}: {e.strerror}"
             ) from None
 
+    def _prepare_cgroup(self) -> None:
+        assert self.opts.cgroup is not None
+        try:
+            cgroup.create(self.opts.cgroup)
+        except OSError as e:
+            raise GuardFailure(str(e)) from None
+
     def _spawn_cmd(self) -> int | None:
         """Fork and exec CMD in a new group; None when it runs, else the exit code to return."""
         argv = self.opts.argv
         env = dict(os.environ, CCSUP_TURN=self.turn)
         errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
+        guard_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _exec_child(argv, env, errw)  # never returns
+            _exec_child(argv, env, errw, self.opts.cgroup, guard_pid)  # never returns
         os.close(errw)
         try:
             os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
@@ -218,10 +235,18 @@ class Guard:
         if not err:
             self.own = procs.Group(pid, procs.start_ticks(pid))
             return None
-        errno_ = int(err)
         # The loop (the one reaper) has not started and this child is our only one: wait for it.
         os.waitpid(pid, 0)
         self.has_children = False
+        if err.startswith(_CGROUP_FAILED):
+            errno_ = int(err[len(_CGROUP_FAILED) :])
+            self.reason = f"unable to join cgroup {self.opts.cgroup}: {os.strerror(errno_)}"
+            print(f"ccsup-guard: {self.reason}", file=sys.stderr)
+            self.exit = _Exit(EXIT_GUARD_FAILURE, None)
+            self.state = "gone"
+            self._write_record()
+            return EXIT_GUARD_FAILURE
+        errno_ = int(err)
         code = EXIT_NOT_FOUND if errno_ in (2, 20) else EXIT_NOT_EXECUTABLE  # ENOENT, ENOTDIR
         what = "not_found" if code == EXIT_NOT_FOUND else "not_executable"
         self.reason = f"{what}: unable to run {argv[0]}: {os.strerror(errno_)}"
@@ -236,6 +261,7 @@ class Guard:
         poller.register(wake_fd, select.POLLIN)
         if self.parent_fd is not None:
             poller.register(self.parent_fd, select.POLLIN)
+        events_fd = self._watch_cgroup(poller)
         next_scan = self.clock() + self.opts.scan
         while True:
             timeout = next_scan - self.clock()
@@ -248,6 +274,8 @@ class Guard:
             for fd, _ in events:
                 if fd == wake_fd:
                     sigs.update(_drain(wake_fd))
+                elif fd == events_fd:
+                    _rearm(events_fd)  # populated changed: the checks below look
                 elif fd == self.parent_fd:
                     poller.unregister(fd)
                     os.close(fd)
@@ -265,7 +293,14 @@ class Guard:
                 else:
                     self._write_record()
             now = self.clock()
-            if signal.SIGCHLD in sigs or now >= next_scan or self.phase != "running":
+            if self.phase != "running":
+                # While stopping, a scan finds groups made after the SIGTERM; orphans dying wake
+                # the loop all the time, and a scan of thousands of processes costs ~10 ms each,
+                # so scans are spaced by _STOP_SCAN (a new group gets its SIGTERM that much later).
+                if now >= self._next_stop_scan:
+                    self._scan()
+                    self._next_stop_scan = now + _STOP_SCAN
+            elif signal.SIGCHLD in sigs or now >= next_scan:
                 self._scan()
                 next_scan = now + self.opts.scan
             if self.phase == "running":
@@ -280,6 +315,21 @@ class Guard:
                 if self.eperm or self.clock() >= self.deadline:
                     return self._give_up()
                 self._kill_all()
+
+    def _watch_cgroup(self, poller: select.poll) -> int | None:
+        """cgroup.events notifies (POLLPRI) when `populated` changes: the loop wakes at the end of
+        the last process of the turn without polling for it."""
+        if self.opts.cgroup is None:
+            return None
+        try:
+            fd = os.open(
+                os.path.join(self.opts.cgroup, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC
+            )
+        except OSError:
+            return None  # the checks still read it by path
+        _rearm(fd)
+        poller.register(fd, select.POLLPRI)
+        return fd
 
     def _check_deadline(self) -> float:
         """Act on the dead-man deadline; returns how long the loop may sleep before it looks again.
@@ -306,13 +356,14 @@ class Guard:
         cmd_exited = False
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, rusage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 self.has_children = False
                 return cmd_exited
             if pid == 0:
                 self.has_children = True
                 return cmd_exited
+            self.usage.reaped(pid, rusage)
             if pid == self.cmd_pid and self.exit is None:
                 self.exit = _Exit.from_status(status)
                 cmd_exited = True
@@ -320,12 +371,14 @@ class Guard:
     def _scan(self) -> None:
         found = self.scanner.descendants()
         self.descendants = found
-        changed = False
+        self.usage.seen(found)
+        changed = self.usage.due(self.clock())  # figures so far reach the record (ps) now and then
+        new: list[procs.Group] = []
         own_pgid = self.own.pgid if self.own else None
         for proc in found.values():
             pgid = proc.pgid
-            if pgid in (self.my_pgid, own_pgid):
-                continue
+            if pgid in (self.my_pgid, own_pgid) or pgid <= 0:
+                continue  # -1: a process being reaped (its stat has no group); killpg(-1) is EINVAL
             leader = found.get(pgid)
             known = self.by_pgid.get(pgid)
             if known is not None and (leader is None or leader.start == known.leader_start):
@@ -341,14 +394,15 @@ class Guard:
             self.groups[group] = time.time()
             self.by_pgid[pgid] = group
             changed = True
+            new.append(group)
             if self.hints:
                 self.hints.publish("group", **group.to_json())
-            if self.phase == "terminating":
-                self._signal_group(group, signal.SIGTERM, signal.SIGCONT)
-            elif self.phase == "killing":
-                self._signal_group(group, signal.SIGKILL)
         if changed:
             self._write_record()
+        if new and self.phase == "terminating":
+            self._signal_groups(new, signal.SIGTERM, signal.SIGCONT)
+        elif new and self.phase == "killing":
+            self._signal_groups(new, signal.SIGKILL)
 
     def _begin_stop(self, reason: str) -> None:
         if self.phase != "running":
@@ -359,10 +413,7 @@ class Guard:
         self._reap()
         self._scan()
         self._write_record()
-        for group in list(self.groups):
-            self._signal_group(group, signal.SIGTERM, signal.SIGCONT)
-        if self.own is not None:
-            self._signal_group(self.own, signal.SIGTERM, signal.SIGCONT)
+        self._signal_groups(self._all_groups(), signal.SIGTERM, signal.SIGCONT)
         # Descendants left in the guard's own group are in no recorded group: tell them one by one.
         for proc in self.descendants.values():
             if proc.pgid == self.my_pgid and not proc.zombie:
@@ -371,18 +422,40 @@ class Guard:
         self.deadline = self.clock() + self.opts.grace
 
     def _kill_all(self) -> None:
-        for group in list(self.groups):
-            self._signal_group(group, signal.SIGKILL)
-        if self.own is not None:
-            self._signal_group(self.own, signal.SIGKILL)
+        if self.opts.cgroup is not None:
+            self._kill_cgroup()
+        self._signal_groups(self._all_groups(), signal.SIGKILL)  # own group last
         for proc in self.descendants.values():
             if not proc.zombie:
                 procs.signal_process(procs.Identity(proc.pid, proc.start), signal.SIGKILL)
 
-    def _signal_group(self, group: procs.Group, *sigs: int) -> None:
+    def _kill_cgroup(self) -> None:
+        assert self.opts.cgroup is not None
+        try:
+            cgroup.kill(self.opts.cgroup)
+        except OSError as e:
+            note = str(e)
+            if note not in self.eperm:
+                self.eperm.append(note)
+            print(f"ccsup-guard: {note}", file=sys.stderr)
+
+    def _all_groups(self) -> list[procs.Group]:
+        """Every recorded group in the order seen, the own group last."""
+        groups = list(self.groups)
+        if self.own is not None:
+            groups.append(self.own)
+        return groups
+
+    def _signal_groups(self, groups: list[procs.Group], *sigs: int) -> None:
         # Only a group still the same and running is signalled: a gone group's id may be reused.
-        if not procs.group_alive(group):
-            return
+        # One judgement for the whole round (one pass over /proc at most), then each live group
+        # gets each signal once, in the order given.
+        live = procs.live_groups(groups)
+        for group in groups:
+            if group in live:
+                self._signal_live_group(group, sigs)
+
+    def _signal_live_group(self, group: procs.Group, sigs: tuple[int, ...]) -> None:
         for sig in sigs:
             try:
                 procs.signal_group(group.pgid, sig)
@@ -396,9 +469,9 @@ class Guard:
     def _all_gone(self) -> bool:
         if self.has_children:
             return False
-        if self.own is not None and procs.group_alive(self.own):
-            return False
-        return not any(procs.group_alive(g) for g in self.groups)
+        if self.opts.cgroup is not None and cgroup.populated(self.opts.cgroup):
+            return False  # the kernel's own word: something of the turn still runs
+        return not procs.live_groups(self._all_groups())
 
     def _finish(self) -> int:
         self.state = "gone"
@@ -407,9 +480,8 @@ class Guard:
         return self.exit.exit_code() if self.exit is not None else EXIT_GUARD_FAILURE
 
     def _give_up(self) -> int:
-        left = [g.pgid for g in self.groups if procs.group_alive(g)]
-        if self.own is not None and procs.group_alive(self.own):
-            left.append(self.own.pgid)
+        live = procs.live_groups(self._all_groups())
+        left = [g.pgid for g in self._all_groups() if g in live]
         why = "; ".join(self.eperm) or (f"still alive {_GIVE_UP_GRACES} graces after SIGKILL")
         self.reason = f"unkillable: groups {left}: {why}"
         print(
@@ -441,6 +513,8 @@ class Guard:
             "exit": self.exit.to_json() if self.exit else None,
             "reason": self.reason,
             "started_at": self.started_at,
+            "cgroup": self.opts.cgroup,
+            "usage": self.usage.to_json(),
         }
 
     def _write_record(self) -> None:
@@ -458,6 +532,14 @@ class Guard:
             )
 
 
+def _rearm(fd: int) -> None:
+    """Read a kernfs file that notified, so that its next change notifies again."""
+    try:
+        os.pread(fd, 4096, 0)
+    except OSError:
+        pass  # the cgroup is being removed: nothing more will come
+
+
 def _drain(fd: int) -> set[int]:
     sigs: set[int] = set()
     while True:
@@ -470,8 +552,22 @@ def _drain(fd: int) -> set[int]:
         sigs.update(data)
 
 
-def _exec_child(argv: list[str], env: dict, errw: int) -> None:
-    """In the forked child: a new group, default dispositions, empty mask, then exec CMD."""
+_CGROUP_FAILED = b"cgroup:"
+
+
+def _exec_child(
+    argv: list[str], env: dict, errw: int, cgroup_path: str | None = None, guard_pid: int = 0
+) -> None:
+    """In the forked child: the turn's cgroup (before anything runs), a new group, default
+    dispositions, empty mask, then exec CMD."""
+    if cgroup_path is not None:
+        try:
+            cgroup.join(cgroup_path)
+        except OSError as e:
+            try:
+                os.write(errw, _CGROUP_FAILED + str(e.errno or 0).encode())
+            finally:
+                os._exit(EXIT_GUARD_FAILURE)
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         signal.set_wakeup_fd(-1)
@@ -482,6 +578,11 @@ def _exec_child(argv: list[str], env: dict, errw: int) -> None:
                 except (OSError, ValueError):
                     pass  # glibc's own signals cannot be set; the kernel resets handlers at exec
         os.setpgid(0, 0)
+        if guard_pid and os.getppid() != guard_pid:
+            # The guard died before CMD ran (before its record could name CMD's group): run
+            # nothing. Checked after joining the cgroup, so a guard that dies after this check
+            # leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN marker).
+            os._exit(EXIT_GUARD_FAILURE)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.execvpe(argv[0], argv, env)
     except OSError as e:

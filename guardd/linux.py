@@ -48,3 +48,44 @@ def open_parent_pidfd() -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+PR_SET_NAME = 15
+
+
+def set_title(title: str, name: str) -> None:
+    """Show this process as `title` in ps (its command line, rewritten in place) and `name` in
+    top (comm, PR_SET_NAME: at most 15 bytes).
+
+    A process forked from another without exec keeps its parent's command line: a guard forked by
+    the zygote showed the zygote's `python -I -S -c ...`. The command line is the memory between
+    arg_start and arg_end (fields 48 and 49 of /proc/self/stat); the process may write its own
+    memory through /proc/self/mem, so the title is written there, cut to that length and padded
+    with NULs (so /proc/<pid>/cmdline ends at the title). Python keeps its own copy of argv, so
+    nothing of ours reads that memory again. Best effort: a failure leaves the old title.
+    """
+    try:
+        prctl = _prctl()
+        prctl.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_ulong,
+            ctypes.c_ulong,
+            ctypes.c_ulong,
+        ]
+        prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # comm stays; the command line below is what ps shows by default
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # fields[0] is field 3 of proc(5): arg_start is field 48, arg_end field 49.
+        start, end = int(fields[45]), int(fields[46])
+        if end <= start:
+            return
+        data = title.encode()[: end - start - 1].replace(b"\0", b" ")
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            mem.write(data + b"\0" * (end - start - len(data)))
+    except (OSError, ValueError, IndexError):
+        pass  # no /proc/self/mem (hardened kernels): the zygote's command line stays

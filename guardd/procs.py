@@ -264,6 +264,42 @@ def group_alive(group: Group, procs: dict[int, Stat] | None = None) -> bool:
     return any(s.pgid == group.pgid and _runs_anything(s) for s in procs.values())
 
 
+def live_groups(groups, procs: dict[int, Stat] | None = None) -> set[Group]:
+    """The groups among `groups` still running anything, judged together: cost in processes.
+
+    group_alive() of a leaderless group walks /proc, so judging N groups one by one costs
+    N x processes (10 s for 800 groups of a 1,200-process turn). Here a killpg(pgid, 0) per group
+    drops those with no member at all (no /proc read), and the rest are judged with one pass over
+    /proc (or the given snapshot): each group by the same rule as group_alive.
+    """
+    candidates = []
+    for group in dict.fromkeys(groups):
+        if group.pgid <= 0:
+            continue  # not a group: a process being reaped shows pgid -1 in /proc/<pid>/stat
+        if procs is None:
+            try:
+                os.killpg(group.pgid, 0)
+            except ProcessLookupError:
+                continue  # no member at all, zombies included
+            except PermissionError:
+                pass  # members exist but belong to another user: look closer
+        candidates.append(group)
+    if not candidates:
+        return set()
+    if procs is None:
+        procs = snapshot()
+    wanted = {g.pgid for g in candidates}
+    running: set[int] = set()
+    for stat in procs.values():
+        if stat.pgid in wanted and stat.pgid not in running and _runs_anything(stat):
+            running.add(stat.pgid)
+    return {
+        g
+        for g in candidates
+        if g.pgid in running and not _id_taken_by_another(g, procs.get(g.pgid))
+    }
+
+
 def signal_process(ident: Identity, sig: int) -> bool:
     """Send sig to exactly that process. False when it is gone or its pid is another's now."""
     try:

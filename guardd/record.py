@@ -93,7 +93,8 @@ def record_groups(record: dict) -> list:
 
 
 def groups_alive(record: dict) -> bool:
-    """Does any group of this guard record still run anything (guardd.procs.group_alive)?"""
-    from guardd.procs import group_alive
+    """Does any group of this guard record still run anything (guardd.procs.live_groups: one
+    pass over /proc for all of them)?"""
+    from guardd.procs import live_groups
 
-    return any(group_alive(g) for g in record_groups(record))
+    return bool(live_groups(record_groups(record)))

@@ -283,6 +283,8 @@ class _Zygote:
         signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         os.environ.clear()
         os.environ.update(env)
+        turn = args[args.index("--turn") + 1] if "--turn" in args[:-1] else "?"
+        linux.set_title(f"ccsup-guard {turn}", "ccsup-guard")  # not the zygote's command line
         from guardd.__main__ import main as guard_main
 
         return guard_main(list(args), parent_fd=self.parent_fd)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from . import (
     command_args,
+    containment,
     history_writer,
     metrics,
     protocol,
@@ -130,6 +131,7 @@ class Daemon:
         self.keyctl = KeyControl(
             admission_settings(config), paths.root, publish=self.server.publish, clock=time.time
         )
+        self.cgroups = containment.start_cgroups(config)
         # [cluster]: a cluster slot before the local one, for the keys it names (cluster_wiring).
         self.cluster = cluster = cluster_wiring(config, paths.root, self.server.publish)
         self.manager = Manager(
@@ -144,6 +146,7 @@ class Daemon:
             ),
             admission=self.keyctl,
             queue=self.keyctl.make_queue(),
+            cgroups=self.cgroups,
         )
         self.keyctl.attach(self.manager)
         self._stop = asyncio.Event()
@@ -210,6 +213,7 @@ class Daemon:
         self.manager.close()
         self.keyctl.close()
         self.launcher.close()
+        self.cgroups.close()
         self.server.close()
         self.history.close()
         if self.metrics_server is not None:
@@ -332,6 +336,7 @@ class Daemon:
         result["caps"] = dict(self.gate.caps.caps)
         result["default_cap"] = self.gate.caps.default_cap
         result["bus_rejected"] = self.server.rejected_bus_messages
+        result.update(self.cgroups.describe())
         return result
 
     async def cmd_turn(self, args: dict) -> dict:
@@ -348,6 +353,9 @@ class Daemon:
 
     async def cmd_ps(self, args: dict) -> dict:
         result = views.ps(self.manager)
+        # What each running turn used so far: read from its guard record, in a worker thread.
+        running = {t.id: t.guard.record_path for t in self.manager.turns.values() if t.guard}
+        await asyncio.to_thread(containment.add_usage, result["slots"], running)
         if self.cluster:
             result["cluster"] = await self.cluster.view()
         return result
@@ -380,6 +388,8 @@ class Daemon:
         self.manager.settings = self._settings(config)
         self.launcher.log_limit = self._log_limits().turn_max_bytes
         self.keyctl.retune(admission_settings(config))
+        for sentence in self.cgroups.set_limits(dict(config.limits)):  # [guard] cgroup: at start
+            log.warning("%s", sentence)
         self.server.publish("supervisor.reloaded", {"config": config.source})
         log.info("reloaded %s", config.source)
         self.manager.grant_waiters()  # a raised cap may admit waiters now

@@ -32,7 +32,7 @@ from typing import Any
 
 from guardd import procs
 
-from . import spawn
+from . import containment, spawn
 from .admission import Admission, AdmitAll, Refusal
 from .command_args import ReserveArgs, SendArgs, TurnArgs
 from .endings import Endings, What
@@ -78,6 +78,7 @@ class Manager:
         admission: Admission | None = None,
         queue: Queue | None = None,
         me: procs.Identity | None = None,
+        cgroups: containment.Cgroups | None = None,
     ):
         self.paths = paths
         self.gate = gate
@@ -109,6 +110,7 @@ class Manager:
             settings=lambda: self.settings,
             on_capacity=self.grant_waiters,
             probe=probe or Probe(),
+            cgroups=cgroups,
         )
         self.requesters = requesters(
             partial(self.endings.happen_to, what=What.CANCEL, reason="requester_gone")

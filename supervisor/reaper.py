@@ -6,8 +6,9 @@ to the grace for them to go, then SIGKILL what is left together with every proce
 carries the turn's `CCSUP_TURN=<turn>` marker in its environment (an escapee in a group nobody
 recorded), and confirm everything gone within a bounded wait.
 
-Knows signals and group liveness (from guardd); nothing of slots or records. A group that
-group_alive says is gone is never signalled: its pgid may belong to someone else by now. Holds no
+Knows signals and group liveness (from guardd); nothing of slots or records. Each round judges
+every group together (guardd.procs.live_groups: one pass over /proc, not one per group). A group
+that live_groups says is gone is never signalled: its pgid may belong to someone else by now. Holds no
 state: running it again on the same work is safe (what is gone is skipped), and stopping half-way
 leaves the work partly ended, which the next run finishes.
 """
@@ -19,6 +20,8 @@ import signal
 from collections.abc import Iterable
 
 from guardd import procs
+from guardd.cgroup import kill as kill_cgroup
+from guardd.cgroup import wait_empty
 from guardd.procs import Group, Identity
 
 from .polling import wait_until
@@ -36,12 +39,16 @@ def end_work(
     guard: Identity | None = None,
     turn: str | None = None,
     grace: float = 5.0,
+    cgroup: str | None = None,
 ) -> bool:
-    """End the work; True when it is confirmed gone, False when something still runs."""
+    """End the work; True when it is confirmed gone, False when something still runs.
+
+    With the turn's cgroup, SIGKILL goes to all of it at once (cgroup.kill) after the grace, and
+    gone also needs `populated 0`, waited for on cgroup.events' notification."""
     groups = list(dict.fromkeys(groups))
     marked = _marked(turn)
     denied = _signal_all(groups, guard, marked, (signal.SIGTERM, signal.SIGCONT))
-    _wait_gone(groups, guard, marked, grace)
+    _wait_gone(groups, guard, marked, grace, cgroup)
     # Escapees may have started during the grace: look again before the firm round.
     marked = list(dict.fromkeys(marked + _marked(turn)))
     if not _all_gone(groups, guard, marked):
@@ -53,7 +60,13 @@ def end_work(
             left,
         )
         denied |= _signal_all(groups, guard, marked, (signal.SIGKILL,))
-    if _wait_gone(groups, guard, marked, max(CONFIRM_MIN, grace)):
+    if cgroup is not None:
+        try:
+            kill_cgroup(cgroup)
+        except OSError as e:
+            log.error("%s", e)
+            denied = True
+    if _wait_gone(groups, guard, marked, max(CONFIRM_MIN, grace), cgroup):
         return True
     reason = "permission denied" if denied else "still alive after SIGKILL"
     log.error(
@@ -71,9 +84,10 @@ def _signal_all(
 ) -> bool:
     """Send each signal to what is alive; True when some signal was refused (EPERM)."""
     denied = False
+    live = procs.live_groups(groups)
     for sig in sigs:
         for group in groups:
-            if not procs.group_alive(group):
+            if group not in live:
                 continue
             try:
                 procs.signal_group(group.pgid, sig)
@@ -92,10 +106,12 @@ def _all_gone(groups: list[Group], guard: Identity | None, marked: list[Identity
         return False
     if any(procs.process_running(i) for i in marked):
         return False
-    return not any(procs.group_alive(g) for g in groups)
+    return not procs.live_groups(groups)
 
 
-def _wait_gone(groups, guard, marked, timeout: float) -> bool:
+def _wait_gone(groups, guard, marked, timeout: float, cgroup: str | None = None) -> bool:
+    if cgroup is not None and not wait_empty(cgroup, timeout):
+        return False  # woken by cgroup.events, not polled
     try:
         return wait_until(lambda: _all_gone(groups, guard, marked), timeout, POLL)
     except TimeoutError:
@@ -103,7 +119,8 @@ def _wait_gone(groups, guard, marked, timeout: float) -> bool:
 
 
 def _describe(groups, guard, marked) -> str:
-    parts = [f"group {g.pgid}" for g in groups if procs.group_alive(g)]
+    live = procs.live_groups(groups)
+    parts = [f"group {g.pgid}" for g in groups if g in live]
     if guard is not None and procs.process_running(guard):
         parts.append(f"guard {guard.pid}")
     parts.extend(f"process {i.pid}" for i in marked if procs.process_running(i))

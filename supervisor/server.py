@@ -70,6 +70,7 @@ MAX_MESSAGE = 8 * protocol.MAX_FRAME
 RESERVED_TOPICS = ("turn.", "supervisor.", "slot.")
 SUPERVISOR_PREFIX = "supervisor."
 HELLO = "ccsup.hello."
+BUS_IN_BATCH = 16  # bus messages taken before the loop is let run (see _serve_bus_in)
 
 RequestHandler = Callable[[protocol.Request], Awaitable[dict]]
 BusHandler = Callable[[str, dict], None]
@@ -366,8 +367,15 @@ class Server:
             log.warning("unable to send a control reply: %s", e)
 
     async def _serve_bus_in(self, sock) -> None:
+        taken = 0
         while True:
             frames = await sock.recv_multipart()
+            taken += 1
+            if taken % BUS_IN_BATCH == 0:
+                # A recv with messages queued completes without yielding: after a batch, let the
+                # rest of the loop (control requests, pidfds) run (a big turn's guard sends a hint
+                # per group, hundreds at once).
+                await asyncio.sleep(0)
             try:
                 self._take_bus_message(frames)
             except Exception:  # a bug must cost one message, never the bus

@@ -45,6 +45,7 @@ from guardd import procs
 from guardd.procs import Group, Identity
 from guardd.record import RecordError, read_json, record_groups, write_json
 
+from .containment import cgroup_populated
 from .holder import LABELS, Holder  # noqa: F401  (re-exported: slot records hold a Holder)
 
 SLOT_VERSION = 1
@@ -256,4 +257,7 @@ def work_alive(work: dict, path: object = "slot record") -> bool:
     guard, groups = work_groups(work, path)
     if guard is not None and procs.process_running(guard):
         return True
-    return any(procs.group_alive(g) for g in groups)
+    cgroup = work.get("cgroup")
+    if isinstance(cgroup, str) and cgroup and cgroup_populated(cgroup):
+        return True  # the kernel's word: something of the turn runs in its cgroup
+    return bool(procs.live_groups(groups))  # one pass over /proc, whatever the number of groups

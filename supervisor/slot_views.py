@@ -17,6 +17,7 @@ from guardd.procs import file_key, held_locks
 from guardd.record import RecordError
 
 from .caps import MACHINE_KEY, Caps, check_key, key_problem
+from .containment import remove_cgroup
 from .errors import os_failure
 from .reaper import end_work
 from .slot_record import (
@@ -259,7 +260,11 @@ class SlotReader:
             except RecordError:
                 # The guard record cannot be read: end what the slot record itself names.
                 guard, _, groups = work_parts(work, path)
-            if not end_work(groups, guard=guard, turn=record.get("turn"), grace=grace):
+            cgroup = work.get("cgroup") if isinstance(work.get("cgroup"), str) else None
+            ended = end_work(
+                groups, guard=guard, turn=record.get("turn"), grace=grace, cgroup=cgroup
+            )
+            if not ended:
                 return f"unable to end the work of slot {view.key}#{view.index}: still running after SIGKILL"
             record["released"] = True
             record["updated_at"] = self.clock()
@@ -267,6 +272,7 @@ class SlotReader:
                 write_slot_record(path, record)
             except OSError as e:
                 return f"unable to write slot record {path}: {e.strerror}"
+            remove_cgroup(cgroup)  # confirmed empty; a second slot of the same work finds none
             return True
         except RecordError as e:
             return str(e)

@@ -158,7 +158,9 @@ class Slot:
         if self.machine is not None:
             self.machine.bind(turn=turn, reservation=reservation)
 
-    def record_work(self, guard: Identity, record_path: str, groups: list[Group]) -> None:
+    def record_work(
+        self, guard: Identity, record_path: str, groups: list[Group], cgroup: str | None = None
+    ) -> None:
         """Record the work running under this slot: a dead holder's slot then stays taken while it lives."""
         self._check_held("record work in")
         self.record["work"] = {
@@ -166,9 +168,11 @@ class Slot:
             "record": None if record_path is None else str(record_path),
             "groups": [g.to_json() for g in groups],
         }
+        if cgroup is not None:
+            self.record["work"]["cgroup"] = cgroup  # the turn's cgroup: the reaper ends it by that
         self._write()
         if self.machine is not None:
-            self.machine.record_work(guard, record_path, groups)
+            self.machine.record_work(guard, record_path, groups, cgroup)
 
     def release(self) -> None:
         """Mark the record released, then unlock (the machine slot too). Idempotent.

@@ -312,7 +312,14 @@ def _seconds(value: float) -> str:
 
 
 def guard_args(
-    turn_id: str, argv: list[str], *, record_dir: Path, grace: float, scan: float, bus: str | None
+    turn_id: str,
+    argv: list[str],
+    *,
+    record_dir: Path,
+    grace: float,
+    scan: float,
+    bus: str | None,
+    cgroup: str | None = None,
 ) -> list[str]:
     """`ccsup-guard` arguments for one turn."""
     args = [
@@ -327,6 +334,8 @@ def guard_args(
     ]
     if bus:
         args += ["--bus", bus]
+    if cgroup:
+        args += ["--cgroup", cgroup]
     return [*args, "--", *argv]
 
 
@@ -351,11 +360,14 @@ def start_guard(
     grace: float,
     scan: float,
     bus: str | None,
+    cgroup: str | None = None,
 ) -> GuardProcess:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
-    args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
+    args = guard_args(
+        turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
+    )
     popen = subprocess.Popen(
         guard_command(args),  # python -I -S: see guardd.launch
         cwd=cwd,
@@ -453,10 +465,19 @@ class Launcher:
         grace: float,
         scan: float,
         bus: str | None,
+        cgroup: str | None = None,
     ) -> GuardProcess:
         """As `start_guard`: a GuardProcess for the turn, or OSError when it cannot be started."""
         guard = self._start_guard(
-            turn_id, argv, cwd=cwd, env=env, record_dir=record_dir, grace=grace, scan=scan, bus=bus
+            turn_id,
+            argv,
+            cwd=cwd,
+            env=env,
+            record_dir=record_dir,
+            grace=grace,
+            scan=scan,
+            bus=bus,
+            cgroup=cgroup,
         )
         guard.log_limit = self.log_limit
         guard.on_truncated = self.on_truncated
@@ -473,6 +494,7 @@ class Launcher:
         grace: float,
         scan: float,
         bus: str | None,
+        cgroup: str | None = None,
     ) -> GuardProcess:
         if self.zygote is None:
             return start_guard(
@@ -484,8 +506,11 @@ class Launcher:
                 grace=grace,
                 scan=scan,
                 bus=bus,
+                cgroup=cgroup,
             )
-        args = guard_args(turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus)
+        args = guard_args(
+            turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
+        )
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
@@ -516,6 +541,7 @@ class Launcher:
                 grace=grace,
                 scan=scan,
                 bus=bus,
+                cgroup=cgroup,
             )
         guard = ForkedGuardProcess(
             turn_id,

@@ -73,6 +73,7 @@ class StartGuard(Protocol):
         grace: float,
         scan: float,
         bus: str | None,
+        cgroup: str | None = None,
     ) -> Guard: ...
 
 

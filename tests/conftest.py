@@ -28,6 +28,15 @@ RUN_ID = os.environ[MARKER]
 PYTHON = sys.executable
 
 
+# What a turn used, as `turn.<id>.exited` carries it (checked in tests/test_cgroup.py).
+USAGE_KEYS = ("wall_s", "wait_s", "cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes")
+
+
+def without_usage(body: dict) -> dict:
+    """An exited event's body without the usage figures (which vary from run to run)."""
+    return {k: v for k, v in body.items() if k not in USAGE_KEYS}
+
+
 def leftovers() -> list[procs.Identity]:
     """Processes started under this test run that are still running (zombies do not count)."""
     me = os.getpid()
@@ -191,6 +200,25 @@ def daemon(state_dir):
                 d.stop(timeout=20)
             except Exception:
                 d.kill()
+    for d in started:
+        if d.proc is not None:
+            remove_supervisor_cgroups(d.proc.pid)
+
+
+def remove_supervisor_cgroups(pid: int) -> None:
+    """The cgroups a (stopped or killed) supervisor of this test made, `ccsup.<pid>.*`: whatever
+    is still inside is killed, then they are removed (no cgroup named ccsup is left behind)."""
+    from guardd import cgroup
+
+    base = cgroup.find_auto()
+    if base is None:
+        return
+    for parent in Path(base).glob(f"ccsup.{pid}.*"):
+        for sub in [*parent.iterdir(), parent]:
+            if sub.is_dir():
+                cgroup.kill(str(sub))
+                cgroup.wait_empty(str(sub), 5)
+                cgroup.remove(str(sub))
 
 
 class EventLog:

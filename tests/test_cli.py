@@ -292,13 +292,20 @@ def test_format_ps_is_an_aligned_table():
         ],
     }
     assert format_ps(ps, now) == [
-        "KEY    INDEX  CAP  STATE  TURN  HOLDER  PID   GROUPS     AGE",
-        "codex  0      2    held   t1    s1/a1   4242  4243,4250  2m05s",
-        "codex  1      2    free   -     -       -     -          -",
+        "KEY    INDEX  CAP  STATE  TURN  HOLDER  PID   GROUPS  AGE",
+        "codex  0      2    held   t1    s1/a1   4242  2       2m05s",
+        "codex  1      2    free   -     -       -     -       -",
         "",
         "POS  ID  KEY    HOLDER  WAITING  WHY",
         "1    t2  codex  pid 77  3s       -",
     ]
+
+
+def test_format_ps_counts_groups_rather_than_listing_hundreds():
+    groups = [{"pgid": 10000 + i, "leader_start": None} for i in range(800)]
+    slot = {"key": "big", "index": 0, "cap": 1, "state": "held", "turn": "t", "pid": 7}
+    row = format_ps({"slots": [{**slot, "groups": groups, "since": None}]}, 0.0)[1]
+    assert row.split()[-2:] == ["800", "-"]
 
 
 def test_output_follower_writes_exact_event_bytes_and_fills_holes_from_the_log(tmp_path):

@@ -287,7 +287,13 @@ def test_cancel_a_queued_and_a_running_turn(daemon, event_log, state_dir):
         log.wait_for("turn.run.started")
         assert client.cancel("run")["state"] == "stopping"
         log.wait_for("turn.run.released")
-        assert log.find("turn.run.exited")[0] | {"ts": 0, "seq": 0, "turn_seq": 0} == {
+        exited = log.find("turn.run.exited")[0]
+        used = ("wall_s", "wait_s", "cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes")
+        assert {k: v for k, v in exited.items() if k not in used} | {
+            "ts": 0,
+            "seq": 0,
+            "turn_seq": 0,
+        } == {
             "v": 1,
             "ts": 0,
             "seq": 0,
@@ -298,6 +304,7 @@ def test_cancel_a_queued_and_a_running_turn(daemon, event_log, state_dir):
             "signal": 15,
             "reason": None,
         }
+        assert exited["processes"] == 1 and exited["peak_rss_bytes"] > 0
         assert log.topics("turn.wait.") == ["turn.wait.queued", "turn.wait.cancelled"]
         assert (
             client.cancel("wait")["state"] == "cancelled"

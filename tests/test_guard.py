@@ -388,6 +388,8 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
         "exit",
         "reason",
         "started_at",
+        "cgroup",
+        "usage",
     }
     assert rec["v"] == 1 and rec["turn"] == "t-42"
     assert rec["guard"]["pid"] == g.proc.pid
@@ -395,6 +397,9 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
     assert rec["argv"] == ["sh", "-c", 'echo "turn $CCSUP_TURN $CCSUP_SECRET_FOR_TEST"']
     assert rec["own_group"]["pgid"] != g.proc.pid
     assert rec["groups"] == [] and rec["state"] == "gone"
+    assert rec["cgroup"] is None  # no --cgroup: subreaper and groups only
+    assert set(rec["usage"]) == {"cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes"}
+    assert rec["usage"]["processes"] >= 1
     assert "s3cr3t" not in path.read_text()  # the environment is never written
     assert abs(rec["started_at"] - time.time()) < 30
 

@@ -219,6 +219,17 @@ class Starter:
         return guard
 
 
+# What a turn used, as `exited` carries it: the fake guard records none, and the clock stands still.
+NO_USAGE = {
+    "wall_s": 0.0,
+    "wait_s": 0.0,
+    "cpu_user_s": None,
+    "cpu_system_s": None,
+    "peak_rss_bytes": None,
+    "processes": None,
+}
+
+
 class FakeProbe:
     """/proc as the test says: which pgids live, which turns have escapees, whether ending works."""
 
@@ -421,6 +432,7 @@ async def test_a_normal_end_releases_and_grants_the_next_waiter(h):
         "code": 0,
         "signal": None,
         "reason": None,
+        **NO_USAGE,
     }
     assert h.events("t2") == RUN
     assert h.held() == {"codex": ["t2"]}
@@ -538,8 +550,11 @@ async def test_each_new_group_is_published_once_and_recorded_in_the_slot(h):
     guard = h.guard("t1")
     guard.write_record(groups=[500])
     h.manager.on_guard_hint("guard.t1.group", {})
+    h.manager.on_guard_hint("guard.t1.group", {})  # hints are taken in batches (one read)
+    await h.settle()
     guard.write_record(groups=[500, 501])
     h.manager.on_guard_hint("guard.t1.group", {})
+    await h.settle()
     own = guard.identity.pid + 1
     assert [(t, b.get("pgid")) for t, b in h.published if t == "turn.t1.group"] == [
         ("turn.t1.group", own),
@@ -565,6 +580,7 @@ async def test_a_guard_lost_outright_has_its_work_ended_here_then_releases(h):
         "code": None,
         "signal": None,
         "reason": "guard_lost",
+        **NO_USAGE,
     }
     assert h.held() == {}
 

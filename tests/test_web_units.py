@@ -380,11 +380,11 @@ def test_a_long_log_is_read_from_its_tail_starting_on_a_whole_character(tmp_path
 
 
 def test_bars_and_a_past_turn_come_from_the_history_overlaid_by_the_bus(tmp_path):
-    history = pytest.importorskip("supervisor.history")
+    from supervisor import history, history_writer
     from supervisor.web.timeline import history_bars, past_turn, recent_bars
 
     assert history_bars(tmp_path, 0.0) == [] and past_turn(tmp_path, "old") is None  # no file
-    db = history.open_writer(history.history_path(tmp_path))
+    db = history_writer.open_writer(history.history_path(tmp_path))
     holder = {"session": "s", "agent": "a"}
     for topic, ts, body in [
         ("turn.old.queued", 10.0, {"key": "codex", "holder": holder}),
@@ -396,7 +396,7 @@ def test_bars_and_a_past_turn_come_from_the_history_overlaid_by_the_bus(tmp_path
         ("turn.both.cancelled", 21.0, {"key": "codex", "reason": "cancelled"}),
     ]:
         db.execute("BEGIN")
-        history.apply_event(db, topic, {"v": 1, "ts": ts, "id": topic.split(".")[1], **body})
+        history_writer.apply_event(db, topic, {"v": 1, "ts": ts, "id": topic.split(".")[1], **body})
         db.execute("COMMIT")
     db.close()
     past = history_bars(tmp_path, 0.0)

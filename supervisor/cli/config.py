@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 
 from .. import config as cfg
+from .. import containment
 from ..caps import MACHINE_KEY
 from ..errors import CcsupError, ConfigError, os_failure
 
@@ -67,6 +68,9 @@ def _summary(config: cfg.Config, state_dir: Path) -> dict:
             for name in ("control", "bus_in", "bus_out")
         },
         "curve": config.endpoints.curve is not None,
+        "cgroup": config.guard_cgroup,
+        "containment": containment.describe_setting(config.guard_cgroup),
+        "limits_not_enforced": containment.limits_not_enforced(config),
     }
 
 
@@ -85,6 +89,9 @@ def _print_summary(s: dict) -> None:
     click.echo(f"  min_free_memory  {memory}")
     click.echo(f"  reservation_ttl  {_seconds(s['reservation_ttl'])}")
     click.echo(f"  guard            grace {_seconds(s['grace'])}, scan {_seconds(s['scan'])}")
+    click.echo(f"  cgroup           {s['containment']}")
+    for sentence in s["limits_not_enforced"]:
+        click.echo(f"warning: {sentence}")
     click.echo(f"  control          {s['endpoints']['control']}{' (CURVE)' if s['curve'] else ''}")
 
 
@@ -109,6 +116,9 @@ def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
     try:
         config = cfg.load(config_path or _parent_param(ctx, "config"), env)
         state_dir = cfg.resolve_state_dir(_parent_param(ctx, "state_dir"), env, config)
+        unusable = containment.check_setting(config.guard_cgroup)
+        if unusable is not None:
+            raise ConfigError(f"{config.source}: {unusable}")
         summary = _summary(config, state_dir)
     except cfg.ConfigProblems as err:
         for problem in err.problems:

@@ -22,9 +22,9 @@ def age(since, now: float) -> str:
 
 
 def format_groups(groups) -> str:
-    if not groups:
-        return "-"
-    return ",".join(str(g.get("pgid", "?")) if isinstance(g, dict) else str(g) for g in groups)
+    """How many process groups the slot's work was recorded in (a big turn has hundreds: the
+    list is in `ps --json`)."""
+    return str(len(groups)) if groups else "-"
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> list[str]:

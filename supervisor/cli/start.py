@@ -95,6 +95,10 @@ def start(
     child = _spawn_detached(argv, paths.root / STDERR_FILE)
     pid = _wait_until_answering(options, child, state_dir)
     click.echo(f"ccsup started (pid {pid}, state {state_dir})")
+    from ..containment import limits_not_enforced
+
+    for sentence in limits_not_enforced(config):  # never silently ignored (status says it too)
+        click.echo(f"warning: {sentence}", err=True)
 
 
 def _pid_of(client: Client) -> str:

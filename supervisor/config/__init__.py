@@ -47,7 +47,7 @@ from ..caps import Caps
 from ..cluster_settings import ClusterSettings
 from ..retention import LogLimits
 from ..web.settings import WebSettings
-from . import admission, cluster, endpoints, guard, harness, logs, metrics, slots, top, web
+from . import admission, cluster, endpoints, guard, harness, limits, logs, metrics, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -98,6 +98,7 @@ SECTIONS: tuple[Section, ...] = (
     endpoints.SECTION,
     endpoints.CURVE_SECTION,
     harness.SECTION,
+    limits.SECTION,
     web.SECTION,
     logs.SECTION,
     metrics.SECTION,
@@ -116,6 +117,8 @@ class Config:
     scan: float
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
+    guard_cgroup: str = "auto"  # [guard] cgroup: "auto", "off" or a path
+    limits: Mapping[str, limits.Limits] = field(default_factory=dict)  # [limits.<key>]
     web: WebSettings = WebSettings()
     logs: LogLimits = logs.DEFAULTS  # [logs]
     metrics: MetricsSettings = MetricsSettings()
@@ -139,6 +142,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     guard_settings = guard.parse_guard(c, table)
     endpoint_settings = endpoints.parse_endpoints(c, table)
     harnesses = harness.parse_harness(c, table)
+    key_limits = limits.parse_limits(c, table)
     web_settings = web.parse_web_section(c, table)
     log_limits = logs.parse_logs(c, table)
     metrics_settings = metrics.parse_metrics(c, table)
@@ -166,6 +170,8 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         scan=guard_settings.scan,
         endpoints=endpoint_settings,
         harness=harnesses,
+        guard_cgroup=guard_settings.cgroup or "auto",
+        limits=key_limits,
         web=web_settings,
         logs=log_limits,
         metrics=metrics_settings,

@@ -1,9 +1,10 @@
-"""`[guard]`: how a turn's guard ends the work (grace, scan interval)."""
+"""`[guard]`: how a turn's guard ends the work (grace, scan interval, cgroup)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..errors import ConfigError
 from .schema import Checker, Key, Section, Table
 from .values import duration
 
@@ -20,8 +21,15 @@ SECTION = Section(
             "2s",
             "How often the guard scans for new process groups of the turn's descendants.",
         ),
+        Key(
+            "cgroup",
+            "auto",
+            'A cgroup per turn: "auto" (if cgroup2 is writable), "off", or a cgroup2 path.',
+        ),
     ),
 )
+
+DEFAULT_CGROUP = "auto"
 
 
 class GuardSettings(NamedTuple):
@@ -29,6 +37,7 @@ class GuardSettings(NamedTuple):
 
     grace: float | None
     scan: float | None
+    cgroup: str | None = DEFAULT_CGROUP
 
 
 def parse_guard(c: Checker, top: Table) -> GuardSettings:
@@ -36,4 +45,15 @@ def parse_guard(c: Checker, top: Table) -> GuardSettings:
     return GuardSettings(
         grace=c.run(("guard", "grace"), duration, guard.get("grace", DEFAULT_GRACE)),
         scan=c.run(("guard", "scan"), duration, guard.get("scan", DEFAULT_SCAN)),
+        cgroup=c.run(("guard", "cgroup"), cgroup_setting, guard.get("cgroup", DEFAULT_CGROUP)),
     )
+
+
+def cgroup_setting(value: object, where: str) -> str:
+    """`auto`, `off`, or an absolute path (whether that path is usable is checked where the
+    machine is looked at: `config check` and `start`, see supervisor.containment)."""
+    if not isinstance(value, str):
+        raise ConfigError(f'{where}: must be "auto", "off" or an absolute path, not {value!r}')
+    if value in ("auto", "off") or value.startswith("/"):
+        return value.rstrip("/") or "/"
+    raise ConfigError(f'{where}: must be "auto", "off" or an absolute path, not {value!r}')

@@ -1,0 +1,96 @@
+"""Containment at size: groups judged together (one pass over /proc), a big turn cancelled while
+it forks is released within grace + 1 s with nothing left, and `status` stays quick throughout."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+from bigtree import cancel_while_forking
+from conftest import PYTHON, wait_until
+
+from guardd import procs
+
+# n leaderless groups: an intermediate makes a group, forks one sleeping member, exits. The script
+# is a child subreaper and reaps its orphans (init does not reap here), so a killed member's group
+# ends with no member at all.
+LEADERLESS = (
+    "import ctypes, os, sys, time\n"
+    "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+    "for i in range(int(sys.argv[1])):\n"
+    "    if os.fork() == 0:\n"
+    "        os.setpgid(0, 0)\n"
+    "        if os.fork() == 0:\n"
+    "            os.write(1, f'{os.getpgrp()} {os.getpid()}\\n'.encode())\n"
+    "            time.sleep(300)\n"
+    "        os._exit(0)\n"
+    "    os.wait()\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.wait()\n"
+    "    except ChildProcessError:\n"
+    "        time.sleep(0.01)\n"
+)
+
+
+@pytest.fixture
+def leaderless():
+    """30 leaderless groups of one sleeping member each: yields [(group, member identity)]."""
+    p = subprocess.Popen([PYTHON, "-c", LEADERLESS, "30"], stdout=subprocess.PIPE)
+    found = []
+    for _ in range(30):
+        pgid, pid = map(int, p.stdout.readline().split())
+        found.append((procs.Group(pgid, None), procs.identity_of(pid)))
+    yield found
+    for _, member in found:
+        procs.signal_process(member, signal.SIGKILL)
+    wait_until(lambda: not any(procs.process_exists(m) for _, m in found), what="members reaped")
+    p.kill()
+    p.wait()
+    p.stdout.close()
+
+
+def test_live_groups_judges_like_group_alive_with_one_pass_over_proc(leaderless, monkeypatch):
+    groups = [g for g, _ in leaderless]
+    ended, ended_member = leaderless[0]
+    assert procs.signal_process(ended_member, signal.SIGKILL)
+    wait_until(lambda: not procs.process_running(ended_member), what="the member gone")
+    sleeper = subprocess.Popen(["sleep", "300"], process_group=0)
+    try:
+        start = procs.start_ticks(sleeper.pid)
+        reused = procs.Group(sleeper.pid, start + 1)  # the id is another group's now
+        own = procs.Group(sleeper.pid, start)
+        asked = [*groups, reused, own, procs.Group(-1, None)]
+        expected = {g for g in asked if g.pgid > 0 and procs.group_alive(g)}
+        passes = []
+        real = procs.snapshot
+        monkeypatch.setattr(procs, "snapshot", lambda: passes.append(1) or real())
+        assert procs.live_groups(asked) == expected == {*groups[1:], own}
+        assert passes == [1]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_live_groups_of_groups_with_no_member_reads_no_proc(leaderless, monkeypatch):
+    for _, member in leaderless:
+        procs.signal_process(member, signal.SIGKILL)
+    groups = [g for g, _ in leaderless]
+    wait_until(lambda: not any(procs.process_exists(m) for _, m in leaderless), what="reaped")
+    monkeypatch.setattr(procs, "snapshot", lambda: pytest.fail("read /proc for empty groups"))
+    assert procs.live_groups(groups) == set()
+
+
+@pytest.mark.timeout(180)
+def test_a_turn_of_1000_processes_in_400_groups_cancelled_while_forking_is_released_in_time(
+    daemon, state_dir
+):
+    daemon(caps="big = 1", grace="1s", scan="2s")
+    result = cancel_while_forking(state_dir, 450, 360)
+    assert result["still_forking_at_cancel"]
+    assert result["processes_at_cancel"] >= 1000
+    assert result["groups_at_cancel"] >= 400
+    assert result["release_after_cancel_s"] <= 1.0 + 1.0
+    assert result["left_running"] == 0
+    assert result["status_max_ms"] < 100
