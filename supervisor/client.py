@@ -7,24 +7,17 @@ The CLI is built on it, and a Python sidecar needs a few lines:
             ...
 
 Design note. "Is a supervisor running?" is answered before any request, without touching the
-daemon: its lock (<state>/supervisor.lock) is looked up in /proc/locks by inode. Taking the lock,
-even for a moment with LOCK_NB, would make a daemon starting at that instant see it taken and exit
-"already running" (`ccsup start` polls `status` exactly while its daemon starts); a flock probe is
-the fallback only where /proc/locks cannot be read. The first read of /proc/locks in a process
-waits for the kernel to take its global file-lock semaphore for writing (an RCU grace period,
-about 10 ms here, and every flock on the machine waits with it), so the daemon's own answer is
-tried first: the lock file holds its pid, and /proc/<pid>/fdinfo of the descriptor open on the
-lock file lists the flock it holds. Only when that does not show the lock held is /proc/locks
-read. A missing ipc control socket also means
-nothing runs. A request that gets no answer within the timeout is then either NotRunning (the lock
-is free now) or a plain failure "did not answer" (the lock is held: the daemon is there but stuck).
+daemon (supervisor.lock_probe: its lock, looked up without being taken). A missing ipc control
+socket also means nothing runs. A request that gets no answer within the timeout is then either
+NotRunning (the lock is free now) or a plain failure "did not answer" (the lock is held: the
+daemon is there but stuck).
 
 Control replies are matched by request id: a late reply to an earlier, timed-out request is
 dropped, and the DEALER is replaced after a timeout so that nothing stale stays queued on it.
 
 A bus subscription (supervisor.subscription) is live before `subscribe` returns it; a narrow one
-(a turn's topics) sees every loss by the family counters. `TurnOutput` reassembles a turn's
-output exactly from its events (see the README's "Exact output").
+(a turn's topics) sees every loss by the family counters. `TurnOutput` (supervisor.turn_output,
+re-exported here for sidecars) reassembles a turn's output exactly from its events.
 
 Client keys on tcp://. A supervisor with tcp:// endpoints lets in only the CURVE clients whose
 public keys its `[endpoints.curve] client_keys` lists, so a client brings its own key pair: the
@@ -35,15 +28,13 @@ environment wins over the file, as for the state directory, so a sidecar or anot
 have a key of its own with the same config. With none of them, a tcp:// request fails at once
 naming the three places, rather than waiting for a handshake the supervisor would refuse.
 
-State: none on disk. Each Client owns one zmq context and its sockets, closed with a short linger;
+Knows zmq sockets, the protocol's envelope and the state directory's endpoints; nothing of slots
+or processes. State: none on disk. Each Client owns one zmq context and its sockets, closed with a short linger;
 it is not thread-safe (one per thread).
 """
 
 from __future__ import annotations
 
-import base64
-import errno
-import fcntl
 import os
 import time
 import uuid
@@ -53,11 +44,12 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from guardd import procs
-
 from . import protocol
 from .errors import CcsupError, ConfigError, NotRunning, UsageError, exit_code_for
+from .lock_probe import lock_held, not_running_message
 from .paths import StatePaths, ipc_path
+from .turn_output import OutputGap as OutputGap  # re-exported: sidecars import it from here
+from .turn_output import TurnOutput as TurnOutput
 
 if TYPE_CHECKING:
     from .config import CurveKeys, Endpoints
@@ -74,50 +66,6 @@ class RemoteError(CcsupError):
         super().__init__(message)
         self.code = code
         self.exit_code = exit_code_for(code)
-
-
-def not_running_message(state_dir: Path) -> str:
-    return f"no supervisor is running on {state_dir}; start one with `ccsup start`"
-
-
-# -- is a supervisor there? ------------------------------------------------------------------------
-
-
-def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:
-    """Whether the process whose pid the lock file records holds its flock (by that process's
-    fdinfo); False when that cannot be shown: not a "no", only "ask /proc/locks"."""
-    try:
-        pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
-    except (OSError, ValueError):
-        return False
-    return procs.holds_flock(pid, st)
-
-
-def lock_held(lock_path: Path) -> bool:
-    """Whether some process holds the flock on lock_path (a missing file is not held)."""
-    try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    except OSError as e:
-        raise CcsupError(f"unable to open supervisor lock {lock_path}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if _held_by_recorded_pid(fd, st):
-            return True
-        try:
-            return procs.file_key(st) in procs.held_locks()
-        except OSError:
-            pass  # /proc/locks cannot be read
-        try:  # fallback probe: may, for an instant, look taken to a starting daemon
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return True
-            raise CcsupError(f"unable to probe supervisor lock {lock_path}: {e.strerror}") from None
-        return False
-    finally:
-        os.close(fd)
 
 
 # -- the client ------------------------------------------------------------------------------------
@@ -300,7 +248,7 @@ class Client:
 
     def send(self, id: str, data: str | bytes, eof: bool = False) -> dict:
         """Write to a turn's stdin: text as UTF-8, bytes exactly (as 'data_b64' unless UTF-8)."""
-        return self.call("send", id=id, eof=eof, **send_data(data))
+        return self.call("send", id=id, eof=eof, **protocol.send_data(data))
 
     def read_log(self, turn_id: str, stream: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of a turn's output log on this machine (a TurnOutput `fill`)."""
@@ -487,66 +435,6 @@ def _pause_args(key, for_, until, reason, id) -> dict:
         if value is not None:
             args[name] = value
     return args
-
-
-def send_data(data: str | bytes) -> dict[str, str]:
-    """The data field of a send request: 'data' for text (and UTF-8 bytes), else 'data_b64'."""
-    if isinstance(data, str):
-        return {"data": data}
-    try:
-        return {"data": data.decode()}
-    except UnicodeDecodeError:
-        return {"data_b64": base64.b64encode(data).decode("ascii")}
-
-
-class OutputGap(CcsupError):
-    """Output events were lost: `stream` bytes [expected, got) never arrived."""
-
-    def __init__(self, turn_id: str, stream: str, expected: int, got: int):
-        super().__init__(
-            f"turn {turn_id}: {stream} bytes {expected} to {got} were lost on the bus; they are "
-            f"in its {stream}.log (Client.read_log)"
-        )
-        self.stream = stream
-        self.expected = expected
-        self.got = got
-
-
-class TurnOutput:
-    """Reassembles a turn's stdout and stderr from its events, exactly: the sidecar's helper.
-
-        out = TurnOutput(turn_id, fill=partial(client.read_log, turn_id))
-        for topic, body in client.run_turn(...):
-            got = out.feed(topic, body)   # (stream, exact bytes) or None
-    `feed` returns an output event's exact bytes (text events are UTF-8, `data_b64` ones are
-    decoded) in stream order; any other event gives None. Offsets tile each stream, so a chunk
-    that starts past `position[stream]` means events were lost: `fill(stream, start, end)`
-    supplies the missing bytes when given, else OutputGap is raised. A chunk already seen is
-    ignored (only its new part counts).
-    """
-
-    def __init__(self, turn_id: str, fill: Callable[[str, int, int], bytes] | None = None):
-        self.turn_id = turn_id
-        self.fill = fill
-        self.position = {"stdout": 0, "stderr": 0}
-
-    def feed(self, topic: str, body: dict) -> tuple[str, bytes] | None:
-        stream = topic.rsplit(".", 1)[-1]
-        if stream not in self.position or not topic.startswith(f"turn.{self.turn_id}."):
-            return None
-        offset, data = protocol.output_bytes(body)
-        position = self.position[stream]
-        if offset > position:
-            if self.fill is None:
-                raise OutputGap(self.turn_id, stream, position, offset)
-            missing = self.fill(stream, position, offset)
-            if len(missing) != offset - position:
-                raise OutputGap(self.turn_id, stream, position + len(missing), offset)
-            data = missing + data
-        elif offset < position:
-            data = data[position - offset :]
-        self.position[stream] += len(data)
-        return stream, data
 
 
 def _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout) -> dict:

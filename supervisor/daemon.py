@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from . import (
+    command_args,
     containment,
     fdlimit,
     history_writer,
@@ -340,16 +341,16 @@ class Daemon:
         return result
 
     async def cmd_turn(self, args: dict) -> dict:
-        return self.manager.request_turn(protocol.parse_turn(args))
+        return self.manager.request_turn(command_args.parse_turn(args))
 
     async def cmd_reserve(self, args: dict) -> dict:
-        return self.manager.reserve(protocol.parse_reserve(args))
+        return self.manager.reserve(command_args.parse_reserve(args))
 
     async def cmd_cancel(self, args: dict) -> dict:
-        return self.manager.cancel(protocol.parse_cancel(args))
+        return self.manager.cancel(command_args.parse_cancel(args))
 
     async def cmd_send(self, args: dict) -> dict:
-        return self.manager.send(protocol.parse_send(args))
+        return self.manager.send(command_args.parse_send(args))
 
     async def cmd_ps(self, args: dict) -> dict:
         result = views.ps(self.manager)
@@ -361,7 +362,7 @@ class Daemon:
         return result
 
     async def cmd_reap(self, args: dict) -> dict:
-        return {"reaped": await self.reap_orphans(protocol.parse_reap(args))}
+        return {"reaped": await self.reap_orphans(command_args.parse_reap(args))}
 
     async def cmd_metrics(self, args: dict) -> dict:
         return {"text": self.metrics.exposition().decode()}
@@ -370,10 +371,10 @@ class Daemon:
         return self.reload()
 
     async def cmd_pause(self, args: dict) -> dict:
-        return self.keyctl.pause(protocol.parse_pause(args), by="control")
+        return self.keyctl.pause(command_args.parse_pause(args), by="control")
 
     async def cmd_resume(self, args: dict) -> dict:
-        return self.keyctl.resume(protocol.parse_resume(args))
+        return self.keyctl.resume(command_args.parse_resume(args))
 
     async def cmd_quit(self, args: dict) -> dict:
         asyncio.get_running_loop().call_soon(self.quit)
@@ -414,13 +415,13 @@ class Daemon:
         try:
             protocol.check_id(req_id)
             if kind == "turn":
-                self.manager.request_turn(protocol.parse_turn(body))
+                self.manager.request_turn(command_args.parse_turn(body))
             elif kind == "cancel":
-                self.manager.cancel(protocol.parse_cancel(body), reason="cancelled")
+                self.manager.cancel(command_args.parse_cancel(body), reason="cancelled")
             elif kind == "pause":
-                self.keyctl.pause(protocol.parse_pause(body), by="bus")
+                self.keyctl.pause(command_args.parse_pause(body), by="bus")
             else:
-                self.manager.reserve(protocol.parse_reserve(body))
+                self.manager.reserve(command_args.parse_reserve(body))
         except (ProtocolError, CcsupError) as e:
             if isinstance(req_id, str) and protocol.TURN_ID.match(req_id):
                 self.manager.reject(req_id, e.message)

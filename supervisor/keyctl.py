@@ -44,11 +44,12 @@ from typing import TYPE_CHECKING, TypedDict, cast
 from . import admission_state
 from .admission import Refusal
 from .admission_policy import Admission, AdmissionSettings, WaitReason, Why, WhyJSON, gate_why
+from .command_args import PauseArgs, ResumeArgs
 from .fairness import Ordering, make_ordering, session_of
 from .filework import FileWorker
 from .pause_on import PauseRule, PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
-from .protocol import PauseArgs, ResumeArgs, output_bytes
+from .protocol import output_bytes
 from .rates import RateTable, StartWindows
 from .runtime_limits import RuntimeLimits
 from .turns import Item, State, Turn

@@ -34,6 +34,7 @@ from guardd import procs
 
 from . import containment, spawn
 from .admission import Admission, AdmitAll, Refusal
+from .command_args import ReserveArgs, SendArgs, TurnArgs
 from .endings import Endings, What
 from .errors import CcsupError
 from .filework import FileWorker
@@ -41,7 +42,7 @@ from .finished import FinishedIds
 from .gone import Probe
 from .ledger import Ledger, Publish
 from .paths import StatePaths
-from .protocol import ProtocolError, ReserveArgs, SendArgs, TurnArgs
+from .protocol import ProtocolError
 from .requesters import Requesters
 from .turns import Event, Item, Reservation, State, Turn
 from .waits import Queue

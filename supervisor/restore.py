@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from guardd.procs import Identity
 
+from .command_args import TurnArgs, parse_holder, parse_turn
 from .endings import What
 from .holder import Holder
-from .protocol import ProtocolError, TurnArgs, parse_holder, parse_turn
+from .protocol import ProtocolError
 from .requesters import GONE
 from .slots import SlotView
 from .turns import Event, Item, Reservation, State, Turn

@@ -344,7 +344,8 @@ def test_admission_config_defaults_and_values():
 
 
 def test_pause_and_resume_requests_parse_and_refuse_exactly():
-    from supervisor.protocol import ProtocolError, parse_pause, parse_resume, parse_send
+    from supervisor.command_args import parse_pause, parse_resume, parse_send
+    from supervisor.protocol import ProtocolError
 
     args = parse_pause({"id": "p1", "key": "opencode", "for": 90, "reason": "429", "v": 1})
     assert (args.id, args.key, args.for_, args.until, args.reason, args.by) == (

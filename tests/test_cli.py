@@ -25,7 +25,7 @@ from supervisor.cli import main
 from supervisor.cli.formats import format_age, format_ps
 from supervisor.cli.output import OutputFollower
 from supervisor.cli.run import turn_exit_status
-from supervisor.client import lock_held
+from supervisor.lock_probe import lock_held
 
 CCSUP = [sys.executable, "-m", "supervisor"]
 FAST_CONFIG = """\

@@ -19,8 +19,9 @@ import pytest
 import zmq
 
 from supervisor import protocol
-from supervisor.client import Client, RemoteError, lock_held
+from supervisor.client import Client, RemoteError
 from supervisor.errors import CcsupError, NotRunning
+from supervisor.lock_probe import lock_held
 from supervisor.subscription import Loss
 
 HELLO = b"ccsup.hello."

@@ -29,7 +29,7 @@ import pytest
 import zmq
 from conftest import wait_until
 
-from supervisor import protocol
+from supervisor import command_args, protocol
 
 SEED = int(os.environ.get("CCSUP_FUZZ_SEED", "20240605"))
 MiB = 1 << 20
@@ -102,7 +102,7 @@ TURN_BAD = {
         ["sleep", 60],
         [None],
         ["a\0b"],
-        ["x"] * (protocol.MAX_ARGV + 1),
+        ["x"] * (command_args.MAX_ARGV + 1),
         5,
         {},
         [[]],
@@ -169,7 +169,7 @@ TURN_BAD = {
     ],
     "reservation": BAD_IDS + [5, [], True, {}],
     "wait_timeout": NUMBERS[:3]
-    + [NAN, INF, -INF, 1e308, protocol.MAX_WAIT_TIMEOUT + 1, 10**30, "5", True, [], {}, -5],
+    + [NAN, INF, -INF, 1e308, command_args.MAX_WAIT_TIMEOUT + 1, 10**30, "5", True, [], {}, -5],
 }
 RESERVE_BAD = {name: TURN_BAD[name] for name in ("id", "key", "holder", "wait_timeout")}
 CANCEL_BAD = {"id": BAD_IDS + [None, *WRONG_TYPES]}

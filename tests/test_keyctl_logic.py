@@ -10,9 +10,9 @@ from test_manager_logic import RUN, Harness, scenario  # noqa: F401 (the harness
 
 from guardd.procs import Identity
 from supervisor.admission_policy import AdmissionSettings
+from supervisor.command_args import parse_pause, parse_resume
 from supervisor.keyctl import START_SLACK, KeyControl
 from supervisor.manager import Manager, Settings
-from supervisor.protocol import parse_pause, parse_resume
 from supervisor.rates import Rate
 
 

@@ -23,11 +23,12 @@ import pytest
 
 from guardd.procs import Group, Identity
 from supervisor import restore, store
+from supervisor.command_args import parse_reserve, parse_turn
 from supervisor.endings import ACTIONS, Action, Phase, What
 from supervisor.holder import Holder
 from supervisor.manager import Manager, Settings
 from supervisor.paths import StatePaths
-from supervisor.protocol import ProtocolError, parse_reserve, parse_turn
+from supervisor.protocol import ProtocolError
 from supervisor.slots import SlotView
 from supervisor.turns import IllegalTransition
 
@@ -1065,7 +1066,7 @@ async def test_an_admission_policy_holds_a_key_back_and_others_go_on(h):
 
 @scenario()
 async def test_send_writes_to_a_running_turn_only(h):
-    from supervisor.protocol import parse_send
+    from supervisor.command_args import parse_send
 
     h.turn("t1")
     h.turn("t2")
@@ -1080,7 +1081,7 @@ async def test_send_writes_to_a_running_turn_only(h):
 
 
 def test_the_holder_type_round_trips_as_a_slot_record_and_a_request_gives_it():
-    from supervisor.protocol import parse_holder
+    from supervisor.command_args import parse_holder
 
     holder = parse_holder({"session": "s", "pid": 5})
     assert holder == Holder(pid=5, session="s")

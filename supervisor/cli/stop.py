@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 @click.pass_context
 def stop(ctx: click.Context, timeout: float) -> None:
     """Stop the supervisor: every turn ended and confirmed gone first."""
-    from ..client import RemoteError, lock_held
+    from ..client import RemoteError
+    from ..lock_probe import lock_held
 
     options = where(ctx)
     with options.client() as client:

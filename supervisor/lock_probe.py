@@ -1,0 +1,68 @@
+"""Is a supervisor running on a state directory? Answered from its lock, without touching it.
+
+Design note. The question is answered before any request, without the daemon: its lock
+(<state>/supervisor.lock) is looked up in /proc/locks by inode. Taking the lock, even for a moment
+with LOCK_NB, would make a daemon starting at that instant see it taken and exit "already
+running" (`ccsup start` polls `status` exactly while its daemon starts); a flock probe is the
+fallback only where /proc/locks cannot be read. The first read of /proc/locks in a process waits
+for the kernel to take its global file-lock semaphore for writing (an RCU grace period, about
+10 ms here, and every flock on the machine waits with it), so the daemon's own answer is tried
+first: the lock file holds its pid, and /proc/<pid>/fdinfo of the descriptor open on the lock file
+lists the flock it holds. Only when that does not show the lock held is /proc/locks read.
+
+Knows the lock file (its pid, its inode) and asks guardd.procs to read /proc; nothing of sockets
+or the protocol: the client adds "and its control socket exists" and what a silent daemon means.
+State: reads only; a missing lock file is "not held".
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+from guardd import procs
+
+from .errors import CcsupError
+
+
+def not_running_message(state_dir: Path) -> str:
+    return f"no supervisor is running on {state_dir}; start one with `ccsup start`"
+
+
+def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:
+    """Whether the process whose pid the lock file records holds its flock (by that process's
+    fdinfo); False when that cannot be shown: not a "no", only "ask /proc/locks"."""
+    try:
+        pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
+    except (OSError, ValueError):
+        return False
+    return procs.holds_flock(pid, st)
+
+
+def lock_held(lock_path: Path) -> bool:
+    """Whether some process holds the flock on lock_path (a missing file is not held)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise CcsupError(f"unable to open supervisor lock {lock_path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if _held_by_recorded_pid(fd, st):
+            return True
+        try:
+            return procs.file_key(st) in procs.held_locks()
+        except OSError:
+            pass  # /proc/locks cannot be read
+        try:  # fallback probe: may, for an instant, look taken to a starting daemon
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise CcsupError(f"unable to probe supervisor lock {lock_path}: {e.strerror}") from None
+        return False
+    finally:
+        os.close(fd)
