@@ -16,7 +16,7 @@ def test_a_forked_guard_is_named_after_its_turn_in_cmdline_and_comm(daemon, even
         guard = log.wait_for("turn.title-t1.started")["guard"]["pid"]
 
         # `started` may come before the forked child has named itself (the zygote answers, then
-        # lets it run): wait for the title, which a forked guard sets before anything else.
+        # lets it run): wait until the title is set.
         def title() -> list[bytes]:
             return Path(f"/proc/{guard}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
 
