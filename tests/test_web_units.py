@@ -17,8 +17,8 @@ from supervisor import config as cfg
 from supervisor.errors import ConfigError
 from supervisor.web import usage
 from supervisor.web.access import Gate
-from supervisor.web.app import LogReader
 from supervisor.web.live import MAX_EVENTS, MAX_TURNS, Live
+from supervisor.web.log_reader import LogReader
 from supervisor.web.settings import Listen, check_exposure, parse_listen
 
 # -- settings --------------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def test_size_the_model_stays_bounded_and_fast_at_100x():
 
 
 def test_the_log_reader_keeps_characters_whole_across_reads(tmp_path, monkeypatch):
-    monkeypatch.setattr("supervisor.web.app.READ_CHUNK", 3)
+    monkeypatch.setattr("supervisor.web.log_reader.READ_CHUNK", 3)
     path = tmp_path / "stdout.log"
     text = "aé✓∎\tz\n"
     path.write_bytes(text.encode() + b"\xff")
@@ -287,6 +287,16 @@ def test_the_log_reader_keeps_characters_whole_across_reads(tmp_path, monkeypatc
     assert "".join(parts) == text + "\ufffd"
     assert offsets == list(range(0, len(text.encode()) + 1, 3))
     assert LogReader(tmp_path / "missing").read() is None
+
+
+def test_the_log_reader_joins_a_character_split_by_a_read(tmp_path, monkeypatch):
+    monkeypatch.setattr("supervisor.web.log_reader.READ_CHUNK", 2)  # "é✓" is 2 + 3 bytes
+    path = tmp_path / "stdout.log"
+    path.write_bytes("é✓z".encode())
+    reader = LogReader(path)
+    got = [reader.read(), reader.read(), reader.read(), reader.read()]
+    assert got == [(0, "é"), (2, ""), (4, "✓z"), None]
+    assert reader.finish() == ""
 
 
 # -- CPU and memory of running work ---------------------------------------------------------------

@@ -16,26 +16,24 @@ Routes:
   POST /api/turn/<id>/cancel      cancel the turn through the control socket
   GET  /login?code=<one-time>     set the session cookie; POST /login (token=...) likewise
 
-Design note. The app is a client: it holds no supervisor state of its own beyond what the page
-shows (supervisor.web.live), re-reads `ps` when an event says something changed (coalesced, at
-most every REFRESH_MIN seconds, and every REFRESH_MAX seconds regardless, so ages and CPU move),
-and pushes one snapshot to every open page. A page that cannot keep up (its queue full) is
-dropped; its EventSource reconnects and gets a fresh snapshot. Per-connection memory is bounded.
+The app is a client of the supervisor: what the page shows lives in the Hub (supervisor.web.hub:
+the live model, its refresher and the open streams' queues); a turn's output is read from its log
+file by LogReader (supervisor.web.log_reader) in a worker thread. This module turns both into
+HTTP: pages, JSON, server-sent events (a keep-alive every 15 s; a stream the Hub drops ends, and
+the page's EventSource reconnects), and the cancel call.
 
-Knows HTTP and the page's routes; the supervisor only through Link, who may do what through
-supervisor.web.access.
+Knows HTTP and the page's routes; the supervisor only through the Hub's Link, who may do what
+through supervisor.web.access; nothing of how the model is kept fresh or how a log is decoded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import json
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -44,162 +42,19 @@ from aiohttp import web
 
 from ..client import RemoteError
 from ..errors import CcsupError, NotRunning
-from ..paths import TURN_ID, StatePaths
-from . import usage as usage_mod
+from ..paths import TURN_ID
 from .access import COOKIE, CSRF_HEADER, Gate
+from .hub import Hub
 from .link import Link
-from .live import KEEP_SECONDS, Live, TurnView
+from .log_reader import LogReader
 from .settings import Listen
-from .timeline import history_bars, past_turn, recent_bars
 
 log = logging.getLogger("ccsup.web")
 
-REFRESH_MIN = 0.1  # seconds between two `ps` reads at most
-REFRESH_MAX = 2.0  # seconds between two `ps` reads at least
-USAGE_EVERY = 2.0  # seconds between two CPU/memory samples of the running turns
-STREAM_QUEUE = 64  # messages a slow page may be behind before it is dropped
-READ_CHUNK = 64 * 1024
 OUTPUT_IDLE = 1.0  # seconds an output stream waits for a bus hint before it looks at the file
 
 STATIC = ("app.js", "turn.js", "common.js", "style.css")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class Hub:
-    """The live model, its refresher and the open streams, on the app's event loop."""
-
-    def __init__(self, link: Link, state_dir: Path):
-        self.link = link
-        self.paths = StatePaths(state_dir)
-        self.live = Live()
-        self.usage: dict[str, tuple[float, int]] = {}
-        self.streams: set[asyncio.Queue[tuple[str, Any] | None]] = set()
-        self.output_wakers: dict[str, set[asyncio.Event]] = {}
-        self._dirty = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
-
-    # -- in
-
-    def on_event(self, topic: str, body: dict) -> None:
-        if topic == "ccsup.gap":
-            self._dirty.set()
-            return
-        if self.live.apply_event(topic, body):
-            self._dirty.set()
-        parts = topic.split(".")
-        if parts[0] == "turn" and len(parts) >= 3:
-            turn_id = ".".join(parts[1:-1])
-            for waker in self.output_wakers.get(turn_id, ()):
-                waker.set()
-            if parts[-1] not in ("stdout", "stderr"):
-                self._broadcast("turn", turn_id)
-
-    def on_status(self, connected: bool, reason: str | None) -> None:
-        if connected:
-            self._dirty.set()
-        else:
-            self.live.lost(reason or "not connected")
-            self._broadcast("state", None)
-
-    # -- the refresher
-
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.link.start_reader(loop, self.on_event, self.on_status)
-        self._tasks = [
-            asyncio.create_task(self._refresh_loop(), name="ccsup-web-refresh"),
-            asyncio.create_task(self._usage_loop(), name="ccsup-web-usage"),
-        ]
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for queue in list(self.streams):
-            self._close_stream(queue)
-        await asyncio.get_running_loop().run_in_executor(None, self.link.close)
-
-    async def refresh(self) -> None:
-        asked_at = self.live.clock()
-        try:
-            ps = await self.link.call("ps")
-            status = await self.link.call("status")
-        except CcsupError as e:
-            self.live.lost(e.message)
-        else:
-            self.live.apply_ps(ps, status, asked_at)
-            self.live.expire()
-        self._broadcast("state", None)
-        changed = self.live.take_changed_bars()
-        if changed:
-            self._broadcast("bars", {"full": False, "bars": changed})
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(REFRESH_MAX):
-                    await self._dirty.wait()
-            self._dirty.clear()
-            await self.refresh()
-            await asyncio.sleep(REFRESH_MIN)
-
-    async def _usage_loop(self) -> None:
-        while True:
-            if not self.streams:  # nobody looks: no pass over /proc
-                self.usage = {}
-                await asyncio.sleep(USAGE_EVERY)
-                continue
-            works = usage_mod.works_of(self.live.ps.get("slots", []))
-            samples = await self.link.run(usage_mod.sample, works)
-            self.usage = {turn: (s.cpu_seconds, s.rss_bytes) for turn, s in samples.items()}
-            await asyncio.sleep(USAGE_EVERY)
-
-    # -- out
-
-    def state(self) -> dict:
-        return dict(self.live.state(self.usage))
-
-    async def bars(self) -> list:
-        since = time.time() - KEEP_SECONDS
-        past = await self.link.run(history_bars, self.paths.root, since)
-        return list(recent_bars(self.live, since, past))
-
-    async def turn(self, turn_id: str) -> TurnView | None:
-        """A turn's view: what the bus showed, else (or when it showed no event) the history's."""
-        view = self.live.turn(turn_id)
-        if view is None or not view["events"]:
-            past = await self.link.run(past_turn, self.paths.root, turn_id)
-            if past is not None:
-                if view is not None:
-                    past["active"] = view["active"]
-                return past
-        return view
-
-    def _broadcast(self, kind: str, data: Any) -> None:
-        for queue in list(self.streams):
-            try:
-                queue.put_nowait((kind, data))
-            except asyncio.QueueFull:
-                self._close_stream(queue)
-
-    def _close_stream(self, queue: asyncio.Queue) -> None:
-        self.streams.discard(queue)
-        with contextlib.suppress(asyncio.QueueFull):
-            queue.put_nowait(None)
-
-    @contextlib.asynccontextmanager
-    async def stream(self) -> AsyncIterator[asyncio.Queue[tuple[str, Any] | None]]:
-        queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue(STREAM_QUEUE)
-        self.streams.add(queue)
-        try:
-            yield queue
-        finally:
-            self.streams.discard(queue)
-
-
-# -- HTTP ------------------------------------------------------------------------------------------
 
 HUB = web.AppKey("hub", Hub)
 GATE = web.AppKey("gate", Gate)
@@ -346,51 +201,6 @@ async def api_turn(request: web.Request) -> web.Response:
     if view is None:
         return _error(404, "this page has not seen that turn, and it is not running now")
     return _json(view)
-
-
-class LogReader:
-    """A turn's log file read from an offset, decoded as UTF-8 across chunk edges.
-
-    `tail`: start at most this many bytes before the end as it is at the first read (moved
-    forward past UTF-8 continuation bytes, so the first character is whole); `skipped` says how
-    many bytes were left out before it.
-    """
-
-    def __init__(self, path: Path, tail: int | None = None):
-        self.path = path
-        self.offset = 0
-        self.tail = tail
-        self.skipped = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def _start(self, f) -> None:
-        size = os.fstat(f.fileno()).st_size
-        if self.tail is None or size <= self.tail:
-            return
-        f.seek(size - self.tail)
-        head = f.read(4)
-        lead = next((i for i, b in enumerate(head) if b & 0xC0 != 0x80), len(head))
-        self.offset = self.skipped = size - self.tail + lead
-
-    def read(self) -> tuple[int, str] | None:
-        """(offset of the text, text) of what is new, None when nothing is."""
-        try:
-            with open(self.path, "rb") as f:
-                if self.tail is not None:
-                    self._start(f)
-                    self.tail = None
-                f.seek(self.offset)
-                data = f.read(READ_CHUNK)
-        except FileNotFoundError:
-            return None
-        if not data:
-            return None
-        start = self.offset
-        self.offset += len(data)
-        return start, self._decoder.decode(data)
-
-    def finish(self) -> str:
-        return self._decoder.decode(b"", final=True)
 
 
 async def api_output(request: web.Request) -> web.StreamResponse:
