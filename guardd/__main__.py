@@ -20,7 +20,9 @@ import os
 import sys
 
 from guardd.durations import parse_duration
-from guardd.guard import EXIT_GUARD_FAILURE, Options, run_guard
+from guardd.exits import EXIT_GUARD_FAILURE
+from guardd.guard import run_guard
+from guardd.options import Options
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
 if TYPE_CHECKING:

@@ -7,10 +7,9 @@ Design note (why it is built this way).
 - Signal handlers only wake the loop: Python writes each signal number to a self-pipe
   (signal.set_wakeup_fd); the loop polls that pipe, the parent's pidfd, and a timer for scans.
   Handlers are installed, and those signals unblocked, before CMD starts.
-- CMD is forked and exec'd rather than posix_spawn'd: glibc's posix_spawn leaves its two internal
-  signals (32, 33) ignored in the child, and CMD must start with every disposition at default and
-  an empty mask. The child resets all that itself and reports an exec failure through a
-  close-on-exec pipe (127 not found, 126 found but not executable).
+- CMD is started by guardd.child (a bare fork and exec, for the reasons given there); what runs
+  between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
+  guardd.options what the guard was asked to do.
 - Groups are signalled with killpg only after `procs.live_groups` said the recorded group (pgid
   and leader start) is still the same and running: a reaped group's id can be reused. Every
   group of a round is judged together, with at most one pass over /proc (judging them one by one
@@ -38,19 +37,13 @@ import signal
 import sys
 import time
 
-from guardd import cgroup, deadman, linux, procs, record, scan, usage
+from guardd import cgroup, child, deadman, linux, procs, record, scan, usage
+from guardd.exits import EXIT_GUARD_FAILURE, Exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
 if TYPE_CHECKING:
     from guardd.hints import Publisher
-
-EXIT_GUARD_FAILURE = 125
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
-# The soft RLIMIT_NOFILE to give CMD back: the supervisor raises its own soft limit to the hard one
-# (hundreds of turns need thousands of fds) and says here what it had, so that a turn's tools
-# (select() breaks above 1024) start with what they would have had anyway. Never passed on to CMD.
-NOFILE_ENV = "CCSUP_GUARD_NOFILE"
+    from guardd.options import Options
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _WATCHED_SIGNALS = (signal.SIGCHLD, *_STOP_SIGNALS)
@@ -61,62 +54,8 @@ _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
 _DEADLINE_POLL = 0.25  # seconds: how late a suspended-then-resumed machine may see its deadline
 
 
-class Options:
-    """What `ccsup-guard` was asked to do (a plain class: dataclasses cost ~10 ms of a start)."""
-
-    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "cgroup", "deadline_file")
-
-    def __init__(
-        self,
-        argv: list[str],
-        record_dir: str | None = None,
-        grace: float = 5.0,
-        scan: float = 2.0,
-        turn: str | None = None,
-        bus: str | None = None,
-        cgroup: str | None = None,
-        deadline_file: str | None = None,
-    ):
-        self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
-        self.turn, self.bus, self.cgroup = turn, bus, cgroup
-        self.deadline_file = deadline_file
-
-    def __eq__(self, other):
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
-        return f"Options({fields})"
-
-
 class GuardFailure(Exception):
     """The guard itself failed (exit 125): the message names the operation and the reason."""
-
-
-class _Exit:
-    __slots__ = ("code", "signal")
-
-    def __init__(self, code: int | None, signal: int | None):
-        self.code, self.signal = code, signal
-
-    @classmethod
-    def from_status(cls, status: int) -> _Exit:
-        if os.WIFSIGNALED(status):
-            return cls(None, os.WTERMSIG(status))
-        return cls(os.waitstatus_to_exitcode(status), None)
-
-    def exit_code(self) -> int:
-        if self.signal is not None:
-            return 128 + self.signal
-        assert self.code is not None  # from_status gives a code whenever there is no signal
-        return self.code
-
-    def to_json(self) -> dict:
-        return {"code": self.code, "signal": self.signal}
 
 
 def _ignore(signum, frame):
@@ -149,7 +88,7 @@ class Guard:
         self.by_pgid: dict[int, procs.Group] = {}  # the latest recorded group of each pgid
         self.descendants: dict[int, procs.Stat] = {}
         self.scanner = scan.Scanner(pid)  # holds /proc files of what it saw: cheaper rescans
-        self.exit: _Exit | None = None
+        self.exit: Exit | None = None
         self.state = "running"
         self.reason: str | None = None
         self.has_children = True
@@ -220,50 +159,26 @@ class Guard:
             raise GuardFailure(str(e)) from None
 
     def _spawn_cmd(self) -> int | None:
-        """Fork and exec CMD in a new group; None when it runs, else the exit code to return."""
-        argv = self.opts.argv
+        """Start CMD (guardd.child); None when it runs, else the exit code to return."""
         env = dict(os.environ)
         env[record.TURN_ENV] = self.turn
         scope = record.record_dir_scope(self.opts.record_dir) if self.opts.record_dir else None
         if scope is not None:
             env[record.SCOPE_ENV] = scope  # the reaper of this state directory's only
-        nofile = _nofile_limit(env.pop(NOFILE_ENV, None))
-        errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
-        guard_pid = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            _exec_child(argv, env, errw, self.opts.cgroup, guard_pid, nofile)  # never returns
-        os.close(errw)
-        try:
-            os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
-        except OSError:
-            pass  # EACCES: the child already exec'd (and set it); ESRCH: it already died
-        with os.fdopen(errr, "rb") as f:
-            err = f.read()
+        pid, failed = child.start(self.opts.argv, env, self.opts.cgroup)
         self.cmd_pid = pid
-        if not err:
+        if failed is None:
             self.own = procs.Group(pid, procs.start_ticks(pid))
             return None
         # The loop (the one reaper) has not started and this child is our only one: wait for it.
         os.waitpid(pid, 0)
         self.has_children = False
-        if err.startswith(_CGROUP_FAILED):
-            errno_ = int(err[len(_CGROUP_FAILED) :])
-            self.reason = f"unable to join cgroup {self.opts.cgroup}: {os.strerror(errno_)}"
-            print(f"ccsup-guard: {self.reason}", file=sys.stderr)
-            self.exit = _Exit(EXIT_GUARD_FAILURE, None)
-            self.state = "gone"
-            self._write_record()
-            return EXIT_GUARD_FAILURE
-        errno_ = int(err)
-        code = EXIT_NOT_FOUND if errno_ in (2, 20) else EXIT_NOT_EXECUTABLE  # ENOENT, ENOTDIR
-        what = "not_found" if code == EXIT_NOT_FOUND else "not_executable"
-        self.reason = f"{what}: unable to run {argv[0]}: {os.strerror(errno_)}"
-        print(f"ccsup-guard: unable to run {argv[0]}: {os.strerror(errno_)}", file=sys.stderr)
-        self.exit = _Exit(code, None)
+        self.reason = failed.reason
+        print(f"ccsup-guard: {failed.message}", file=sys.stderr)
+        self.exit = Exit(failed.code, None)
         self.state = "gone"
         self._write_record()
-        return code
+        return failed.code
 
     def _loop(self, wake_fd: int) -> int:
         poller = select.poll()
@@ -374,7 +289,7 @@ class Guard:
                 return cmd_exited
             self.usage.reaped(pid, rusage)
             if pid == self.cmd_pid and self.exit is None:
-                self.exit = _Exit.from_status(status)
+                self.exit = Exit.from_status(status)
                 cmd_exited = True
 
     def _scan(self) -> None:
@@ -559,67 +474,6 @@ def _drain(fd: int) -> set[int]:
         if not data:
             return sigs
         sigs.update(data)
-
-
-def _nofile_limit(value: str | None) -> int | None:
-    """The soft RLIMIT_NOFILE CMD gets back ($CCSUP_GUARD_NOFILE); None: leave it as inherited."""
-    if value is None or not value.isdigit():
-        return None
-    return int(value)
-
-
-_CGROUP_FAILED = b"cgroup:"
-
-
-def _exec_child(
-    argv: list[str],
-    env: dict,
-    errw: int,
-    cgroup_path: str | None = None,
-    guard_pid: int = 0,
-    nofile: int | None = None,
-) -> None:
-    """In the forked child: the turn's cgroup (before anything runs), a new group, default
-    dispositions, empty mask, the soft fd limit the supervisor's caller had (nofile), then exec
-    CMD."""
-    if cgroup_path is not None:
-        try:
-            cgroup.join(cgroup_path)
-        except OSError as e:
-            try:
-                os.write(errw, _CGROUP_FAILED + str(e.errno or 0).encode())
-            finally:
-                os._exit(EXIT_GUARD_FAILURE)
-    try:
-        if nofile is not None:
-            import resource
-
-            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            if hard == resource.RLIM_INFINITY or nofile <= hard:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        signal.set_wakeup_fd(-1)
-        for sig in signal.valid_signals():
-            if sig not in (signal.SIGKILL, signal.SIGSTOP):
-                try:
-                    signal.signal(sig, signal.SIG_DFL)
-                except (OSError, ValueError):
-                    pass  # glibc's own signals cannot be set; the kernel resets handlers at exec
-        os.setpgid(0, 0)
-        if guard_pid and os.getppid() != guard_pid:
-            # The guard died before CMD ran (before its record could name CMD's group): run
-            # nothing. Checked after joining the cgroup, so a guard that dies after this check
-            # leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN marker).
-            os._exit(EXIT_GUARD_FAILURE)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        os.execvpe(argv[0], argv, env)
-    except OSError as e:
-        try:
-            os.write(errw, str(e.errno or 0).encode())
-        finally:
-            os._exit(EXIT_NOT_FOUND)
-    except BaseException:  # noqa: BLE001 -- the forked child must never return into the guard
-        os._exit(EXIT_GUARD_FAILURE)
 
 
 def run_guard(opts: Options, parent_fd: int | None = None) -> int:

@@ -65,7 +65,7 @@ import struct
 import sys
 
 from guardd import linux, procs
-from guardd.guard import EXIT_GUARD_FAILURE
+from guardd.exits import EXIT_GUARD_FAILURE
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
 if TYPE_CHECKING:

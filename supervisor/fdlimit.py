@@ -6,7 +6,7 @@ raises its soft limit to the hard one (an unprivileged process may) once, at sta
 inherit the raised limit, and a turn's tools must not: select() breaks on descriptors above 1024.
 So the daemon's environment carries `CCSUP_GUARD_NOFILE=<the soft limit it started with>`; every
 guard it starts (directly or through the zygote) gets that environment, takes the variable out of
-CMD's environment and sets CMD's soft limit back to it just before exec (guardd.guard). A turn thus
+CMD's environment and sets CMD's soft limit back to it just before exec (guardd.child). A turn thus
 starts with the limit it would have had without ccsup.
 
 Knows getrlimit/setrlimit and that one variable; nothing of guards or turns. Stateless: a
@@ -20,7 +20,7 @@ import logging
 import os
 import resource
 
-from guardd.guard import NOFILE_ENV
+from guardd.child import NOFILE_ENV
 
 log = logging.getLogger("ccsup.fdlimit")
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO
 
 from guardd import procs
-from guardd.guard import EXIT_GUARD_FAILURE
+from guardd.exits import EXIT_GUARD_FAILURE
 from guardd.launch import guard_command
 from guardd.record import record_path
 

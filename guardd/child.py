@@ -1,0 +1,138 @@
+"""Starting CMD: the fork, what the child does between fork and exec, and the report of a failure.
+
+Design note.
+- CMD is forked and exec'd rather than posix_spawn'd: glibc's posix_spawn leaves its two internal
+  signals (32, 33) ignored in the child, and CMD must start with every disposition at default and
+  an empty mask. subprocess.Popen is not used either: its wait would be a second reaper next to
+  the guard's (see guardd.guard).
+- Between fork and exec the child, in this order: joins the turn's cgroup (before anything of CMD
+  runs, so nothing CMD starts is ever outside it), gives CMD back the soft RLIMIT_NOFILE the
+  supervisor's caller had ($CCSUP_GUARD_NOFILE, never passed on to CMD), blocks every signal and
+  sets every disposition to default, makes a group of its own, checks that the guard is still its
+  parent, empties the mask and execs.
+- A failure comes back through a close-on-exec pipe, EOF meaning exec succeeded:
+  `cgroup:<errno>` when the cgroup could not be joined (exit 125), `<errno>` when exec failed
+  (127 not found, 126 found but not executable). Both ends of that pipe are here: `start` reads it
+  and gives an `ExecFailure` with the exit status and the reason the record states.
+- A guard that dies between fork and exec (before its record could name CMD's group): the child
+  sees a parent that is not the guard and runs nothing. The check comes after the cgroup join, so a
+  guard that dies after it leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN).
+
+Knows fork, exec, signal dispositions, the fd limit and the pipe's words. Knows nothing of reaping
+(the guard is the one reaper: `start` never waits, its caller reaps a child that failed), of
+records or of groups after the start. Stateless.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from guardd import cgroup
+from guardd.exits import EXIT_GUARD_FAILURE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND
+
+# The soft RLIMIT_NOFILE to give CMD back: the supervisor raises its own soft limit to the hard one
+# (hundreds of turns need thousands of fds) and says here what it had, so that a turn's tools
+# (select() breaks above 1024) start with what they would have had anyway. Never passed on to CMD.
+NOFILE_ENV = "CCSUP_GUARD_NOFILE"
+
+_CGROUP_FAILED = b"cgroup:"
+
+
+class ExecFailure:
+    """CMD did not start: the guard's exit status, the record's reason, the line for stderr."""
+
+    __slots__ = ("code", "reason", "message")
+
+    def __init__(self, code: int, reason: str, message: str):
+        self.code, self.reason, self.message = code, reason, message
+
+
+def start(
+    argv: list[str], env: dict[str, str], cgroup_path: str | None = None
+) -> tuple[int, ExecFailure | None]:
+    """Fork and exec CMD in a new group (and cgroup_path, when given); env is CMD's environment
+    (NOFILE_ENV is taken out of it). Returns CMD's pid and, when it did not start, why: that child
+    has then exited (or is about to) and is left for the caller to reap."""
+    nofile = _nofile_limit(env.pop(NOFILE_ENV, None))
+    errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
+    guard_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _exec_child(argv, env, errw, cgroup_path, guard_pid, nofile)  # never returns
+    os.close(errw)
+    try:
+        os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
+    except OSError:
+        pass  # EACCES: the child already exec'd (and set it); ESRCH: it already died
+    with os.fdopen(errr, "rb") as f:
+        err = f.read()
+    if not err:
+        return pid, None
+    if err.startswith(_CGROUP_FAILED):
+        errno_ = int(err[len(_CGROUP_FAILED) :])
+        reason = f"unable to join cgroup {cgroup_path}: {os.strerror(errno_)}"
+        return pid, ExecFailure(EXIT_GUARD_FAILURE, reason, reason)
+    errno_ = int(err)
+    code = EXIT_NOT_FOUND if errno_ in (2, 20) else EXIT_NOT_EXECUTABLE  # ENOENT, ENOTDIR
+    what = "not_found" if code == EXIT_NOT_FOUND else "not_executable"
+    message = f"unable to run {argv[0]}: {os.strerror(errno_)}"
+    return pid, ExecFailure(code, f"{what}: {message}", message)
+
+
+def _nofile_limit(value: str | None) -> int | None:
+    """The soft RLIMIT_NOFILE CMD gets back ($CCSUP_GUARD_NOFILE); None: leave it as inherited."""
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
+
+
+def _exec_child(
+    argv: list[str],
+    env: dict,
+    errw: int,
+    cgroup_path: str | None = None,
+    guard_pid: int = 0,
+    nofile: int | None = None,
+) -> None:
+    """In the forked child: the turn's cgroup (before anything runs), a new group, default
+    dispositions, empty mask, the soft fd limit the supervisor's caller had (nofile), then exec
+    CMD."""
+    if cgroup_path is not None:
+        try:
+            cgroup.join(cgroup_path)
+        except OSError as e:
+            try:
+                os.write(errw, _CGROUP_FAILED + str(e.errno or 0).encode())
+            finally:
+                os._exit(EXIT_GUARD_FAILURE)
+    try:
+        if nofile is not None:
+            import resource
+
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            if hard == resource.RLIM_INFINITY or nofile <= hard:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        signal.set_wakeup_fd(-1)
+        for sig in signal.valid_signals():
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass  # glibc's own signals cannot be set; the kernel resets handlers at exec
+        os.setpgid(0, 0)
+        if guard_pid and os.getppid() != guard_pid:
+            # The guard died before CMD ran (before its record could name CMD's group): run
+            # nothing. Checked after joining the cgroup, so a guard that dies after this check
+            # leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN marker).
+            os._exit(EXIT_GUARD_FAILURE)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        try:
+            os.write(errw, str(e.errno or 0).encode())
+        finally:
+            os._exit(EXIT_NOT_FOUND)
+    except BaseException:  # noqa: BLE001 -- the forked child must never return into the guard
+        os._exit(EXIT_GUARD_FAILURE)

@@ -1,0 +1,39 @@
+"""What `ccsup-guard` was asked to do: `Options`, built by guardd.__main__, read by guardd.guard.
+
+Knows the fields and their defaults; nothing of parsing (guardd.__main__: arguments and
+environment) or of what the guard does with them. Stateless.
+"""
+
+from __future__ import annotations
+
+
+class Options:
+    """What `ccsup-guard` was asked to do (a plain class: dataclasses cost ~10 ms of a start)."""
+
+    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "cgroup", "deadline_file")
+
+    def __init__(
+        self,
+        argv: list[str],
+        record_dir: str | None = None,
+        grace: float = 5.0,
+        scan: float = 2.0,
+        turn: str | None = None,
+        bus: str | None = None,
+        cgroup: str | None = None,
+        deadline_file: str | None = None,
+    ):
+        self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
+        self.turn, self.bus, self.cgroup = turn, bus, cgroup
+        self.deadline_file = deadline_file
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"Options({fields})"
