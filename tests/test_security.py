@@ -449,6 +449,14 @@ def test_a_client_with_a_valid_curve_pair_not_on_the_list_gets_nothing_on_contro
 # -- secrets --------------------------------------------------------------------------------------
 
 
+def read_if_there(path: Path) -> bytes:
+    """A spent guard record is removed by a thread soon after release: gone is not a leak."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
 def every_file(root: Path) -> list[Path]:
     found = []
     for dirpath, _, filenames in os.walk(root):
@@ -498,7 +506,7 @@ def test_a_turns_env_reaches_its_process_and_is_written_nowhere(daemon, event_lo
         assert exited["code"] == 0  # the turn saw a 32-character SECRET_TOKEN
         log.wait_for("turn.secret.released")
         needle = secret.encode()
-        found = [str(path) for path in every_file(state_dir) if needle in path.read_bytes()]
+        found = [str(path) for path in every_file(state_dir) if needle in read_if_there(path)]
         assert found == []
         with log._cond:
             events = [(topic, body) for topic, body, _ in log.events]
