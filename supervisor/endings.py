@@ -13,17 +13,14 @@ Capacity comes back in one place, `_release` (after `confirm_gone`, supervisor.g
 reservation's in `_release_reservation`; both then call `on_capacity` (the manager grants the next
 waiter). A turn's terminal event is published from there, through the ledger's `_finish`.
 
-Starting a guard: its log directory is made before the guard starts, so a turn whose directory
-cannot be made (the common failure) never leaves a guard behind. A guard asked of the zygote
-(supervisor.launcher) is started when its answer comes, on the loop; meanwhile the turn stays in
-STARTING (a cancel then is kept and acted on once it runs). If following the guard (opening
-its logs, watching its pipes and exit) or recording its work in the slot fails once it runs, the
-turn is started and at once stopped through CANCEL: the guard ends its work, `tick` watches for
-the guard's end when its exit could not be followed, and the slot is released only when that work
-is confirmed gone. Never a running guard that nobody watches.
+Starting a turn's guard is supervisor.starting's (`Starter`): it reports here through `happen`
+(START_FAILED, STARTED, CANCEL when the guard runs but cannot be followed or recorded, and
+GUARD_ENDED), and tells `running` the guard's cgroup and start time. A cancel while STARTING is
+kept (`turn.stop_reason`) and acted on once STARTED; a guard whose exit cannot be followed
+(`turn.followed` False) is watched for its end by `tick`.
 
-Knows items' phases, guards (supervisor.spawn's interface), slots' `release`/`record_work`, and
-guard records; nothing of queue order, grants or sockets.
+Knows items' phases, guards (supervisor.world's interface), slots' `release`/`record_work`, and
+guard records; nothing of queue order, grants, sockets, or how a guard is started.
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 from guardd import procs
@@ -42,14 +37,11 @@ from guardd.procs import Group
 from guardd.record import RecordError, read_json, record_groups
 
 from . import containment
-from .errors import CcsupError
 from .gone import Probe, confirm_gone
 from .ledger import Ledger
-from .output import Chunk
-from .paths import StatePaths
 from .spawn import STATUS_UNKNOWN
 from .turns import Event, IllegalTransition, Item, Outcome, Reservation, State, Turn
-from .world import Guard, GuardSettings, PendingStart, StartGuard
+from .world import GuardSettings
 
 log = logging.getLogger("ccsup.endings")
 
@@ -177,20 +169,14 @@ class Endings:
         self,
         ledger: Ledger,
         *,
-        paths: StatePaths,
-        start_guard: StartGuard,
         settings: Callable[[], GuardSettings],
         on_capacity: Callable[[], None],
         probe: Probe,
-        cgroups: containment.Cgroups | None = None,
     ):
         self.ledger = ledger
-        self.paths = paths
-        self.start_guard = start_guard
         self.settings = settings
         self.on_capacity = on_capacity
         self.probe = probe
-        self.cgroups = cgroups  # where turns' cgroups go; None: no cgroups (tests, "off")
         self._cgroup_of: dict[str, str] = {}  # turn -> its cgroup, removed after the release
         self._started_at: dict[str, float] = {}  # turn -> when its guard started (epoch)
         self._confirming: set[str] = set()
@@ -421,88 +407,11 @@ class Endings:
 
     # -- the guard -------------------------------------------------------------------------------
 
-    def start(self, turn: Turn) -> None:
-        """Start the granted turn's guard and follow it; any failure ends in one terminal event."""
-        settings = self.settings()
-        log_dir = self.paths.turn_dir(turn.id)
-        try:
-            log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as e:
-            why = f"unable to create the turn's log directory {log_dir}: {e.strerror or e}"
-            self.happen(turn, What.START_FAILED, reason=why)
-            return
-        try:
-            cgroup = self.cgroups.turn_path(turn.id, turn.key) if self.cgroups is not None else None
-        except OSError as e:
-            self.happen(turn, What.START_FAILED, reason=f"unable to set the turn's limits: {e}")
-            return
-        extra = {"cgroup": cgroup} if cgroup is not None else {}
-        started: Guard | PendingStart | OSError
-        try:
-            started = self.start_guard(
-                turn.id,
-                turn.argv,
-                cwd=turn.cwd,
-                env=turn.env,
-                record_dir=self.paths.guards,
-                grace=settings.grace,
-                scan=settings.scan,
-                bus=settings.bus_in,
-                **extra,
-            )
-        except OSError as e:
-            started = e
-        turn.env = {}  # the guard (or its request) has it; nothing here keeps it longer
-        then = partial(self._guard_started, turn, log_dir, cgroup)
-        if isinstance(started, PendingStart):  # asked of the zygote: its answer comes later
-            started.then(then)
-        else:
-            then(started)
-
-    def _guard_started(
-        self, turn: Turn, log_dir: Path, cgroup: str | None, guard: Guard | OSError
-    ) -> None:
-        """The guard runs (or could not be started): follow it, record its work, say started."""
-        if isinstance(guard, OSError):
-            why = f"unable to start the guard: {guard.strerror or guard}"
-            self.happen(turn, What.START_FAILED, reason=why)
-            return
-        turn.guard = guard
+    def running(self, turn: Turn, cgroup: str | None) -> None:
+        """Its guard runs (supervisor.starting): its start time and cgroup, kept to its release."""
         self._started_at[turn.id] = self.ledger.clock()
-        extra = {"cgroup": cgroup} if cgroup is not None else {}
         if cgroup is not None:
             self._cgroup_of[turn.id] = cgroup
-        problem = None
-        try:
-            guard.attach(
-                asyncio.get_running_loop(),
-                log_dir,
-                on_output=partial(self._on_output, turn),
-                on_exit=partial(self._on_guard_exit, turn),
-            )
-        except OSError as e:
-            turn.followed = False  # tick() watches for its end instead
-            problem = f"unable to follow the guard of turn {turn.id}: {e}"
-        else:
-            try:
-                assert turn.slot is not None
-                turn.slot.record_work(guard.identity, str(guard.record_path), [], **extra)
-            except (OSError, CcsupError) as e:
-                problem = f"unable to record the work of turn {turn.id} in its slot: {e}"
-        self.happen(turn, What.STARTED)
-        if problem is not None:
-            log.error("%s; stopping it", problem)
-            self.happen(turn, What.CANCEL, reason=problem)
-
-    def _on_output(self, turn: Turn, stream: str, chunk: Chunk) -> None:
-        self.ledger.emit(f"turn.{turn.id}.{stream}", chunk.body(turn.id))
-
-    def _on_guard_exit(self, turn: Turn) -> None:
-        assert turn.guard is not None
-        if turn.guard.reap() is None:
-            return
-        turn.guard.close()
-        self.happen(turn, What.GUARD_ENDED)
 
     def _read_guard_record(self, turn: Turn) -> dict[str, Any] | None:
         assert turn.guard is not None

@@ -7,7 +7,7 @@ launcher does not wait. `start_guard` sends the spawn request (non-blocking; wha
 not take now is sent when it is writable) and returns a `PendingGuard`; the zygote answers one
 request after another, in order, and each answer is taken on the event loop when it arrives and
 settles the oldest pending request: a `spawn.ForkedGuardProcess`, or the OSError that kept its
-child from being set up (a bad cwd). The caller (supervisor.endings) goes on with the turn from
+child from being set up (a bad cwd). The caller (supervisor.starting) goes on with the turn from
 there. Rejected: a thread that waits for the answers (a second reader of the socket, and the
 answers must still come back to the loop); a blocking spawn per turn (the old way).
 

@@ -2,8 +2,9 @@
 
 Design note. The manager is honcho's manager: it takes requests (turn, reserve, cancel, send),
 answers them, and grants the head of each key's queue when a slot is free. Everything else is a
-collaborator with one job (ledger, endings, requesters, finished; restore drives them after a
-restart), made in the constructor, where a test replaces the outside world (supervisor.world).
+collaborator with one job (ledger, starter, endings, requesters, finished; restore drives them
+after a restart), made in the constructor, where a test replaces the outside world
+(supervisor.world).
 
 Grants: keys are taken oldest head first; for each, `Admission.refusal` may hold the head back
 (reason and until when), then the gate is asked for a slot; a new request never jumps older
@@ -44,6 +45,7 @@ from .ledger import Ledger, Publish
 from .paths import StatePaths
 from .protocol import ProtocolError
 from .requesters import Requesters
+from .starting import Starter
 from .turns import Event, Item, Reservation, State, Turn
 from .waits import Queue
 from .world import Gate, LoopTimers, StartGuard, Timers
@@ -105,11 +107,17 @@ class Manager:
         )
         self.endings = Endings(
             self.ledger,
-            paths=paths,
-            start_guard=start_guard,
             settings=lambda: self.settings,
             on_capacity=self.grant_waiters,
             probe=probe or Probe(paths.guards),
+        )
+        self.starter = Starter(
+            self.ledger,
+            paths=paths,
+            start_guard=start_guard,
+            settings=lambda: self.settings,
+            happen=self.endings.happen,
+            on_running=self.endings.running,
             cgroups=cgroups,
         )
         self.requesters = requesters(
@@ -198,7 +206,7 @@ class Manager:
                 reservation, Event.RELEASED, reason="bound", turn=turn.id, index=slot.index
             )
             self.ledger.apply(turn, Event.GRANTED, index=slot.index, reservation=reservation.id)
-        self.endings.start(turn)
+        self.starter.start(turn)
 
     def wait_limit(self, item: Item) -> None:
         """A waiter with a deadline is cancelled (reason timeout) when it is still waiting then."""
@@ -347,7 +355,7 @@ class Manager:
                     if isinstance(item, Turn):
                         granted.append(item)
         for turn in granted:  # their grants are saved: a crash now cannot run them twice
-            self.endings.start(turn)
+            self.starter.start(turn)
 
     def _grant(self, item: Item) -> bool:
         """Take a slot for the head of its queue (False when none is free); publish the grant."""

@@ -1,9 +1,9 @@
 """The outside world as the turn logic sees it: the slot gate, guards, and time.
 
-The manager, the ledger and the endings take each of these in their constructors, with the real
-one as the default (supervisor.slots.SlotGate, supervisor.spawn's guards, the event loop's timers,
-supervisor.gone.Probe), so tests replay histories against fakes without a process, a lock or a
-sleep (tests/test_manager_logic.py). Only the methods named here are used.
+The manager, the ledger, the starter and the endings take each of these in their constructors,
+with the real one as the default (supervisor.slots.SlotGate, supervisor.spawn's guards, the event
+loop's timers, supervisor.gone.Probe), so tests replay histories against fakes without a process,
+a lock or a sleep (tests/test_manager_logic.py). Only the methods named here are used.
 
 Knows interfaces; nothing of how they are implemented.
 """
@@ -36,7 +36,7 @@ class Gate(Protocol):
 
 
 class Guard(Protocol):
-    """What the endings use of a running guard (supervisor.spawn.GuardProcess; a fake in tests)."""
+    """What the starter and the endings use of a guard (spawn.GuardProcess; a fake in tests)."""
 
     identity: Identity
     record_path: Path
