@@ -303,6 +303,12 @@ class Manager:
         turn = self.turns.get(args.id)
         if turn is None:
             raise ProtocolError("not_found", f"no turn {args.id}")
+        if turn.state is State.GRANTED and turn.guard is None:  # its guard is being started
+            if turn.early_eof:
+                raise ProtocolError("failed", f"the stdin of turn {args.id} is closed")
+            turn.early_stdin += args.data
+            turn.early_eof = args.eof
+            return {"id": args.id, "written": len(args.data), "pending": len(turn.early_stdin)}
         if turn.guard is None or turn.state is not State.RUNNING:
             raise ProtocolError(
                 "failed", f"turn {args.id} is {turn.state.value}, not running: nothing to write to"

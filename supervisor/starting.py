@@ -128,6 +128,7 @@ class Starter:
             turn.followed = False  # Endings.tick watches for its end instead
             problem = f"unable to follow the guard of turn {turn.id}: {e}"
         else:
+            self._hand_over_stdin(turn, guard)
             try:
                 assert turn.slot is not None
                 turn.slot.record_work(guard.identity, str(guard.record_path), [], **extra)
@@ -137,6 +138,16 @@ class Starter:
         if problem is not None:
             log.error("%s; stopping it", problem)
             self.happen(turn, What.CANCEL, reason=problem)
+
+    def _hand_over_stdin(self, turn: Turn, guard: Guard) -> None:
+        """What `send` took while the guard was being started goes to the guard first, in order."""
+        if turn.early_stdin or turn.early_eof:
+            data, eof = bytes(turn.early_stdin), turn.early_eof
+            turn.early_stdin.clear()
+            try:
+                guard.write_stdin(data, eof)
+            except OSError as e:  # the turn's stdin is already gone: as a send to it would fail
+                log.warning("unable to write the stdin sent early to turn %s: %s", turn.id, e)
 
     def _on_output(self, turn: Turn, stream: str, chunk: Chunk) -> None:
         self.ledger.emit(f"turn.{turn.id}.{stream}", chunk.body(turn.id))

@@ -175,6 +175,7 @@ class FakeGuard:
 
     def write_stdin(self, data, eof=False):
         self.stdin += data
+        self.stdin_eof = eof
         return len(data)
 
     stdin_pending = 0  # the pipe takes everything at once (world.Guard)
@@ -201,10 +202,25 @@ class FakeGuard:
             self.on_exit()
 
 
+class FakePending:
+    """A guard asked of the zygote whose answer the test gives (world.PendingStart)."""
+
+    def __init__(self, guard):
+        self.guard, self.callback = guard, None
+
+    def then(self, callback):
+        self.callback = callback
+
+    def settle(self):
+        self.callback(self.guard)
+
+
 class Starter:
     def __init__(self, record_dir: Path):
         self.record_dir = record_dir
         self.guards: dict[str, FakeGuard] = {}
+        self.hold = False  # True: answer with a FakePending, settled by the test
+        self.pending: dict[str, FakePending] = {}
         self.error: OSError | None = None
         self.attach_error: OSError | None = None
         self.during = None  # called while the guard starts
@@ -216,6 +232,9 @@ class Starter:
             self.during()
         guard = FakeGuard(turn_id, record_dir, self.attach_error)
         self.guards[turn_id] = guard
+        if self.hold:
+            self.pending[turn_id] = FakePending(guard)
+            return self.pending[turn_id]
         return guard
 
 
@@ -1078,6 +1097,26 @@ async def test_send_writes_to_a_running_turn_only(h):
     assert h.guard("t1").stdin == b"hi"
     with pytest.raises(ProtocolError, match="t2 is queued"):
         h.manager.send(parse_send({"id": "t2", "data": "hi"}))
+
+
+@scenario()
+async def test_stdin_sent_while_the_guard_starts_reaches_it_first_in_order(h):
+    from supervisor.command_args import parse_send
+
+    h.starter.hold = True  # the zygote has not answered yet: the turn is granted, not running
+    h.turn("t1")
+    assert h.events("t1") == ["queued", "granted"]
+    assert h.manager.send(parse_send({"id": "t1", "data": "a"})) == {
+        "id": "t1",
+        "written": 1,
+        "pending": 1,
+    }
+    assert h.manager.send(parse_send({"id": "t1", "data": "b", "eof": True}))["pending"] == 2
+    with pytest.raises(ProtocolError, match="stdin of turn t1 is closed"):
+        h.manager.send(parse_send({"id": "t1", "data": "c"}))
+    h.starter.pending["t1"].settle()
+    assert h.events("t1")[-1] == "started"
+    assert (h.guard("t1").stdin, h.guard("t1").stdin_eof) == (b"ab", True)
 
 
 def test_the_holder_type_round_trips_as_a_slot_record_and_a_request_gives_it():
