@@ -249,6 +249,13 @@ def test_off_runs_turns_without_cgroups_and_status_says_so(daemon, event_log):
         status = client.status()
         assert status["containment"] == "groups" and status["cgroup"] is None
         assert status["cgroup_why_not"] == '[guard] cgroup = "off"'
+        shown = subprocess.run(
+            [PYTHON, "-m", "supervisor", "--state-dir", str(d.state_dir), "status"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        assert 'contain groups ([guard] cgroup = "off")' in shown.splitlines()
         log = event_log(d)
         client.turn("codex", ["sh", "-c", "cat /proc/self/cgroup"], id="t1")
         log.wait_for("turn.t1.released")

@@ -29,6 +29,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if "config" in result:
         click.echo(f"config  {result['config']}")
     click.echo(f"turns   {result['turns']} active, {result['waits']} waiting")
+    if "containment" in result:  # cgroup v2 per turn, or the subreaper and process groups
+        where_ = result.get("cgroup") or result.get("cgroup_why_not") or ""
+        click.echo(f"contain {result['containment']}" + (f" ({where_})" if where_ else ""))
+    for key, entry in sorted((result.get("limits") or {}).items()):
+        for name, why in sorted(entry.get("not_enforced", {}).items()):
+            click.echo(f"limits  {key}.{name}: not enforced: {why}")
     from .keys import format_keys
 
     for line in format_keys(result):  # paused keys and rate windows
