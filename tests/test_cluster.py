@@ -108,9 +108,17 @@ class Cluster:
             return []
         found = []
         for line in path.read_text().splitlines():
-            _, turn, at, running = line.split()
+            _, turn, at, running, _names = line.split()
             found.append((turn, float(at), int(running)))
         return found
+
+    def running_at_begin(self, turn_id: str) -> set[str]:
+        """The turns that held their witness lock when `turn_id` began (itself included)."""
+        for line in (self.witness / "witness").read_text().splitlines():
+            _, turn, _, _, names = line.split()
+            if turn == turn_id:
+                return set(names.split(","))
+        raise AssertionError(f"{turn_id} never began")
 
     def most_running(self) -> int:
         return max((r for _, _, r in self.begins()), default=0)
@@ -213,7 +221,8 @@ def test_sigstop_longer_than_the_ttl_ends_turns_by_their_deadline_then_rejoins(c
     begins = cluster.begins()
     assert sorted(t for t, _, _ in begins[:2]) == ["a1", "a2"]
     assert sorted(t for t, _, _ in begins[2:]) == ["b1", "b2"]
-    assert min(r for _, _, r in begins[2:]) == 1  # the dead-man deadline ended a1 and a2 first
+    for turn_id in ("b1", "b2"):  # the dead-man deadline ended a1 and a2 before b's turns began
+        assert cluster.running_at_begin(turn_id).isdisjoint({"a1", "a2"})
     assert cluster.most_running() == 2
     a.signal(signal.SIGCONT)
     for turn_id in ("a1", "a2"):
