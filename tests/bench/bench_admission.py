@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_daemon import stop_daemon  # noqa: E402
+from bench_daemon import run_daemon, stop_daemon  # noqa: E402
 
 from supervisor.admission_policy import Admission  # noqa: E402
 from supervisor.client import Client  # noqa: E402
@@ -57,35 +57,7 @@ def policy_us(limited: bool, n: int = 100_000) -> float:
 
 
 def start_daemon_config(state: Path):
-    import subprocess
-
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "supervisor",
-            "--state-dir",
-            str(state),
-            "--config",
-            str(state / "ccsup.toml"),
-            "start",
-            "--foreground",
-        ],  # fmt: skip
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(state / "daemon.err", "wb"),
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            with Client(state, timeout=1) as c:
-                c.status()
-            return proc
-        except Exception:
-            time.sleep(0.02)
-    proc.kill()
-    raise SystemExit(f"daemon did not start: {(state / 'daemon.err').read_text()[-500:]}")
+    return run_daemon(state, state / "ccsup.toml")
 
 
 def write_config(state: Path, caps: str, admission: str) -> None:

@@ -18,16 +18,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_daemon import stop_daemon  # noqa: E402
+from bench_daemon import run_daemon, stop_daemon  # noqa: E402
 from bigtree import cancel_while_forking  # noqa: E402
-
-from supervisor.client import Client  # noqa: E402
 
 
 def start_daemon(state: Path, grace: str, cgroup: str = "auto") -> subprocess.Popen:
@@ -36,27 +33,7 @@ def start_daemon(state: Path, grace: str, cgroup: str = "auto") -> subprocess.Po
         f'[slots]\ncaps = {{ big = 1 }}\n[guard]\ngrace = "{grace}"\nscan = "2s"\n'
         f'cgroup = "{cgroup}"\n'
     )
-    command = [sys.executable, "-m", "supervisor", "--state-dir", str(state)]
-    command += ["--config", str(config), "start", "--foreground"]
-    with open(state / "daemon.err", "wb") as err:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            with Client(state, timeout=1) as c:
-                c.status()
-            return proc
-        except Exception:  # noqa: BLE001 -- not up yet
-            time.sleep(0.02)
-    proc.kill()
-    proc.wait()
-    raise SystemExit("the daemon did not start")
+    return run_daemon(state, config, wait=15)
 
 
 def main() -> None:

@@ -31,38 +31,37 @@ ROOT = Path(__file__).resolve().parents[2]
 # Turn ids unique to this run: a reaper of another test on the machine ends escapees by their
 # CCSUP_TURN marker, so a common id such as `b1` can be ended by someone else's test.
 RUN = uuid.uuid4().hex[:8]
+CCSUP = [sys.executable, "-m", "supervisor"]
 
 
-def start_daemon(state: Path, caps: str) -> subprocess.Popen:
-    config = state / "ccsup.toml"
-    config.write_text(f'[slots]\ncaps = {{ {caps} }}\n[guard]\ngrace = "1s"\nscan = "2s"\n')
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "supervisor",
-            "--state-dir",
-            str(state),
-            "--config",
-            str(config),
-            "start",
-            "--foreground",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(state / "daemon.err", "wb"),
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 15
+def run_daemon(state: Path, config: Path, *, wait: float = 20) -> subprocess.Popen:
+    """`ccsup start --foreground` in its own session, returned once `status` answers; every
+    benchmark starts its daemon through this one function."""
+    with open(state / "daemon.err", "wb") as err:
+        proc = subprocess.Popen(
+            [*CCSUP, "--state-dir", str(state), "--config", str(config), "start", "--foreground"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
             with Client(state, timeout=1) as c:
                 c.status()
             return proc
-        except Exception:
+        except Exception:  # not up yet: any failure means "try again"
             time.sleep(0.02)
     proc.kill()
-    raise SystemExit("daemon did not start")
+    proc.wait()
+    raise SystemExit(f"daemon did not start: {(state / 'daemon.err').read_text()[-500:]}")
+
+
+def start_daemon(state: Path, caps: str) -> subprocess.Popen:
+    config = state / "ccsup.toml"
+    config.write_text(f'[slots]\ncaps = {{ {caps} }}\n[guard]\ngrace = "1s"\nscan = "2s"\n')
+    return run_daemon(state, config)
 
 
 def stop_daemon(proc: subprocess.Popen, state: Path) -> None:

@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import zmq  # noqa: E402
+from bench_daemon import run_daemon  # noqa: E402
 
 from supervisor import protocol  # noqa: E402
 from supervisor.client import Client  # noqa: E402
@@ -47,23 +48,7 @@ CCSUP = [sys.executable, "-m", "supervisor"]
 def start_daemon(state: Path, cap: int) -> subprocess.Popen:
     config = state / "ccsup.toml"
     config.write_text(f'[slots]\ncaps = {{ s = {cap} }}\n[guard]\ngrace = "1s"\nscan = "2s"\n')
-    proc = subprocess.Popen(
-        [*CCSUP, "--state-dir", str(state), "--config", str(config), "start", "--foreground"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(state / "daemon.err", "wb"),
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            with Client(state, timeout=1) as c:
-                c.status()
-            return proc
-        except Exception:
-            time.sleep(0.02)
-    proc.kill()
-    raise SystemExit("daemon did not start")
+    return run_daemon(state, config)
 
 
 def rss_kib(pid: int) -> int:
