@@ -45,6 +45,7 @@ from . import (
 )
 from .cluster_wiring import cluster_wiring
 from .config import Config, load
+from .config.metrics import metrics_address
 from .errors import AlreadyRunning, CcsupError, os_failure
 from .keyctl import KeyControl, admission_settings
 from .launcher import Launcher
@@ -252,7 +253,7 @@ class Daemon:
         if not listen:
             return
         try:
-            host, port = metrics.parse_listen(listen)
+            host, port = metrics_address(listen)
             server = metrics.MetricsServer(self.metrics, host, port)
             server.start()
         except CcsupError as e:

@@ -48,20 +48,6 @@ SLOT_STATES = ("free", "reserved", "held", "orphaned", "unreadable")
 BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200, float("inf"))
 
 
-def parse_listen(text: str, where: str = "metrics.listen") -> tuple[str, int]:
-    """ "host:port", "[v6]:port", or a bare port (then 127.0.0.1) -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", text
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(
-            f"{where}: {text!r} is not an address to listen on; write host:port, "
-            'e.g. "127.0.0.1:9464"'
-        )
-    return host, int(port)
-
-
 class _SlotCollector(Collector):
     """cap, slots by state, and waiters per key, from a `ps` answer taken at scrape."""
 

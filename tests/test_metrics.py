@@ -14,8 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor import protocol
+from supervisor.config.metrics import metrics_address
 from supervisor.errors import ConfigError
-from supervisor.metrics import Metrics, MetricsServer, parse_listen
+from supervisor.metrics import Metrics, MetricsServer
 
 
 def samples(text: str) -> dict[tuple, float]:
@@ -110,14 +111,14 @@ def test_figures_follow_the_published_events_and_the_slots():
         ("9464", ("127.0.0.1", 9464)),
     ],
 )
-def test_parse_listen(text, address):
-    assert parse_listen(text) == address
+def test_metrics_address(text, address):
+    assert metrics_address(text) == address
 
 
 @pytest.mark.parametrize("text", ["", "host:", ":80", "h:99999", "h:x"])
-def test_parse_listen_refuses_what_is_not_an_address(text):
+def test_metrics_address_refuses_what_is_not_an_address(text):
     with pytest.raises(ConfigError, match="metrics.listen"):
-        parse_listen(text)
+        metrics_address(text)
 
 
 def test_the_listener_serves_the_exposition_made_on_the_loop():
