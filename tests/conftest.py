@@ -37,6 +37,14 @@ def without_usage(body: dict) -> dict:
     return {k: v for k, v in body.items() if k not in USAGE_KEYS}
 
 
+STAMPS = ("ts", "seq", "turn_seq")  # when and in what order an event went out
+
+
+def story(body: dict) -> dict:
+    """An event's body as a test compares it exactly: no stamps, no usage figures."""
+    return {k: v for k, v in without_usage(body).items() if k not in STAMPS}
+
+
 def leftovers() -> list[procs.Identity]:
     """Processes started under this test run that are still running (zombies do not count)."""
     me = os.getpid()
@@ -143,7 +151,6 @@ class RunningDaemon:
             self.proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True
             )
-        from supervisor.client import Client
         from supervisor.errors import CcsupError
 
         def answering() -> bool:
@@ -152,7 +159,7 @@ class RunningDaemon:
                     f"the daemon exited {self.proc.returncode}: {self.stderr_path.read_text()[-2000:]}"
                 )
             try:
-                with Client(self.state_dir, timeout=1.0) as client:
+                with self.client(timeout=1.0) as client:  # a subclass may find it another way
                     client.status()
                 return True
             except CcsupError:

@@ -60,9 +60,9 @@ def test_without_a_key_run_uses_ccsup_key_else_default(env):
     assert bad.returncode == 2 and "reserved" in bad.stderr
 
 
-def test_ps_shows_the_requester_of_a_turn_without_labels(env, state_dir):
-    go = state_dir / "go"
-    proc = subprocess.Popen(
+def run_until(env, go) -> subprocess.Popen:
+    """`ccsup run` of a turn that says ready, then holds its slot until the file `go` exists."""
+    return subprocess.Popen(
         [
             *CCSUP,
             "run",
@@ -76,6 +76,11 @@ def test_ps_shows_the_requester_of_a_turn_without_labels(env, state_dir):
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
     )
+
+
+def test_ps_shows_the_requester_of_a_turn_without_labels(env, state_dir):
+    go = state_dir / "go"
+    proc = run_until(env, go)
     try:
         assert proc.stdout.readline() == b"ready\n"
         ps = subprocess.run([*CCSUP, "ps", "--json"], env=env, capture_output=True, text=True)
@@ -98,19 +103,7 @@ def test_each_exit_code(env, state_dir):
     timed = run(env, "--timeout", "300ms", "--", "sleep", "30")
     assert timed.returncode == 124 and "stopped: timeout" in timed.stderr
     go = state_dir / "go"
-    holder = subprocess.Popen(
-        [
-            *CCSUP,
-            "run",
-            "--",
-            "sh",
-            "-c",
-            f'echo ready; while [ ! -e "{go}" ]; do sleep 0.02; done',
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-    )
+    holder = run_until(env, go)
     try:
         assert holder.stdout.readline() == b"ready\n"
         waited = run(env, "--wait-timeout", "0.3", "--", "true")

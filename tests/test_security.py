@@ -250,34 +250,8 @@ class TcpDaemon(RunningDaemon):
 
     def start(self, timeout: float = 15.0) -> TcpDaemon:
         self.endpoints = cfg.load(str(self.config), os.environ).endpoints.resolve(self.state_dir)
-        command = [
-            PYTHON,
-            "-m",
-            "supervisor",
-            "--state-dir",
-            str(self.state_dir),
-            "--config",
-            str(self.config),
-            "start",
-            "--foreground",
-        ]
-        with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True
-            )
-
-        def answers():
-            assert self.proc.poll() is None, self.stderr_path.read_text()[-2000:]
-            try:
-                with self.client(timeout=1.0) as client:
-                    return client.status()
-            except CcsupError:
-                return None
-
         try:
-            wait_until(
-                answers, timeout=timeout, interval=0.05, what="the tcp daemon to answer status"
-            )
+            super().start(timeout=timeout)
         except BaseException:
             self.kill()
             raise

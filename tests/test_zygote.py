@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, wait_until, without_usage
+from conftest import PYTHON, story, wait_until
 
 from guardd import procs
 from guardd.zygote_handle import Zygote, ZygoteGone
@@ -143,15 +143,8 @@ def test_when_the_zygote_dies_running_turns_go_on_and_new_guards_start_directly(
         # The turn it forked runs on (its guard watches the daemon) and its outcome comes from
         # its record: the zygote that would have reported the status is gone.
         client.send("before", "x\n", eof=True)
-        assert without_usage(log.wait_for("turn.before.exited")) | {
-            "ts": 0,
-            "seq": 0,
-            "turn_seq": 0,
-        } == {
+        assert story(log.wait_for("turn.before.exited")) == {
             "v": 1,
-            "ts": 0,
-            "seq": 0,
-            "turn_seq": 0,
             "id": "before",
             "key": "codex",
             "code": 7,
@@ -178,15 +171,8 @@ def test_a_guard_killed_outright_under_the_zygote_is_lost(daemon, event_log):
         wait_ready(log, "k")
         guard = log.wait_for("turn.k.started")["guard"]
         procs.signal_process(procs.Identity(guard["pid"], guard["start"]), signal.SIGKILL)
-        assert without_usage(log.wait_for("turn.k.exited")) | {
-            "ts": 0,
-            "seq": 0,
-            "turn_seq": 0,
-        } == {
+        assert story(log.wait_for("turn.k.exited")) == {
             "v": 1,
-            "ts": 0,
-            "seq": 0,
-            "turn_seq": 0,
             "id": "k",
             "key": "codex",
             "code": None,
