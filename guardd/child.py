@@ -5,11 +5,13 @@ Design note.
   signals (32, 33) ignored in the child, and CMD must start with every disposition at default and
   an empty mask. subprocess.Popen is not used either: its wait would be a second reaper next to
   the guard's (see guardd.guard).
-- Between fork and exec the child, in this order: joins the turn's cgroup (before anything of CMD
-  runs, so nothing CMD starts is ever outside it), gives CMD back the soft RLIMIT_NOFILE the
-  supervisor's caller had ($CCSUP_GUARD_NOFILE, never passed on to CMD), blocks every signal and
-  sets every disposition to default, makes a group of its own, checks that the guard is still its
-  parent, empties the mask and execs.
+- CMD is born in the turn's cgroup (clone3 with CLONE_INTO_CGROUP, guardd.linux: a join after the
+  fork cost 15-20 ms a turn); where the kernel cannot, it is a plain fork and the child joins the
+  cgroup first thing. Either way nothing of CMD runs outside it. Between fork and exec the child,
+  in this order: gives CMD back the soft RLIMIT_NOFILE the supervisor's caller had
+  ($CCSUP_GUARD_NOFILE, never passed on to CMD), blocks every signal and sets every disposition to
+  default, makes a group of its own, checks that the guard is still its parent, empties the mask
+  and execs.
 - A failure comes back through a close-on-exec pipe, EOF meaning exec succeeded:
   `cgroup:<errno>` when the cgroup could not be joined (exit 125), `<errno>` when exec failed
   (127 not found, 126 found but not executable). Both ends of that pipe are here: `start` reads it
@@ -28,7 +30,7 @@ from __future__ import annotations
 import os
 import signal
 
-from guardd import cgroup
+from guardd import cgroup, linux
 from guardd.exits import EXIT_GUARD_FAILURE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND
 
 # The soft RLIMIT_NOFILE to give CMD back: the supervisor raises its own soft limit to the hard one
@@ -57,9 +59,9 @@ def start(
     nofile = _nofile_limit(env.pop(NOFILE_ENV, None))
     errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
     guard_pid = os.getpid()
-    pid = os.fork()
+    pid, join = _fork(cgroup_path)
     if pid == 0:
-        _exec_child(argv, env, errw, cgroup_path, guard_pid, nofile)  # never returns
+        _exec_child(argv, env, errw, join, guard_pid, nofile)  # never returns
     os.close(errw)
     try:
         os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
@@ -78,6 +80,25 @@ def start(
     what = "not_found" if code == EXIT_NOT_FOUND else "not_executable"
     message = f"unable to run {argv[0]}: {os.strerror(errno_)}"
     return pid, ExecFailure(code, f"{what}: {message}", message)
+
+
+def _fork(cgroup_path: str | None) -> tuple[int, str | None]:
+    """fork(), the child born in cgroup_path when the kernel can (linux.fork_into_cgroup); else a
+    plain fork and the cgroup the child must join itself (returned), with the same errors."""
+    if cgroup_path is None:
+        return os.fork(), None
+    try:
+        fd = os.open(cgroup_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return os.fork(), cgroup_path  # the join says why, as below
+    try:
+        return linux.fork_into_cgroup(fd), None
+    except OSError:
+        # ENOSYS (before Linux 5.7, or clone3 filtered by seccomp) or a cgroup the kernel will not
+        # take: a plain fork, and the child's join runs the same checks and reports the same error.
+        return os.fork(), cgroup_path
+    finally:
+        os.close(fd)  # in the child too: close-on-exec would do it, this is earlier
 
 
 def _nofile_limit(value: str | None) -> int | None:
