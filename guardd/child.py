@@ -28,6 +28,7 @@ records or of groups after the start. Stateless.
 from __future__ import annotations
 
 import os
+import resource  # here, not in the child: the zygote's import serves every guard
 import signal
 
 from guardd import cgroup, linux
@@ -129,8 +130,6 @@ def _exec_child(
                 os._exit(EXIT_GUARD_FAILURE)
     try:
         if nofile is not None:
-            import resource
-
             _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             if hard == resource.RLIM_INFINITY or nofile <= hard:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))

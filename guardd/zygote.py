@@ -341,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     if parent_fd is None:
         return 0  # the supervisor is already gone
     # Warm: everything a guard imports, once, here.
+    import warnings  # noqa: F401  (warm: CMD's os.execvpe imports it between fork and exec)
+
     import guardd.__main__
     import guardd.hints  # noqa: F401  (warm: a guard with --bus imports it)
 
