@@ -264,6 +264,21 @@ def group_alive(group: Group, procs: dict[int, Stat] | None = None) -> bool:
     return any(s.pgid == group.pgid and _runs_anything(s) for s in procs.values())
 
 
+def memberless(groups) -> bool:
+    """True when no group has a member at all, zombies included (a killpg(pgid, 0) each)."""
+    for group in groups:
+        if group.pgid <= 0:
+            continue  # not a group (see live_groups)
+        try:
+            os.killpg(group.pgid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass  # members exist, another user's
+        return False
+    return True
+
+
 def live_groups(groups, procs: dict[int, Stat] | None = None) -> set[Group]:
     """The groups among `groups` still running anything, judged together: cost in processes.
 

@@ -258,6 +258,9 @@ class FakeProbe:
         self.can_end = True
         self.ended: list[str] = []
 
+    def memberless(self, groups):
+        return not self.groups_alive(groups)
+
     def groups_alive(self, groups):
         return any(g.pgid in self.alive for g in groups)
 
