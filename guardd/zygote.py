@@ -32,8 +32,8 @@ One spawn:
    signal mask a fresh interpreter has and runs the guard, then os._exit()s with its status (its
    environment and title are set while the zygote answers: nothing outside the child sees them).
    A child that reads EOF instead (the zygote died, or was killed by a supervisor that gave up
-   waiting) exits 125 without running anything: a guard the
-   supervisor does not know of can never run.
+   waiting) exits 125 without running anything: a guard the supervisor does not know of can
+   never run.
 
 The guard's parent is the zygote, but "parent gone" must mean the supervisor: the child hands the
 guard the zygote's pidfd on the supervisor to watch instead (`main(args, parent_fd=...)`). A
