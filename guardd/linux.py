@@ -15,9 +15,14 @@ import signal
 PR_SET_CHILD_SUBREAPER = 36
 
 
+# Loaded once (in the zygote: every guard forked from it has them); [name] makes a new function
+# object each time, so one caller's argtypes never become another's.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC_HOLDING_GIL = ctypes.PyDLL(None, use_errno=True)
+
+
 def _prctl():
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
+    prctl = _LIBC["prctl"]
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
     return prctl
@@ -88,7 +93,7 @@ def fork_into_cgroup(cgroup_fd: int) -> int:
     The GIL stays held through the call (PyDLL), so the child starts with it. The child must exec
     or _exit soon.
     """
-    syscall = ctypes.PyDLL(None, use_errno=True).syscall
+    syscall = _LIBC_HOLDING_GIL["syscall"]
     syscall.restype = ctypes.c_long
     args = _CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
     size = ctypes.c_size_t(ctypes.sizeof(args))
