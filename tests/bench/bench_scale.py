@@ -4,8 +4,8 @@
 
 For each N: a real daemon with `s = N` (grace 1s), N turns of `sleep 600` requested at once from
 one client (`--via bus`, the default: every `request.turn` published on the bus in one burst, as
-sidecars send them, from a publisher already connected; `--via control`: one control request after another, each waiting for its
-answer); the clock stops when every turn's `started` event has arrived. Then, with all N
+sidecars send them, from a publisher already connected; `--via control`: one control request
+after another, each waiting for its answer); the clock stops when every turn's `started` event has arrived. Then, with all N
 running: the supervisor's RSS (VmRSS), the guards' USS (Private_* of /proc/<pid>/smaps_rollup:
 median and max over every guard), `ccsup ps --json` as a subprocess (CLI start-up included,
 median of 5), and `ccsup stop` as a subprocess (until it returns: every turn ended and confirmed
