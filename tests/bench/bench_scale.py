@@ -36,8 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import zmq  # noqa: E402
-from bench_daemon import run_daemon  # noqa: E402
+from bench_daemon import connected_publisher, run_daemon  # noqa: E402
 
 from supervisor import protocol  # noqa: E402
 from supervisor.client import Client  # noqa: E402
@@ -98,18 +97,6 @@ def request(pub, i: int) -> None:
     body = {"v": protocol.VERSION, "ts": time.time(), "id": turn_id(i), "key": "s"}
     body["argv"] = ["sleep", "600"]
     pub.send_multipart([b"request.turn", protocol.dumps(body)])
-
-
-def connected_publisher(client: Client) -> zmq.Socket:
-    """A publisher on bus-in whose connection is up, subscription included: an XPUB (a PUB that
-    shows the subscriptions it gets), returned once the supervisor's XSUB has subscribed. A new
-    PUB drops what it sends before that, and a sidecar's publisher is connected long before its
-    requests: ZeroMQ's connection set-up is no part of a turn's cost."""
-    pub = client._socket(zmq.XPUB, client.bus_in_endpoint)
-    if not pub.poll(10_000, zmq.POLLIN):
-        raise SystemExit("the supervisor's bus-in did not subscribe within 10 s")
-    pub.recv()
-    return pub
 
 
 def publish_all(pub, n: int) -> None:
