@@ -215,8 +215,10 @@ class _Zygote:
             self._child(args, cwd, env, stdio, report_w, go_r)  # never returns
         for fd in (report_w, go_r, *stdio):
             os.close(fd)
-        with os.fdopen(report_r, "rb") as f:
-            failure = f.read()
+        failure = b""
+        while chunk := os.read(report_r, 4096):
+            failure += chunk
+        os.close(report_r)
         if failure:
             os.close(go_w)
             errno_, operation = marshal.loads(failure)
