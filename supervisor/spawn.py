@@ -46,6 +46,9 @@ from .output import Chunk, StreamSplitter
 
 log = logging.getLogger("ccsup.spawn")
 
+STREAMS = ("stdout", "stderr")
+# A turn's log directory holds, for each stream, its bytes (.log) and their arrival times (.idx).
+LOG_FILES = tuple(f"{stream}.{kind}" for stream in STREAMS for kind in ("log", "idx"))
 OutputCallback = Callable[[str, Chunk], None]  # stream, chunk
 TruncatedCallback = Callable[[str, str, int, int], None]  # turn id, stream, offset, limit
 # A forked guard whose zygote died before reporting its status: unknown, read as the guard's own
@@ -136,7 +139,7 @@ class GuardProcess:
         self._loop = loop
         self._on_output = on_output
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for stream in ("stdout", "stderr"):
+        for stream in STREAMS:
             pipe = self._pipes[stream]
             os.set_blocking(pipe.fileno(), False)
             self._logs[stream] = open(log_dir / f"{stream}.log", "ab", buffering=0)
@@ -175,7 +178,7 @@ class GuardProcess:
         work confirmed gone while the guard itself still holds them). Bytes that complete it
         later (a descendant's) follow as a chunk of their own; offsets still tile the stream.
         """
-        for stream in ("stdout", "stderr"):
+        for stream in STREAMS:
             pipe = self._pipes[stream]
             while stream in self._logs and not pipe.closed:
                 before = self._offsets[stream]
@@ -294,7 +297,7 @@ class GuardProcess:
         if self._loop is not None:
             self._loop.remove_reader(self.pidfd)
         self.drain()
-        for stream in ("stdout", "stderr"):
+        for stream in STREAMS:
             self._close_stream(stream)
         self._close_stdin()
         if self.pidfd >= 0:
