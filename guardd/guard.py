@@ -6,7 +6,8 @@ Design note (why it is built this way).
   Popen would report 0 for a child that exited 7. So CMD is started with a bare fork/exec.
 - Signal handlers only wake the loop: Python writes each signal number to a self-pipe
   (signal.set_wakeup_fd); the loop polls that pipe, the parent's pidfd, and a timer for scans.
-  Handlers are installed, and those signals unblocked, before CMD starts.
+  Handlers are installed, and those signals unblocked, before CMD starts. The loop is the
+  process's only thread: it also drives the bus hints' socket (guardd.hints).
 - CMD is started by guardd.child (a bare fork and exec, for the reasons given there); what runs
   between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
   guardd.options what the guard was asked to do.
@@ -99,6 +100,7 @@ class Guard:
         self.usage = usage.Usage(self.opts.cgroup)
         self._next_stop_scan = 0.0
         self.hints: Publisher | None = None
+        self.poller = select.poll()  # the loop's; the hints' socket is registered here too
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
         # The dead-man deadline (guardd.deadman), on CLOCK_BOOTTIME; re-read only when it comes.
@@ -126,7 +128,7 @@ class Guard:
         if self.opts.bus:
             from guardd.hints import Publisher
 
-            self.hints = Publisher(self.opts.bus, self.turn, self.me.to_json())
+            self.hints = Publisher(self.opts.bus, self.turn, self.me.to_json(), self.poller)
         if self.parent_fd is None:
             self._begin_stop("parent_gone")
         if self.opts.deadline_file is not None:
@@ -182,7 +184,7 @@ class Guard:
         return failed.code
 
     def _loop(self, wake_fd: int) -> int:
-        poller = select.poll()
+        poller = self.poller
         poller.register(wake_fd, select.POLLIN)
         if self.parent_fd is not None:
             poller.register(self.parent_fd, select.POLLIN)
@@ -194,9 +196,12 @@ class Guard:
                 timeout = min(timeout, self.deadline - self.clock(), _STOP_POLL)
             elif self.opts.deadline_file is not None:
                 timeout = min(timeout, self._check_deadline())
+            hints_due = self.hints.timeout() if self.hints is not None else None
+            if hints_due is not None:
+                timeout = min(timeout, hints_due)
             events = poller.poll(max(0, int(timeout * 1000) + 1))
             sigs = set()
-            for fd, _ in events:
+            for fd, revents in events:
                 if fd == wake_fd:
                     sigs.update(_drain(wake_fd))
                 elif fd == events_fd:
@@ -206,6 +211,10 @@ class Guard:
                     os.close(fd)
                     self.parent_fd = None
                     self._begin_stop("parent_gone")
+                elif self.hints is not None and fd == self.hints.fileno():
+                    self.hints.on_ready(revents)
+            if self.hints is not None:
+                self.hints.tick()  # its deadlines: a step that took too long, an idle connection
             for sig in _STOP_SIGNALS:
                 if sig in sigs:
                     self._begin_stop(f"signal:{signal.Signals(sig).name}")

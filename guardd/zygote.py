@@ -332,6 +332,17 @@ def _ensure_stdio() -> None:
                 os.close(null)
 
 
+def warm() -> None:
+    """Import everything a guard imports, once, before any fork: a module imported in a guard
+    is that guard's own memory (os.wait4 alone imports `resource` at its first call: ~0.2 MiB).
+    Nothing here may import `threading`: its at-fork hook would run in every fork (~0.4 MiB)."""
+    import resource  # noqa: F401
+    import warnings  # noqa: F401  (CMD's os.execvpe imports it between fork and exec)
+
+    import guardd.__main__
+    import guardd.hints  # noqa: F401  (a guard with --bus)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -I -S -c ZYGOTE_BOOTSTRAP --fd N`: serve the supervisor on socket fd N."""
     argv = sys.argv[1:] if argv is None else argv
@@ -344,12 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parent_fd = linux.open_parent_pidfd()
     if parent_fd is None:
         return 0  # the supervisor is already gone
-    # Warm: everything a guard imports, once, here.
-    import warnings  # noqa: F401  (warm: CMD's os.execvpe imports it between fork and exec)
-
-    import guardd.__main__
-    import guardd.hints  # noqa: F401  (warm: a guard with --bus imports it)
-
+    warm()
     try:
         return _Zygote(sock, parent_fd).serve()
     except (BrokenPipeError, ConnectionResetError):

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, story, wait_until
+from conftest import PYTHON, ROOT, story, wait_until
 
 from guardd import procs
 from guardd.zygote_handle import Zygote, ZygoteGone
@@ -234,6 +234,32 @@ def test_statuses_come_back_exactly(zygote):
     assert (
         spawn_and_wait(zygote, [PYTHON, "-c", "import os; os.kill(os.getppid(), 9)"])[1] == -9
     )  # the guard
+
+
+def test_a_forked_guard_imports_nothing_and_the_zygote_no_threading(tmp_path):
+    """A module a guard imports after the fork is its own memory, and `threading` imported in
+    the zygote runs its at-fork hook in every fork: the zygote's warm imports hold all that a
+    guard with hints, a record and a reaped CMD imports, and no threading."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from guardd import zygote
+        zygote.warm()
+        before = set(sys.modules)
+        from guardd.__main__ import main
+        rc = main(["--record-dir", {str(tmp_path)!r}, "--bus", "ipc://{tmp_path}/absent",
+                   "--grace", "0.1", "--scan", "0.01", "--", "sh", "-c", "sleep 0.1; exit 3"])
+        assert rc == 3, rc
+        assert set(sys.modules) == before, sorted(set(sys.modules) - before)
+        assert "threading" not in sys.modules
+        """
+    )
+    run = subprocess.run(
+        [PYTHON, "-I", "-S", "-c", f"import sys; sys.path.append({str(ROOT)!r})\n{code}"],
+        capture_output=True,
+        timeout=30,
+    )
+    assert run.returncode == 0, run.stderr.decode()
 
 
 def test_a_bad_cwd_is_an_oserror_and_the_zygote_serves_on(zygote, tmp_path):
