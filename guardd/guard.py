@@ -163,7 +163,7 @@ class Guard:
 
     def _spawn_cmd(self) -> int | None:
         """Start CMD (guardd.child); None when it runs, else the exit code to return."""
-        env = dict(os.environ)
+        env = dict(self.opts.env)
         env[record.TURN_ENV] = self.turn
         scope = record.record_dir_scope(self.opts.record_dir) if self.opts.record_dir else None
         if scope is not None:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ROOT, story, wait_until
+from conftest import MARKER, PYTHON, ROOT, story, wait_until
 
 from guardd import procs
 from guardd.zygote_handle import Zygote, ZygoteGone
@@ -186,7 +186,7 @@ def test_a_guard_killed_outright_under_the_zygote_is_lost(daemon, event_log):
 
 
 def spawn_and_wait(
-    zygote: Zygote, argv: list[str], cwd: str | None = None
+    zygote: Zygote, argv: list[str], cwd: str | None = None, env: dict | None = None
 ) -> tuple[int, int, bytes]:
     """Spawn a guard for argv with stdin closed; returns (pid, returncode, its stderr)."""
     stdin_r, stdin_w = os.pipe()
@@ -196,7 +196,7 @@ def spawn_and_wait(
         spawned = zygote.spawn(
             ["--grace", "0.2", "--", *argv],
             cwd=cwd,
-            env=dict(os.environ),
+            env=dict(os.environ) if env is None else env,
             stdio=(stdin_r, null, err_w),
         )
     finally:
@@ -260,6 +260,18 @@ def test_a_forked_guard_imports_nothing_and_the_zygote_no_threading(tmp_path):
         timeout=30,
     )
     assert run.returncode == 0, run.stderr.decode()
+
+
+def test_a_forked_guard_runs_with_the_request_environment_not_the_zygotes(zygote, tmp_path):
+    """The environment reaches the forked guard as a dict (os.environ stays the zygote's): CMD
+    sees the request's variables and none of the zygote's, and the guard's defaults are read
+    there ($CCSUP_GUARD_DIR: where its record goes)."""
+    assert MARKER in os.environ  # the zygote has it: it inherited the tests' environment
+    env = {"PATH": os.environ["PATH"], "ONLY_HERE": "yes", "CCSUP_GUARD_DIR": str(tmp_path)}
+    script = f'echo "$ONLY_HERE ${{{MARKER}-none}}" >&2; exit 4'
+    _, code, err = spawn_and_wait(zygote, ["sh", "-c", script], env=env)
+    assert (code, err) == (4, b"yes none\n")
+    assert len(list(tmp_path.glob("*.json"))) == 1
 
 
 def test_a_bad_cwd_is_an_oserror_and_the_zygote_serves_on(zygote, tmp_path):
