@@ -32,6 +32,7 @@ exits 125 and leaves state "stopping" with a reason.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal without its enum wrappers (see uses)
 import os
 import select
 import signal
@@ -140,10 +141,12 @@ class Guard:
         os.set_blocking(rfd, False)
         os.set_blocking(wfd, False)
         signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        # _signal, not signal's wrappers: they turn handlers and masks into enums (and back,
+        # raising and catching for a function), ~60 KiB of a forked guard's private memory.
         for sig in _WATCHED_SIGNALS:
-            signal.signal(sig, _ignore)
+            _signal.signal(sig, _ignore)
         # A parent may have blocked them; handlers come first so a pending one is not fatal.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED_SIGNALS)
+        _signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED_SIGNALS)
         return rfd
 
     def _prepare_record_dir(self, record_dir: str) -> None:

@@ -51,7 +51,7 @@ CPython 3.11 writes to every object it touches (reference counts): a guard's own
 ~1.8 MiB) is the pages touched after the fork. So the zygote imports, before forking, all that a
 guard imports (`warm`; never `threading`, whose at-fork hook would run in every fork), and what
 the child runs is kept lean: its environment is handed over as a dict (refilling os.environ cost
-~0.3 MiB).
+~0.3 MiB), signals are set through `_signal` (the enum wrappers cost ~60 KiB).
 
 The supervisor's end of the socket is guardd.zygote_handle; this module is the wire and the zygote
 process itself.
@@ -63,6 +63,7 @@ guard's arguments, cwd and whole environment.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal without its enum wrappers (see uses)
 import array
 import marshal
 import os
@@ -162,7 +163,7 @@ class _Zygote:
         self.inbox = Inbox()
         self.spawned: set[int] = set()  # children announced to the supervisor, not yet reaped
         # What a fresh interpreter has, so that each child gets it back (we change SIGCHLD only).
-        self.chld_handler = signal.getsignal(signal.SIGCHLD)
+        self.chld_handler = _signal.getsignal(signal.SIGCHLD)
         self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -274,7 +275,9 @@ class _Zygote:
         operation = "set up its stdio"
         try:
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, self.chld_handler)
+            # _signal: signal.signal would turn the old handler (a function) into an enum by
+            # raising and catching, pages of the guard's own (as is each page touched here).
+            _signal.signal(signal.SIGCHLD, self.chld_handler)
             for target, fd in enumerate(stdio):  # >= 3: the zygote's own 0-2 are always open
                 os.dup2(fd, target)  # inheritable: CMD gets them
             _close_fds_except((0, 1, 2, report_w, go_r, self.parent_fd))
@@ -294,7 +297,7 @@ class _Zygote:
         if os.read(go_r, 1) != b"g":
             return EXIT_GUARD_FAILURE  # the zygote died before the supervisor knew of us
         os.close(go_r)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+        _signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         from guardd.__main__ import main as guard_main
 
         # The environment goes to the guard as a dict: emptying and refilling os.environ (the
