@@ -84,6 +84,9 @@ _HEADER = struct.Struct(">I")
 MAX_MESSAGE = 16 << 20  # a request larger than this goes the old way (the caller decides)
 _MAX_FDS = 64  # ancillary room per read (a request carries 3, an answer 1; requests are pipelined)
 _READ_SIZE = 1 << 16
+# A plain int: `int & socket.MSG_CTRUNC` would run the flag enum's __rand__ (Python code) on every
+# read, pages the zygote then writes between two forks (each such page a guard's own: see main).
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)
 
 
 def encode(message: tuple) -> bytes:
@@ -112,7 +115,7 @@ class Inbox:
                 fds = array.array("i")
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
                 self.fds.extend(fds)
-        if flags & socket.MSG_CTRUNC:
+        if flags & _MSG_CTRUNC:
             raise OSError("unable to read from the zygote socket: file descriptors were truncated")
         self.data += data
         return bool(data)
