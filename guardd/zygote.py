@@ -51,7 +51,9 @@ CPython 3.11 writes to every object it touches (reference counts): a guard's own
 ~1.8 MiB) is the pages touched after the fork. So the zygote imports, before forking, all that a
 guard imports (`warm`; never `threading`, whose at-fork hook would run in every fork), and what
 the child runs is kept lean: its environment is handed over as a dict (refilling os.environ cost
-~0.3 MiB), signals are set through `_signal` (the enum wrappers cost ~60 KiB).
+~0.3 MiB), signals are set through `_signal` (the enum wrappers cost ~60 KiB). The zygote's own
+work between two forks counts too: a page it writes after forking a guard leaves that guard the
+only holder of the old copy.
 
 The supervisor's end of the socket is guardd.zygote_handle; this module is the wire and the zygote
 process itself.
@@ -85,7 +87,7 @@ MAX_MESSAGE = 16 << 20  # a request larger than this goes the old way (the calle
 _MAX_FDS = 64  # ancillary room per read (a request carries 3, an answer 1; requests are pipelined)
 _READ_SIZE = 1 << 16
 # A plain int: `int & socket.MSG_CTRUNC` would run the flag enum's __rand__ (Python code) on every
-# read, pages the zygote then writes between two forks (each such page a guard's own: see main).
+# read, pages the zygote then writes between two forks (each such page a guard's own: see Memory above).
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)
 
 
@@ -348,12 +350,38 @@ def _ensure_stdio() -> None:
 def warm() -> None:
     """Import everything a guard imports, once, before any fork: a module imported in a guard
     is that guard's own memory (os.wait4 alone imports `resource` at its first call: ~0.2 MiB).
-    Nothing here may import `threading`: its at-fork hook would run in every fork (~0.4 MiB)."""
+    Nothing here may import `threading`: its at-fork hook would run in every fork (~0.4 MiB).
+
+    Then run json's encoder on a record and a hint until the interpreter has specialized its
+    code: a guard encodes its record at every change and every scan (and a hint at each event),
+    and the code objects each guard would rewrite, specializing them itself, cost it ~70 KiB."""
+    import json
     import resource  # noqa: F401
     import warnings  # noqa: F401  (CMD's os.execvpe imports it between fork and exec)
 
     import guardd.__main__
     import guardd.hints  # noqa: F401  (a guard with --bus)
+    from guardd import record
+
+    group = {"pgid": 1, "leader_start": 2}
+    sample = {  # a guard record's shape (guardd.guard.Guard.to_record)
+        "v": 1,
+        "guard": {"pid": 1, "start": 2},
+        "turn": "t",
+        "argv": ["true"],
+        "own_group": group,
+        "groups": [{**group, "seen_at": 0.5}],
+        "state": "running",
+        "exit": None,
+        "reason": None,
+        "started_at": 0.5,
+        "cgroup": None,
+        "usage": {"cpu_user_s": 0.0, "cpu_system_s": 0.0, "peak_rss_bytes": 0, "processes": 1},
+    }
+    hint = {"v": 1, "ts": 0.5, "turn": "t", "guard": {"pid": 1, "start": 2}, **group}
+    for _ in range(12):  # 3.11 specializes a function at its 8th call
+        record.encode(sample)
+        json.dumps(hint)  # as guardd.hints.Publisher.publish does
 
 
 def main(argv: list[str] | None = None) -> int:
