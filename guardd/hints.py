@@ -201,7 +201,7 @@ class Publisher:
 
     def timeout(self) -> float | None:
         """Seconds until the publisher has something to do without an event; None: nothing."""
-        due = min(self._deadline, self._idle_at)
+        due = self._deadline if self._out else min(self._deadline, self._idle_at)
         return None if due == _INF else max(0.0, due - time.monotonic())
 
     def on_ready(self, revents: int) -> None:
