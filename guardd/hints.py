@@ -389,7 +389,13 @@ class Publisher:
             self._registered = None
 
     def _say(self, reason: str) -> None:
-        print(f"ccsup-guard: unable to publish hints on {self.endpoint}: {reason}", file=sys.stderr)
+        try:
+            print(
+                f"ccsup-guard: unable to publish hints on {self.endpoint}: {reason}",
+                file=sys.stderr,
+            )
+        except OSError:
+            pass  # stderr is gone (a supervisor killed outright): the turn must not end on it
 
     # --- transports other than ipc and plain tcp, when pyzmq is importable --------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -10,6 +11,7 @@ import pytest
 from conftest import PYTHON
 
 from guardd.launch import guard_command
+from guardd.zygote_handle import Zygote
 
 zmq = pytest.importorskip("zmq")
 from zmq.utils.monitor import recv_monitor_message  # noqa: E402
@@ -222,6 +224,42 @@ def test_a_curve_peer_is_refused_with_one_line(tmp_path, state_dir):
         f"ccsup-guard: unable to publish hints on {endpoint}: the peer closed the"
         " connection in the handshake (a CURVE endpoint? the guard speaks only NULL)\n"
     )
+
+
+def test_a_refused_bus_with_stderr_gone_still_ends_the_turn_as_usual(tmp_path, state_dir):
+    """The publisher runs in the guard's own loop: saying why hints are dropped must not end a
+    (forked) guard whose stderr is gone (a supervisor killed outright): the turn ends as usual."""
+    endpoint = f"ipc://{state_dir}/bus-in"
+    public, secret = zmq.curve_keypair()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XSUB)
+    sock.curve_server = True  # refuses the guard's NULL handshake: the publisher says so
+    sock.curve_secretkey = secret
+    sock.bind(endpoint)
+    zygote = Zygote.start()
+    err_r, err_w = os.pipe()
+    os.close(err_r)  # every write to the guard's stderr fails (EPIPE)
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        args = ["--record-dir", str(tmp_path), "--grace", "0.2", "--bus", endpoint, "--"]
+        spawned = zygote.spawn(
+            [*args, "sh", "-c", "sleep 0.3; exit 3"],
+            cwd=None,
+            env=dict(os.environ),
+            stdio=(null, null, err_w),
+        )
+        os.close(spawned.pidfd)
+        reports: list = []
+        _collect(sock, lambda got: reports.extend(zygote.poll_reports()) or reports)
+        assert reports == [(spawned.pid, 3)]
+    finally:
+        os.close(null)
+        os.close(err_w)
+        zygote.close()
+        sock.close(0)
+        ctx.term()
+    (rec_path,) = tmp_path.glob("*.json")
+    assert json.loads(rec_path.read_text())["state"] == "gone"
 
 
 def test_an_idle_publisher_lets_its_connection_go_and_reconnects_for_the_next_hint(
