@@ -5,9 +5,9 @@ Design note (why it is built this way).
   `_reap` alone, with waitpid(-1). A second reaper (subprocess.Popen.wait) would steal statuses:
   Popen would report 0 for a child that exited 7. So CMD is started with a bare fork/exec.
 - Signal handlers only wake the loop: Python writes each signal number to a self-pipe
-  (signal.set_wakeup_fd); the loop polls that pipe, the parent's pidfd, and a timer for scans.
-  Handlers are installed, and those signals unblocked, before CMD starts. The loop is the
-  process's only thread: it also drives the bus hints' socket (guardd.hints).
+  (signal.set_wakeup_fd); the loop, the process's only thread, polls that pipe, the parent's
+  pidfd, the hints' socket (guardd.hints) and a timer for scans. Handlers are installed, and those
+  signals unblocked, before CMD starts.
 - CMD is started by guardd.child (a bare fork and exec, for the reasons given there); what runs
   between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
   guardd.options what the guard was asked to do.
@@ -141,8 +141,7 @@ class Guard:
         os.set_blocking(rfd, False)
         os.set_blocking(wfd, False)
         signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
-        # _signal, not signal's wrappers: they turn handlers and masks into enums (and back,
-        # raising and catching for a function), ~60 KiB of a forked guard's private memory.
+        # _signal: signal's wrappers make enums of handlers and masks (~60 KiB of a forked guard)
         for sig in _WATCHED_SIGNALS:
             _signal.signal(sig, _ignore)
         # A parent may have blocked them; handlers come first so a pending one is not fatal.
@@ -199,25 +198,22 @@ class Guard:
                 timeout = min(timeout, self.deadline - self.clock(), _STOP_POLL)
             elif self.opts.deadline_file is not None:
                 timeout = min(timeout, self._check_deadline())
-            hints_due = self.hints.timeout() if self.hints is not None else None
-            if hints_due is not None:
-                timeout = min(timeout, hints_due)
+            if self.hints is not None:
+                timeout = min(timeout, self.hints.timeout())
             events = poller.poll(max(0, int(timeout * 1000) + 1))
             sigs = set()
-            for fd, revents in events:
+            for fd, _ in events:
                 if fd == wake_fd:
                     sigs.update(_drain(wake_fd))
                 elif fd == events_fd:
-                    _rearm(events_fd)  # populated changed: the checks below look
+                    cgroup.rearm(events_fd)  # populated changed: the checks below look
                 elif fd == self.parent_fd:
                     poller.unregister(fd)
                     os.close(fd)
                     self.parent_fd = None
                     self._begin_stop("parent_gone")
-                elif self.hints is not None and fd == self.hints.fileno():
-                    self.hints.on_ready(revents)
             if self.hints is not None:
-                self.hints.tick()  # its deadlines: a step that took too long, an idle connection
+                self.hints.step(events)  # its socket's events, then its deadlines
             for sig in _STOP_SIGNALS:
                 if sig in sigs:
                     self._begin_stop(f"signal:{signal.Signals(sig).name}")
@@ -257,18 +253,10 @@ class Guard:
                 self._kill_all()
 
     def _watch_cgroup(self, poller: select.poll) -> int | None:
-        """cgroup.events notifies (POLLPRI) when `populated` changes: the loop wakes at the end of
-        the last process of the turn without polling for it."""
-        if self.opts.cgroup is None:
-            return None
-        try:
-            fd = os.open(
-                os.path.join(self.opts.cgroup, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC
-            )
-        except OSError:
-            return None  # the checks still read it by path
-        _rearm(fd)
-        poller.register(fd, select.POLLPRI)
+        """The loop wakes at the end of the last process of the turn without polling for it."""
+        fd = cgroup.watch_events(self.opts.cgroup) if self.opts.cgroup is not None else None
+        if fd is not None:  # None: the checks still read cgroup.events by path
+            poller.register(fd, select.POLLPRI)
         return fd
 
     def _check_deadline(self) -> float:
@@ -476,14 +464,6 @@ class Guard:
                 f"ccsup-guard: unable to write record {self.record_file}: {e.strerror}",
                 file=sys.stderr,
             )
-
-
-def _rearm(fd: int) -> None:
-    """Read a kernfs file that notified, so that its next change notifies again."""
-    try:
-        os.pread(fd, 4096, 0)
-    except OSError:
-        pass  # the cgroup is being removed: nothing more will come
 
 
 def _drain(fd: int) -> set[int]:

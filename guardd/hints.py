@@ -3,8 +3,8 @@
 Design note. Hints are advisory: anyone may publish one and nothing may depend on them, so
 publishing must never slow or endanger the turn. The publisher has no thread: its one socket is
 non-blocking, `publish` appends and sends what the socket takes at once, and the guard's own poll
-loop hands it its socket's events and wakes it at its deadlines (`fileno`, `on_ready`, `timeout`,
-`tick`; `wait` drives it alone, as `close` does). A thread cost each guard ~0.4 MiB of private
+loop hands it its socket's events and wakes it at its deadlines (`timeout`, `step`; `wait`
+drives it alone, as `close` does). A thread cost each guard ~0.4 MiB of private
 memory: with `threading` imported in the zygote every fork runs its at-fork hook, and a thread
 has a stack, a thread state and a malloc arena of its own. It connects at once (a short turn's
 hints then cost no handshake at its end); after a second without hints it closes the connection
@@ -158,8 +158,8 @@ class Publisher:
     """Hints to the bus over one non-blocking socket, driven by its owner's poll loop (or `wait`).
 
     poller: a select.poll the owner polls; the publisher (un)registers its socket there itself,
-    and the owner calls `on_ready(revents)` for `fileno()`, wakes within `timeout()` and calls
-    `tick()` after each poll. Without one, `wait()` drives it."""
+    and the owner wakes within `timeout()` and hands it each poll's events (`step`). Without one,
+    `wait()` drives it."""
 
     def __init__(self, endpoint: str, turn: str, guard: dict, poller=None):
         self.endpoint = endpoint
@@ -199,10 +199,18 @@ class Publisher:
     def fileno(self) -> int:
         return self.sock.fileno() if self.sock is not None else -1
 
-    def timeout(self) -> float | None:
-        """Seconds until the publisher has something to do without an event; None: nothing."""
+    def timeout(self) -> float:
+        """Seconds until the publisher has something to do without an event (inf: nothing)."""
         due = self._deadline if self._out else min(self._deadline, self._idle_at)
-        return None if due == _INF else max(0.0, due - time.monotonic())
+        return due if due == _INF else max(0.0, due - time.monotonic())
+
+    def step(self, events: list[tuple[int, int]]) -> None:
+        """After a poll of the owner's: act on its socket's events, then on passed deadlines."""
+        fd = self.fileno()
+        for ready, revents in events:
+            if ready == fd:
+                self.on_ready(revents)
+        self.tick()
 
     def on_ready(self, revents: int) -> None:
         if revents & select.POLLOUT:
@@ -226,11 +234,8 @@ class Publisher:
         poller = select.poll()
         if self._registered is not None:
             poller.register(*self._registered)
-        due = self.timeout()
-        wait = timeout if due is None else min(timeout, due)
-        for _, revents in poller.poll(max(0, int(wait * 1000) + 1)):
-            self.on_ready(revents)
-        self.tick()
+        wait = min(timeout, self.timeout())
+        self.step(poller.poll(max(0, int(wait * 1000) + 1)))
 
     def close(self, timeout: float = _CLOSE_WAIT) -> None:
         """Send what is queued and see the peer take it, for at most `timeout`; then stop."""

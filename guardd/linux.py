@@ -90,8 +90,9 @@ def fork_into_cgroup(cgroup_fd: int) -> int:
     happened just before: 15-20 ms a turn here when turns start one at a time. A child born in the
     cgroup takes it only for reading.
 
-    Only for a single-threaded caller (the guard before its hints thread): unlike os.fork, none of
-    Python's or glibc's fork handlers run, which is safe only when no other thread can hold a lock.
+    Only for a single-threaded caller (the guard: its loop is its only thread): unlike os.fork,
+    none of Python's or glibc's fork handlers run, which is safe only when no other thread can hold
+    a lock.
     The GIL stays held through the call (PyDLL), so the child starts with it. The child must exec
     or _exit soon.
     """

@@ -5,8 +5,7 @@ imports), and at cap 4 on two cores that, not the work, set the pace. The zygote
 (`python -I -S -c ZYGOTE_BOOTSTRAP --fd N`, as guards are, see guardd.launch), imports guardd, and
 then forks a guard per request (~1-3 ms); the forked child runs `guardd.__main__.main` directly,
 with no exec of a new interpreter. It is single-threaded and imports only the standard library, so
-a fork copies no lock held by another thread; the guard's hints thread starts after the fork, in
-the child.
+a fork copies no lock held by another thread; a guard has no thread either (see Memory below).
 
 The wire: one AF_UNIX stream socketpair between the supervisor and its zygote. Each message is a
 4-byte big-endian length and a `marshal`led tuple (exact for every str the environment can hold,
@@ -87,7 +86,7 @@ MAX_MESSAGE = 16 << 20  # a request larger than this goes the old way (the calle
 _MAX_FDS = 64  # ancillary room per read (a request carries 3, an answer 1; requests are pipelined)
 _READ_SIZE = 1 << 16
 # A plain int: `int & socket.MSG_CTRUNC` would run the flag enum's __rand__ (Python code) on every
-# read, pages the zygote then writes between two forks (each such page a guard's own: see Memory above).
+# read, pages the zygote writes between two forks (each one a guard's own: see Memory above).
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)
 
 
