@@ -121,13 +121,19 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
         bus=values.get("bus") or None,
         cgroup=values.get("cgroup") or None,
         deadline_file=values.get("deadline_file") or env.get("CCSUP_GUARD_DEADLINE_FILE") or None,
+        env=env,
     )
 
 
-def main(args: list[str] | None = None, parent_fd: int | None = None) -> int:
-    """parent_fd: a pidfd to watch instead of the parent's (guardd.zygote gives the supervisor's)."""
+def main(
+    args: list[str] | None = None,
+    parent_fd: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """parent_fd: a pidfd to watch instead of the parent's (guardd.zygote gives the supervisor's);
+    environ: the guard's environment, CMD's too, instead of os.environ (guardd.zygote's)."""
     try:
-        opts = parse_args(sys.argv[1:] if args is None else args)
+        opts = parse_args(sys.argv[1:] if args is None else args, environ)
     except UsageError as e:
         print(f"ccsup-guard: {e}\n{USAGE}", file=sys.stderr)
         return EXIT_GUARD_FAILURE

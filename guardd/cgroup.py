@@ -210,6 +210,25 @@ def remove(path: str) -> bool:
     return True
 
 
+def watch_events(path: str) -> int | None:
+    """cgroup.events opened and armed: it notifies (POLLPRI) when `populated` changes, and after
+    each notification `rearm` arms it again. None when it cannot be opened."""
+    try:
+        fd = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    rearm(fd)
+    return fd
+
+
+def rearm(fd: int) -> None:
+    """Read a kernfs file that notified, so that its next change notifies again."""
+    try:
+        os.pread(fd, 4096, 0)
+    except OSError:
+        pass  # the cgroup is being removed: nothing more will come
+
+
 def wait_empty(path: str, timeout: float) -> bool:
     """Block until `populated 0` (woken by cgroup.events' notification, not a sleep loop) or
     timeout; True when empty."""

@@ -5,8 +5,9 @@ Design note (why it is built this way).
   `_reap` alone, with waitpid(-1). A second reaper (subprocess.Popen.wait) would steal statuses:
   Popen would report 0 for a child that exited 7. So CMD is started with a bare fork/exec.
 - Signal handlers only wake the loop: Python writes each signal number to a self-pipe
-  (signal.set_wakeup_fd); the loop polls that pipe, the parent's pidfd, and a timer for scans.
-  Handlers are installed, and those signals unblocked, before CMD starts.
+  (signal.set_wakeup_fd); the loop, the process's only thread, polls that pipe, the parent's
+  pidfd, the hints' socket (guardd.hints) and a timer for scans. Handlers are installed, and those
+  signals unblocked, before CMD starts.
 - CMD is started by guardd.child (a bare fork and exec, for the reasons given there); what runs
   between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
   guardd.options what the guard was asked to do.
@@ -31,6 +32,7 @@ exits 125 and leaves state "stopping" with a reason.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal without its enum wrappers (see uses)
 import os
 import select
 import signal
@@ -99,6 +101,7 @@ class Guard:
         self.usage = usage.Usage(self.opts.cgroup)
         self._next_stop_scan = 0.0
         self.hints: Publisher | None = None
+        self.poller = select.poll()  # the loop's; the hints' socket is registered here too
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
         # The dead-man deadline (guardd.deadman), on CLOCK_BOOTTIME; re-read only when it comes.
@@ -126,7 +129,7 @@ class Guard:
         if self.opts.bus:
             from guardd.hints import Publisher
 
-            self.hints = Publisher(self.opts.bus, self.turn, self.me.to_json())
+            self.hints = Publisher(self.opts.bus, self.turn, self.me.to_json(), self.poller)
         if self.parent_fd is None:
             self._begin_stop("parent_gone")
         if self.opts.deadline_file is not None:
@@ -138,10 +141,11 @@ class Guard:
         os.set_blocking(rfd, False)
         os.set_blocking(wfd, False)
         signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        # _signal: signal's wrappers make enums of handlers and masks (~60 KiB of a forked guard)
         for sig in _WATCHED_SIGNALS:
-            signal.signal(sig, _ignore)
+            _signal.signal(sig, _ignore)
         # A parent may have blocked them; handlers come first so a pending one is not fatal.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED_SIGNALS)
+        _signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED_SIGNALS)
         return rfd
 
     def _prepare_record_dir(self, record_dir: str) -> None:
@@ -161,7 +165,7 @@ class Guard:
 
     def _spawn_cmd(self) -> int | None:
         """Start CMD (guardd.child); None when it runs, else the exit code to return."""
-        env = dict(os.environ)
+        env = dict(self.opts.env)
         env[record.TURN_ENV] = self.turn
         scope = record.record_dir_scope(self.opts.record_dir) if self.opts.record_dir else None
         if scope is not None:
@@ -182,7 +186,7 @@ class Guard:
         return failed.code
 
     def _loop(self, wake_fd: int) -> int:
-        poller = select.poll()
+        poller = self.poller
         poller.register(wake_fd, select.POLLIN)
         if self.parent_fd is not None:
             poller.register(self.parent_fd, select.POLLIN)
@@ -194,18 +198,22 @@ class Guard:
                 timeout = min(timeout, self.deadline - self.clock(), _STOP_POLL)
             elif self.opts.deadline_file is not None:
                 timeout = min(timeout, self._check_deadline())
+            if self.hints is not None:
+                timeout = min(timeout, self.hints.timeout())
             events = poller.poll(max(0, int(timeout * 1000) + 1))
             sigs = set()
             for fd, _ in events:
                 if fd == wake_fd:
                     sigs.update(_drain(wake_fd))
                 elif fd == events_fd:
-                    _rearm(events_fd)  # populated changed: the checks below look
+                    cgroup.rearm(events_fd)  # populated changed: the checks below look
                 elif fd == self.parent_fd:
                     poller.unregister(fd)
                     os.close(fd)
                     self.parent_fd = None
                     self._begin_stop("parent_gone")
+            if self.hints is not None:
+                self.hints.step(events)  # its socket's events, then its deadlines
             for sig in _STOP_SIGNALS:
                 if sig in sigs:
                     self._begin_stop(f"signal:{signal.Signals(sig).name}")
@@ -245,18 +253,10 @@ class Guard:
                 self._kill_all()
 
     def _watch_cgroup(self, poller: select.poll) -> int | None:
-        """cgroup.events notifies (POLLPRI) when `populated` changes: the loop wakes at the end of
-        the last process of the turn without polling for it."""
-        if self.opts.cgroup is None:
-            return None
-        try:
-            fd = os.open(
-                os.path.join(self.opts.cgroup, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC
-            )
-        except OSError:
-            return None  # the checks still read it by path
-        _rearm(fd)
-        poller.register(fd, select.POLLPRI)
+        """The loop wakes at the end of the last process of the turn without polling for it."""
+        fd = cgroup.watch_events(self.opts.cgroup) if self.opts.cgroup is not None else None
+        if fd is not None:  # None: the checks still read cgroup.events by path
+            poller.register(fd, select.POLLPRI)
         return fd
 
     def _check_deadline(self) -> float:
@@ -464,14 +464,6 @@ class Guard:
                 f"ccsup-guard: unable to write record {self.record_file}: {e.strerror}",
                 file=sys.stderr,
             )
-
-
-def _rearm(fd: int) -> None:
-    """Read a kernfs file that notified, so that its next change notifies again."""
-    try:
-        os.pread(fd, 4096, 0)
-    except OSError:
-        pass  # the cgroup is being removed: nothing more will come
 
 
 def _drain(fd: int) -> set[int]:

@@ -2,7 +2,9 @@
 fork straight into a cgroup (clone3 with CLONE_INTO_CGROUP, via ctypes).
 
 Stateless: nothing here survives the process. Setting the subreaper flag twice is harmless; it
-is inherited by nobody (fork clears it), so each guard sets its own.
+is inherited by nobody (fork clears it), so each guard sets its own. The ctypes prototypes of
+prctl are made once, at import: in the zygote, before any fork (made at each call in each guard,
+a function object with its argtypes apiece, they cost it private memory after the fork).
 Standard library only.
 """
 
@@ -19,18 +21,18 @@ PR_SET_CHILD_SUBREAPER = 36
 # object each time, so one caller's argtypes never become another's.
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC_HOLDING_GIL = ctypes.PyDLL(None, use_errno=True)
-
-
-def _prctl():
-    prctl = _LIBC["prctl"]
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    return prctl
+_ulong = ctypes.c_ulong
+_prctl = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_int, _ulong, _ulong, _ulong, _ulong, use_errno=True
+)(("prctl", _LIBC))
+_prctl_str = ctypes.CFUNCTYPE(  # the second argument a string (PR_SET_NAME)
+    ctypes.c_int, ctypes.c_int, ctypes.c_char_p, _ulong, _ulong, _ulong, use_errno=True
+)(("prctl", _LIBC))
 
 
 def register_subreaper() -> None:
     """Make this process a child subreaper: orphaned descendants are reparented to it, not init."""
-    if _prctl()(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unable to set PR_SET_CHILD_SUBREAPER: {os.strerror(err)}")
 
@@ -88,8 +90,9 @@ def fork_into_cgroup(cgroup_fd: int) -> int:
     happened just before: 15-20 ms a turn here when turns start one at a time. A child born in the
     cgroup takes it only for reading.
 
-    Only for a single-threaded caller (the guard before its hints thread): unlike os.fork, none of
-    Python's or glibc's fork handlers run, which is safe only when no other thread can hold a lock.
+    Only for a single-threaded caller (the guard: its loop is its only thread): unlike os.fork,
+    none of Python's or glibc's fork handlers run, which is safe only when no other thread can hold
+    a lock.
     The GIL stays held through the call (PyDLL), so the child starts with it. The child must exec
     or _exit soon.
     """
@@ -118,18 +121,7 @@ def set_title(title: str, name: str) -> None:
     with NULs (so /proc/<pid>/cmdline ends at the title). Python keeps its own copy of argv, so
     nothing of ours reads that memory again. Best effort: a failure leaves the old title.
     """
-    try:
-        prctl = _prctl()
-        prctl.argtypes = [
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_ulong,
-            ctypes.c_ulong,
-            ctypes.c_ulong,
-        ]
-        prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # comm stays; the command line below is what ps shows by default
+    _prctl_str(PR_SET_NAME, name.encode()[:15], 0, 0, 0)  # a failure leaves comm: ps shows argv
     try:
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()

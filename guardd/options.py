@@ -6,11 +6,27 @@ environment) or of what the guard does with them. Stateless.
 
 from __future__ import annotations
 
+import os
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 
 class Options:
     """What `ccsup-guard` was asked to do (a plain class: dataclasses cost ~10 ms of a start)."""
 
-    __slots__ = ("argv", "record_dir", "grace", "scan", "turn", "bus", "cgroup", "deadline_file")
+    __slots__ = (
+        "argv",
+        "record_dir",
+        "grace",
+        "scan",
+        "turn",
+        "bus",
+        "cgroup",
+        "deadline_file",
+        "env",
+    )
 
     def __init__(
         self,
@@ -22,10 +38,13 @@ class Options:
         bus: str | None = None,
         cgroup: str | None = None,
         deadline_file: str | None = None,
+        env: Mapping[str, str] | None = None,
     ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
         self.turn, self.bus, self.cgroup = turn, bus, cgroup
         self.deadline_file = deadline_file
+        # The environment the defaults were read from, and CMD's is made from (default: ours).
+        self.env: Mapping[str, str] = os.environ if env is None else env
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -34,6 +53,6 @@ class Options:
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
 
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+    def __repr__(self) -> str:  # without env: no secret of it in a traceback or a log
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__ if n != "env")
         return f"Options({fields})"

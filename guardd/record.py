@@ -21,12 +21,17 @@ class RecordError(ValueError):
     """A record that cannot be used: unreadable, not JSON, not an object, or a newer version."""
 
 
+def encode(data: dict) -> bytes:
+    """A record's bytes: compact JSON, keys sorted."""
+    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+
+
 def write_json(path: str | os.PathLike, data: dict, mode: int = 0o644, sync: bool = True) -> None:
     """Write data at path atomically; fsynced unless sync is False (see guardd.guard's record)."""
     path = os.fspath(path)
     head, name = os.path.split(path)
     tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
-    body = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    body = encode(data)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         os.write(fd, body)

@@ -5,8 +5,7 @@ imports), and at cap 4 on two cores that, not the work, set the pace. The zygote
 (`python -I -S -c ZYGOTE_BOOTSTRAP --fd N`, as guards are, see guardd.launch), imports guardd, and
 then forks a guard per request (~1-3 ms); the forked child runs `guardd.__main__.main` directly,
 with no exec of a new interpreter. It is single-threaded and imports only the standard library, so
-a fork copies no lock held by another thread; the guard's hints thread starts after the fork, in
-the child.
+a fork copies no lock held by another thread; a guard has no thread either (see Memory below).
 
 The wire: one AF_UNIX stream socketpair between the supervisor and its zygote. Each message is a
 4-byte big-endian length and a `marshal`led tuple (exact for every str the environment can hold,
@@ -29,11 +28,11 @@ One spawn:
 2. The zygote opens a pidfd on the child. The child is its own and not reaped yet, so the pid
    cannot have been reused: the pidfd and the start ticks it sends are the child's, race-free.
 3. Only after that answer is sent does the zygote write "go" to the child, which then restores the
-   signal mask a fresh interpreter has and runs the guard, then os._exit()s with its status (its
-   environment and title are set while the zygote answers: nothing outside the child sees them).
-   A child that reads EOF instead (the zygote died, or was killed by a supervisor that gave up
-   waiting) exits 125 without running anything: a guard the supervisor does not know of can
-   never run.
+   signal mask a fresh interpreter has and runs the guard with the request's environment (the
+   guard's and CMD's: os.environ stays the zygote's), then os._exit()s with its status (its title
+   is set while the zygote answers: nothing outside the child sees it). A child that reads EOF
+   instead (the zygote died, or was killed by a supervisor that gave up waiting) exits 125
+   without running anything: a guard the supervisor does not know of can never run.
 
 The guard's parent is the zygote, but "parent gone" must mean the supervisor: the child hands the
 guard the zygote's pidfd on the supervisor to watch instead (`main(args, parent_fd=...)`). A
@@ -46,6 +45,15 @@ each spawned child's status over the socket. If it dies first, that status is lo
 then has the guard's record (its `exit`, written when CMD exited) and treats a guard with neither as
 lost.
 
+Memory. A guard shares the zygote's pages until one of them writes a page (copy on write), and
+CPython 3.11 writes to every object it touches (reference counts): a guard's own memory (USS,
+~1.8 MiB) is the pages touched after the fork. So the zygote imports, before forking, all that a
+guard imports (`warm`; never `threading`, whose at-fork hook would run in every fork), and what
+the child runs is kept lean: its environment is handed over as a dict (refilling os.environ cost
+~0.3 MiB), signals are set through `_signal` (the enum wrappers cost ~60 KiB). The zygote's own
+work between two forks counts too: a page it writes after forking a guard leaves that guard the
+only holder of the old copy.
+
 The supervisor's end of the socket is guardd.zygote_handle; this module is the wire and the zygote
 process itself.
 
@@ -56,6 +64,7 @@ guard's arguments, cwd and whole environment.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal without its enum wrappers (see uses)
 import array
 import marshal
 import os
@@ -76,6 +85,9 @@ _HEADER = struct.Struct(">I")
 MAX_MESSAGE = 16 << 20  # a request larger than this goes the old way (the caller decides)
 _MAX_FDS = 64  # ancillary room per read (a request carries 3, an answer 1; requests are pipelined)
 _READ_SIZE = 1 << 16
+# A plain int: `int & socket.MSG_CTRUNC` would run the flag enum's __rand__ (Python code) on every
+# read, pages the zygote writes between two forks (each one a guard's own: see Memory above).
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)
 
 
 def encode(message: tuple) -> bytes:
@@ -104,7 +116,7 @@ class Inbox:
                 fds = array.array("i")
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
                 self.fds.extend(fds)
-        if flags & socket.MSG_CTRUNC:
+        if flags & _MSG_CTRUNC:
             raise OSError("unable to read from the zygote socket: file descriptors were truncated")
         self.data += data
         return bool(data)
@@ -155,7 +167,7 @@ class _Zygote:
         self.inbox = Inbox()
         self.spawned: set[int] = set()  # children announced to the supervisor, not yet reaped
         # What a fresh interpreter has, so that each child gets it back (we change SIGCHLD only).
-        self.chld_handler = signal.getsignal(signal.SIGCHLD)
+        self.chld_handler = _signal.getsignal(signal.SIGCHLD)
         self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -267,7 +279,9 @@ class _Zygote:
         operation = "set up its stdio"
         try:
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, self.chld_handler)
+            # _signal: signal.signal would turn the old handler (a function) into an enum by
+            # raising and catching, pages of the guard's own (as is each page touched here).
+            _signal.signal(signal.SIGCHLD, self.chld_handler)
             for target, fd in enumerate(stdio):  # >= 3: the zygote's own 0-2 are always open
                 os.dup2(fd, target)  # inheritable: CMD gets them
             _close_fds_except((0, 1, 2, report_w, go_r, self.parent_fd))
@@ -282,17 +296,17 @@ class _Zygote:
             return EXIT_GUARD_FAILURE
         os.close(report_w)  # set up: the zygote may answer
         # While the zygote answers the supervisor: what changes nothing outside this process.
-        os.environ.clear()
-        os.environ.update(env)
         turn = args[args.index("--turn") + 1] if "--turn" in args[:-1] else "?"
         linux.set_title(f"ccsup-guard {turn}", "ccsup-guard")  # not the zygote's command line
         if os.read(go_r, 1) != b"g":
             return EXIT_GUARD_FAILURE  # the zygote died before the supervisor knew of us
         os.close(go_r)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+        _signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         from guardd.__main__ import main as guard_main
 
-        return guard_main(list(args), parent_fd=self.parent_fd)
+        # The environment goes to the guard as a dict: emptying and refilling os.environ (the
+        # zygote's) cost each guard ~0.3 MiB of private memory.
+        return guard_main(list(args), parent_fd=self.parent_fd, environ=env)
 
 
 def _write_failure(fd: int, errno_: int, operation: str) -> None:
@@ -332,6 +346,43 @@ def _ensure_stdio() -> None:
                 os.close(null)
 
 
+def warm() -> None:
+    """Import everything a guard imports, once, before any fork: a module imported in a guard
+    is that guard's own memory (os.wait4 alone imports `resource` at its first call: ~0.2 MiB).
+    Nothing here may import `threading`: its at-fork hook would run in every fork (~0.4 MiB).
+
+    Then run json's encoder on a record and a hint until the interpreter has specialized its
+    code: a guard encodes its record at every change and every scan (and a hint at each event),
+    and the code objects each guard would rewrite, specializing them itself, cost it ~70 KiB."""
+    import json
+    import resource  # noqa: F401
+    import warnings  # noqa: F401  (CMD's os.execvpe imports it between fork and exec)
+
+    import guardd.__main__
+    import guardd.hints  # noqa: F401  (a guard with --bus)
+    from guardd import record
+
+    group = {"pgid": 1, "leader_start": 2}
+    sample = {  # a guard record's shape (guardd.guard.Guard.to_record)
+        "v": 1,
+        "guard": {"pid": 1, "start": 2},
+        "turn": "t",
+        "argv": ["true"],
+        "own_group": group,
+        "groups": [{**group, "seen_at": 0.5}],
+        "state": "running",
+        "exit": None,
+        "reason": None,
+        "started_at": 0.5,
+        "cgroup": None,
+        "usage": {"cpu_user_s": 0.0, "cpu_system_s": 0.0, "peak_rss_bytes": 0, "processes": 1},
+    }
+    hint = {"v": 1, "ts": 0.5, "turn": "t", "guard": {"pid": 1, "start": 2}, **group}
+    for _ in range(12):  # 3.11 specializes a function at its 8th call
+        record.encode(sample)
+        json.dumps(hint)  # as guardd.hints.Publisher.publish does
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -I -S -c ZYGOTE_BOOTSTRAP --fd N`: serve the supervisor on socket fd N."""
     argv = sys.argv[1:] if argv is None else argv
@@ -344,12 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parent_fd = linux.open_parent_pidfd()
     if parent_fd is None:
         return 0  # the supervisor is already gone
-    # Warm: everything a guard imports, once, here.
-    import warnings  # noqa: F401  (warm: CMD's os.execvpe imports it between fork and exec)
-
-    import guardd.__main__
-    import guardd.hints  # noqa: F401  (warm: a guard with --bus imports it)
-
+    warm()
     try:
         return _Zygote(sock, parent_fd).serve()
     except (BrokenPipeError, ConnectionResetError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -10,6 +11,7 @@ import pytest
 from conftest import PYTHON
 
 from guardd.launch import guard_command
+from guardd.zygote_handle import Zygote
 
 zmq = pytest.importorskip("zmq")
 from zmq.utils.monitor import recv_monitor_message  # noqa: E402
@@ -47,11 +49,14 @@ def test_hints_group_exited_gone_are_published(tmp_path, state_dir, launch):
         # Keep polling, as the proxy does: a bound socket attaches a new peer (and sends it the
         # subscription) only when its owner calls into it.
         got = {}
+        threads = []
         deadline = time.monotonic() + 10
         while "gone" not in got and time.monotonic() < deadline:
             if sub.poll(10):
                 topic, body = sub.recv_multipart()
                 got[topic.decode().rsplit(".", 1)[1]] = (topic.decode(), json.loads(body))
+                if "exited" not in got:  # the guard publishing, as it runs CMD
+                    threads.append(_threads(proc.pid))
         assert proc.wait(10) == 5
     finally:
         sub.close(0)
@@ -59,6 +64,7 @@ def test_hints_group_exited_gone_are_published(tmp_path, state_dir, launch):
     (rec_path,) = tmp_path.glob("*.json")
     rec = json.loads(rec_path.read_text())
     assert set(got) == {"group", "exited", "gone"}
+    assert threads == [1]  # hints go out from the guard's own loop: no thread of their own
     for event, (topic, body) in got.items():
         assert topic == f"guard.t1.{event}"
         assert body["v"] == 1 and body["turn"] == "t1" and body["guard"] == rec["guard"]
@@ -70,6 +76,11 @@ def test_hints_group_exited_gone_are_published(tmp_path, state_dir, launch):
         "pgid": group["pgid"],
         "leader_start": group["leader_start"],
     }
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
 
 
 def test_guard_without_bus_never_imports_zmq():
@@ -87,12 +98,15 @@ def test_guard_without_bus_never_imports_zmq():
 from guardd import hints  # noqa: E402
 
 
-def _collect(sock, until, timeout=10.0):
-    """Poll a bound zmq socket (as the proxy does) until `until(messages)` or the timeout."""
+def _collect(sock, until, pub=None, timeout=10.0):
+    """Poll a bound zmq socket (as the proxy does) until `until(messages)` or the timeout; the
+    publisher, which has no thread, is driven meanwhile as the guard's loop drives it."""
     got = []
     deadline = time.monotonic() + timeout
     while not until(got) and time.monotonic() < deadline:
-        if sock.poll(10):
+        if pub is not None:
+            pub.wait(0.005)
+        if sock.poll(5):
             got.append(sock.recv_multipart())
     return got
 
@@ -122,7 +136,7 @@ def test_publisher_reaches_a_bound_zmq_socket_over_ipc(state_dir, kind):
         pub = hints.Publisher(endpoint, "t2", {"pid": 1, "start": 2})
         pub.publish("group", pgid=7, leader_start=None, pad="é" * 300)  # a LONG frame
         pub.publish("gone", record=None)
-        got = _collect(sock, lambda got: len(got) == 2)
+        got = _collect(sock, lambda got: len(got) == 2, pub)
         pub.close()
     finally:
         sock.close(0)
@@ -140,7 +154,7 @@ def test_publisher_over_tcp_and_close_delivers_the_last_hint():
     try:
         pub = hints.Publisher(f"tcp://127.0.0.1:{port}", "t3", {})
         pub.publish("exited", code=0, signal=None)
-        first = _collect(sock, lambda got: len(got) == 1)
+        first = _collect(sock, lambda got: len(got) == 1, pub)
         pub.publish("gone", record=None)
         pub.close()  # returns once the peer has read it all, or after its bound
         rest = _collect(sock, lambda got: len(got) == 1, timeout=2)
@@ -212,6 +226,42 @@ def test_a_curve_peer_is_refused_with_one_line(tmp_path, state_dir):
     )
 
 
+def test_a_refused_bus_with_stderr_gone_still_ends_the_turn_as_usual(tmp_path, state_dir):
+    """The publisher runs in the guard's own loop: saying why hints are dropped must not end a
+    (forked) guard whose stderr is gone (a supervisor killed outright): the turn ends as usual."""
+    endpoint = f"ipc://{state_dir}/bus-in"
+    public, secret = zmq.curve_keypair()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.XSUB)
+    sock.curve_server = True  # refuses the guard's NULL handshake: the publisher says so
+    sock.curve_secretkey = secret
+    sock.bind(endpoint)
+    zygote = Zygote.start()
+    err_r, err_w = os.pipe()
+    os.close(err_r)  # every write to the guard's stderr fails (EPIPE)
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        args = ["--record-dir", str(tmp_path), "--grace", "0.2", "--bus", endpoint, "--"]
+        spawned = zygote.spawn(
+            [*args, "sh", "-c", "sleep 0.3; exit 3"],
+            cwd=None,
+            env=dict(os.environ),
+            stdio=(null, null, err_w),
+        )
+        os.close(spawned.pidfd)
+        reports: list = []
+        _collect(sock, lambda got: reports.extend(zygote.poll_reports()) or reports)
+        assert reports == [(spawned.pid, 3)]
+    finally:
+        os.close(null)
+        os.close(err_w)
+        zygote.close()
+        sock.close(0)
+        ctx.term()
+    (rec_path,) = tmp_path.glob("*.json")
+    assert json.loads(rec_path.read_text())["state"] == "gone"
+
+
 def test_an_idle_publisher_lets_its_connection_go_and_reconnects_for_the_next_hint(
     state_dir, monkeypatch
 ):
@@ -226,18 +276,21 @@ def test_an_idle_publisher_lets_its_connection_go_and_reconnects_for_the_next_hi
     sock.send(b"\x01guard.")
 
     def next_event(timeout: float = 5.0) -> int:
-        assert monitor.poll(timeout * 1000), "no connection event"
+        deadline = time.monotonic() + timeout
+        while not monitor.poll(5):
+            assert time.monotonic() < deadline, "no connection event"
+            pub.wait(0.005)  # the publisher's idle deadline passes only when it is driven
         return recv_monitor_message(monitor)["event"]
 
     try:
         pub = hints.Publisher(endpoint, "t4", {})
         assert next_event() == zmq.EVENT_ACCEPTED  # at once, before any hint
         pub.publish("group", pgid=7, leader_start=None)
-        first = _collect(sock, lambda got: len(got) == 1)
+        first = _collect(sock, lambda got: len(got) == 1, pub)
         assert next_event() == zmq.EVENT_DISCONNECTED  # idle: let go
         pub.publish("exited", code=0, signal=None)
         assert next_event() == zmq.EVENT_ACCEPTED  # connected again for the next hint
-        rest = _collect(sock, lambda got: len(got) == 1)
+        rest = _collect(sock, lambda got: len(got) == 1, pub)
         pub.close()
     finally:
         monitor.close(0)

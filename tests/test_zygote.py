@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, story, wait_until
+from conftest import MARKER, PYTHON, ROOT, story, wait_until
 
 from guardd import procs
 from guardd.zygote_handle import Zygote, ZygoteGone
@@ -186,7 +186,7 @@ def test_a_guard_killed_outright_under_the_zygote_is_lost(daemon, event_log):
 
 
 def spawn_and_wait(
-    zygote: Zygote, argv: list[str], cwd: str | None = None
+    zygote: Zygote, argv: list[str], cwd: str | None = None, env: dict | None = None
 ) -> tuple[int, int, bytes]:
     """Spawn a guard for argv with stdin closed; returns (pid, returncode, its stderr)."""
     stdin_r, stdin_w = os.pipe()
@@ -196,7 +196,7 @@ def spawn_and_wait(
         spawned = zygote.spawn(
             ["--grace", "0.2", "--", *argv],
             cwd=cwd,
-            env=dict(os.environ),
+            env=dict(os.environ) if env is None else env,
             stdio=(stdin_r, null, err_w),
         )
     finally:
@@ -234,6 +234,44 @@ def test_statuses_come_back_exactly(zygote):
     assert (
         spawn_and_wait(zygote, [PYTHON, "-c", "import os; os.kill(os.getppid(), 9)"])[1] == -9
     )  # the guard
+
+
+def test_a_forked_guard_imports_nothing_and_the_zygote_no_threading(tmp_path):
+    """A module a guard imports after the fork is its own memory, and `threading` imported in
+    the zygote runs its at-fork hook in every fork: the zygote's warm imports hold all that a
+    guard with hints, a record and a reaped CMD imports, and no threading."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from guardd import zygote
+        zygote.warm()
+        before = set(sys.modules)
+        from guardd.__main__ import main
+        rc = main(["--record-dir", {str(tmp_path)!r}, "--bus", "ipc://{tmp_path}/absent",
+                   "--grace", "0.1", "--scan", "0.01", "--", "sh", "-c", "sleep 0.1; exit 3"])
+        assert rc == 3, rc
+        assert set(sys.modules) == before, sorted(set(sys.modules) - before)
+        assert "threading" not in sys.modules
+        """
+    )
+    run = subprocess.run(
+        [PYTHON, "-I", "-S", "-c", f"import sys; sys.path.append({str(ROOT)!r})\n{code}"],
+        capture_output=True,
+        timeout=30,
+    )
+    assert run.returncode == 0, run.stderr.decode()
+
+
+def test_a_forked_guard_runs_with_the_request_environment_not_the_zygotes(zygote, tmp_path):
+    """The environment reaches the forked guard as a dict (os.environ stays the zygote's): CMD
+    sees the request's variables and none of the zygote's, and the guard's defaults are read
+    there ($CCSUP_GUARD_DIR: where its record goes)."""
+    assert MARKER in os.environ  # the zygote has it: it inherited the tests' environment
+    env = {"PATH": os.environ["PATH"], "ONLY_HERE": "yes", "CCSUP_GUARD_DIR": str(tmp_path)}
+    script = f'echo "$ONLY_HERE ${{{MARKER}-none}}" >&2; exit 4'
+    _, code, err = spawn_and_wait(zygote, ["sh", "-c", script], env=env)
+    assert (code, err) == (4, b"yes none\n")
+    assert len(list(tmp_path.glob("*.json"))) == 1
 
 
 def test_a_bad_cwd_is_an_oserror_and_the_zygote_serves_on(zygote, tmp_path):
