@@ -90,7 +90,7 @@ def test_malloc_trim_gives_back_what_a_thread_freed():
         "def rss(): return int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1])\n"
         "kept = []\n"
         "def churn():\n"
-        "    blocks = [b\"x\" * 20000 for _ in range(2000)]\n"
+        '    blocks = [b"x" * 20000 for _ in range(2000)]\n'
         "    kept.extend(blocks[::50])  # holes: the arena's top is not free\n"
         "t = threading.Thread(target=churn); t.start(); t.join()\n"
         "before = rss(); _malloc_trim()(0); print(before - rss())\n"

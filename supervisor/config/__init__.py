@@ -42,10 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from ..admission_policy import AdmissionSettings
+from ..admission_settings import AdmissionSettings
 from ..caps import Caps
 from ..cluster_settings import ClusterSettings
-from ..retention import LogLimits
 from ..web.settings import WebSettings
 from . import admission, cluster, endpoints, guard, harness, limits, logs, metrics, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
@@ -59,6 +58,7 @@ from .files import (
 )
 from .guard import DEFAULT_GRACE, DEFAULT_SCAN
 from .harness import Harness
+from .logs import LogLimits
 from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
