@@ -155,10 +155,12 @@ def test_a_command_module_is_imported_only_when_that_command_is_used(args, loade
 
 def test_reading_the_config_imports_none_of_the_supervisors_policy():
     """Every command reads the config: it builds settings (supervisor.admission_settings,
-    config.logs) and imports none of the policy that acts on them, nor what that needs."""
+    config.logs) and imports none of the policy that acts on them, nor what that needs, nor the
+    checks of a section the file does not have ([cluster])."""
     policy = ["supervisor.admission_policy", "supervisor.pause_on", "supervisor.pauses"]
     policy += ["supervisor.rates", "supervisor.runtime_limits", "supervisor.fairness"]
     policy += ["supervisor.retention", "subprocess", "logging", "shutil"]
+    policy += ["supervisor.cluster_settings"]
     code = (
         "import sys\n"
         "from supervisor import config\n"

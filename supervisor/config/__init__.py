@@ -41,10 +41,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from ..admission_settings import AdmissionSettings
 from ..caps import Caps
-from ..cluster_settings import ClusterSettings
 from ..web.settings import WebSettings
 from . import admission, cluster, endpoints, guard, harness, limits, logs, metrics, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
@@ -63,6 +63,9 @@ from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
 from .values import duration, size
+
+if TYPE_CHECKING:
+    from ..cluster_settings import ClusterSettings
 
 __all__ = [
     "DEFAULT_CAP",
