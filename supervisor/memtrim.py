@@ -47,14 +47,15 @@ async def trim_after_work(
     interval: float = TRIM_INTERVAL,
     after_cpu: float = TRIM_AFTER_CPU,
     trim: Callable[[int], int] | None = None,
+    cpu: Callable[[], float] = time.process_time,
 ) -> None:
     """Run for the supervisor's life (a task): trim whenever the process has worked."""
     trim = trim or _malloc_trim()
     if trim is None:
         return
-    trimmed_at = time.process_time()
+    trimmed_at = cpu()
     while True:
         await asyncio.sleep(interval)
-        if time.process_time() - trimmed_at >= after_cpu:
+        if cpu() - trimmed_at >= after_cpu:
             await asyncio.to_thread(trim, 0)
-            trimmed_at = time.process_time()
+            trimmed_at = cpu()

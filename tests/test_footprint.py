@@ -61,24 +61,38 @@ def test_the_running_supervisor_maps_no_openssl(daemon):
 
 
 def test_memory_is_trimmed_after_work_and_not_while_idle():
-    calls = []
+    """The process's CPU time is the trimmer's only clue; here the test sets it."""
+    calls: list[int] = []
+    used = [0.0]  # the process's CPU seconds, as the trimmer reads them
+
+    async def settled(count: int) -> None:
+        """Wait for `count` trims (they run in a worker thread), then a few more looks."""
+        deadline = time.monotonic() + 10
+        while len(calls) < count:
+            assert time.monotonic() < deadline, f"{len(calls)} trims, {count} expected"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # ten more looks: any extra trim would be seen
 
     async def main():
         task = asyncio.create_task(
-            memtrim.trim_after_work(interval=0.02, after_cpu=0.01, trim=calls.append)
+            memtrim.trim_after_work(
+                interval=0.01, after_cpu=0.01, trim=calls.append, cpu=lambda: used[0]
+            )
         )
-        busy_until = time.process_time() + 0.05
-        while time.process_time() < busy_until:
-            await asyncio.sleep(0)  # work: CPU spent while the trimmer looks
-        await asyncio.sleep(0.1)
-        after_work = len(calls)
-        await asyncio.sleep(0.2)  # idle: nothing to give back
+        await settled(0)
+        assert calls == []  # idle since the start
+        used[0] += 0.005
+        await settled(0)
+        assert calls == []  # not enough work yet
+        used[0] += 0.005
+        await settled(1)
+        assert calls == [0]  # malloc_trim(0), once
+        used[0] += 0.05
+        await settled(2)
+        assert calls == [0, 0]  # once for a burst of work, then idle again
         task.cancel()
-        return after_work
 
-    after_work = asyncio.run(main())
-    assert after_work >= 1 and calls[0] == 0
-    assert len(calls) == after_work
+    asyncio.run(main())
 
 
 def test_malloc_trim_gives_back_what_a_thread_freed():
