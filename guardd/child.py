@@ -5,11 +5,13 @@ Design note.
   signals (32, 33) ignored in the child, and CMD must start with every disposition at default and
   an empty mask. subprocess.Popen is not used either: its wait would be a second reaper next to
   the guard's (see guardd.guard).
-- Between fork and exec the child, in this order: joins the turn's cgroup (before anything of CMD
-  runs, so nothing CMD starts is ever outside it), gives CMD back the soft RLIMIT_NOFILE the
-  supervisor's caller had ($CCSUP_GUARD_NOFILE, never passed on to CMD), blocks every signal and
-  sets every disposition to default, makes a group of its own, checks that the guard is still its
-  parent, empties the mask and execs.
+- CMD is born in the turn's cgroup (clone3 with CLONE_INTO_CGROUP, guardd.linux: a join after the
+  fork cost 15-20 ms a turn); where the kernel cannot, it is a plain fork and the child joins the
+  cgroup first thing. Either way nothing of CMD runs outside it. Between fork and exec the child,
+  in this order: gives CMD back the soft RLIMIT_NOFILE the supervisor's caller had
+  ($CCSUP_GUARD_NOFILE, never passed on to CMD), blocks every signal and sets every disposition to
+  default, makes a group of its own, checks that the guard is still its parent, empties the mask
+  and execs.
 - A failure comes back through a close-on-exec pipe, EOF meaning exec succeeded:
   `cgroup:<errno>` when the cgroup could not be joined (exit 125), `<errno>` when exec failed
   (127 not found, 126 found but not executable). Both ends of that pipe are here: `start` reads it
@@ -26,9 +28,10 @@ records or of groups after the start. Stateless.
 from __future__ import annotations
 
 import os
+import resource  # here, not in the child: the zygote's import serves every guard
 import signal
 
-from guardd import cgroup
+from guardd import cgroup, linux
 from guardd.exits import EXIT_GUARD_FAILURE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND
 
 # The soft RLIMIT_NOFILE to give CMD back: the supervisor raises its own soft limit to the hard one
@@ -55,18 +58,24 @@ def start(
     (NOFILE_ENV is taken out of it). Returns CMD's pid and, when it did not start, why: that child
     has then exited (or is about to) and is left for the caller to reap."""
     nofile = _nofile_limit(env.pop(NOFILE_ENV, None))
+    # Everything the child needs is worked out here, before the fork: each page the child writes
+    # (Python's refcounts) is copied, so work done there costs several times more.
+    paths = _candidates(argv[0], env)
+    to_default = _not_default()
     errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
     guard_pid = os.getpid()
-    pid = os.fork()
+    pid, join = _fork(cgroup_path)
     if pid == 0:
-        _exec_child(argv, env, errw, cgroup_path, guard_pid, nofile)  # never returns
+        _exec_child(paths, argv, env, errw, join, guard_pid, nofile, to_default)  # never returns
     os.close(errw)
     try:
         os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
     except OSError:
         pass  # EACCES: the child already exec'd (and set it); ESRCH: it already died
-    with os.fdopen(errr, "rb") as f:
-        err = f.read()
+    err = b""
+    while chunk := os.read(errr, 64):
+        err += chunk
+    os.close(errr)
     if not err:
         return pid, None
     if err.startswith(_CGROUP_FAILED):
@@ -80,6 +89,45 @@ def start(
     return pid, ExecFailure(code, f"{what}: {message}", message)
 
 
+def _fork(cgroup_path: str | None) -> tuple[int, str | None]:
+    """fork(), the child born in cgroup_path when the kernel can (linux.fork_into_cgroup); else a
+    plain fork and the cgroup the child must join itself (returned), with the same errors."""
+    if cgroup_path is None:
+        return os.fork(), None
+    try:
+        fd = os.open(cgroup_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return os.fork(), cgroup_path  # the join says why, as below
+    try:
+        return linux.fork_into_cgroup(fd), None
+    except OSError:
+        # ENOSYS (before Linux 5.7, or clone3 filtered by seccomp) or a cgroup the kernel will not
+        # take: a plain fork, and the child's join runs the same checks and reports the same error.
+        return os.fork(), cgroup_path
+    finally:
+        os.close(fd)  # in the child too: close-on-exec would do it, this is earlier
+
+
+def _candidates(name: str, env: dict[str, str]) -> list[str]:
+    """The paths CMD's exec tries, in order: os.execvpe's search of env's PATH (os.defpath when
+    it has none; an empty entry is the working directory), or name itself when it has a slash."""
+    if os.sep in name:
+        return [name]
+    return [os.path.join(d, name) for d in env.get("PATH", os.defpath).split(os.pathsep)]
+
+
+def _not_default() -> list[signal.Signals]:
+    """The signals whose disposition is not the default here (the guard's handlers, what Python or
+    our parent ignores, and what Python cannot tell): the child sets these back to default, one
+    call each, instead of every signal."""
+    keep = (signal.SIGKILL, signal.SIGSTOP)
+    return [
+        sig
+        for sig in signal.valid_signals()
+        if sig not in keep and signal.getsignal(sig) != signal.SIG_DFL
+    ]
+
+
 def _nofile_limit(value: str | None) -> int | None:
     """The soft RLIMIT_NOFILE CMD gets back ($CCSUP_GUARD_NOFILE); None: leave it as inherited."""
     if value is None or not value.isdigit():
@@ -88,16 +136,18 @@ def _nofile_limit(value: str | None) -> int | None:
 
 
 def _exec_child(
+    paths: list[str],
     argv: list[str],
     env: dict,
     errw: int,
-    cgroup_path: str | None = None,
-    guard_pid: int = 0,
-    nofile: int | None = None,
+    cgroup_path: str | None,
+    guard_pid: int,
+    nofile: int | None,
+    to_default: list[signal.Signals],
 ) -> None:
-    """In the forked child: the turn's cgroup (before anything runs), a new group, default
+    """In the forked child: the turn's cgroup (when not born in it), a new group, default
     dispositions, empty mask, the soft fd limit the supervisor's caller had (nofile), then exec
-    CMD."""
+    CMD (the first of paths that execs, as os.execvpe)."""
     if cgroup_path is not None:
         try:
             cgroup.join(cgroup_path)
@@ -108,19 +158,16 @@ def _exec_child(
                 os._exit(EXIT_GUARD_FAILURE)
     try:
         if nofile is not None:
-            import resource
-
             _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             if hard == resource.RLIM_INFINITY or nofile <= hard:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         signal.set_wakeup_fd(-1)
-        for sig in signal.valid_signals():
-            if sig not in (signal.SIGKILL, signal.SIGSTOP):
-                try:
-                    signal.signal(sig, signal.SIG_DFL)
-                except (OSError, ValueError):
-                    pass  # glibc's own signals cannot be set; the kernel resets handlers at exec
+        for sig in to_default:
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # glibc's own signals cannot be set; the kernel resets handlers at exec
         os.setpgid(0, 0)
         if guard_pid and os.getppid() != guard_pid:
             # The guard died before CMD ran (before its record could name CMD's group): run
@@ -128,7 +175,7 @@ def _exec_child(
             # leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN marker).
             os._exit(EXIT_GUARD_FAILURE)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        os.execvpe(argv[0], argv, env)
+        _exec_first(paths, argv, env)
     except OSError as e:
         try:
             os.write(errw, str(e.errno or 0).encode())
@@ -136,3 +183,19 @@ def _exec_child(
             os._exit(EXIT_NOT_FOUND)
     except BaseException:  # noqa: BLE001 -- the forked child must never return into the guard
         os._exit(EXIT_GUARD_FAILURE)
+
+
+def _exec_first(paths: list[str], argv: list[str], env: dict) -> None:
+    """os.execvpe's loop over paths already searched: returns never; raises the first error that
+    is not "no such file" (EACCES of a non-executable match), else the last."""
+    first: OSError | None = None
+    last: OSError | None = None
+    for path in paths:
+        try:
+            os.execve(path, argv, env)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            last = e
+        except OSError as e:
+            last = e
+            first = first or e
+    raise first or last or FileNotFoundError(2, "no PATH to search")

@@ -89,6 +89,7 @@ class Guard:
         self.descendants: dict[int, procs.Stat] = {}
         self.scanner = scan.Scanner(pid)  # holds /proc files of what it saw: cheaper rescans
         self.exit: Exit | None = None
+        self.exit_told = False  # the exited hint is sent once
         self.state = "running"
         self.reason: str | None = None
         self.has_children = True
@@ -210,12 +211,15 @@ class Guard:
                     self._begin_stop(f"signal:{signal.Signals(sig).name}")
             cmd_exited = self._reap()
             if cmd_exited:
-                if self.hints and self.exit is not None:
-                    self.hints.publish("exited", **self.exit.to_json())
+                if self.phase == "running" and self._all_gone():
+                    # The common end: CMD exited and left nothing. One record write says both.
+                    self.reason = "exited"
+                    return self._finish()
                 if self.phase == "running":
                     self._begin_stop("exited")  # writes the record, exit included
                 else:
                     self._write_record()
+                self._tell_exit()  # after the record: a reader of the hint finds the exit there
             now = self.clock()
             if self.phase != "running":
                 # While stopping, a scan finds groups made after the SIGTERM; orphans dying wake
@@ -416,9 +420,15 @@ class Guard:
         self._close_hints()
         return EXIT_GUARD_FAILURE
 
+    def _tell_exit(self) -> None:
+        if self.hints is not None and self.exit is not None and not self.exit_told:
+            self.exit_told = True
+            self.hints.publish("exited", **self.exit.to_json())
+
     def _close_hints(self) -> None:
         if self.hints is None:
             return
+        self._tell_exit()
         if self.state == "gone":
             self.hints.publish("gone", record=str(self.record_file) if self.record_file else None)
         self.hints.close()

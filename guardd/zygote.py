@@ -29,10 +29,11 @@ One spawn:
 2. The zygote opens a pidfd on the child. The child is its own and not reaped yet, so the pid
    cannot have been reused: the pidfd and the start ticks it sends are the child's, race-free.
 3. Only after that answer is sent does the zygote write "go" to the child, which then restores the
-   signal dispositions and mask a fresh interpreter has, sets its environment, and runs the
-   guard, then os._exit()s with its status. A child that reads EOF instead (the zygote died, or was
-   killed by a supervisor that gave up waiting) exits 125 without running anything: a guard the
-   supervisor does not know of can never run.
+   signal mask a fresh interpreter has and runs the guard, then os._exit()s with its status (its
+   environment and title are set while the zygote answers: nothing outside the child sees them).
+   A child that reads EOF instead (the zygote died, or was killed by a supervisor that gave up
+   waiting) exits 125 without running anything: a guard the supervisor does not know of can
+   never run.
 
 The guard's parent is the zygote, but "parent gone" must mean the supervisor: the child hands the
 guard the zygote's pidfd on the supervisor to watch instead (`main(args, parent_fd=...)`). A
@@ -214,8 +215,10 @@ class _Zygote:
             self._child(args, cwd, env, stdio, report_w, go_r)  # never returns
         for fd in (report_w, go_r, *stdio):
             os.close(fd)
-        with os.fdopen(report_r, "rb") as f:
-            failure = f.read()
+        failure = b""
+        while chunk := os.read(report_r, 4096):
+            failure += chunk
+        os.close(report_r)
         if failure:
             os.close(go_w)
             errno_, operation = marshal.loads(failure)
@@ -278,14 +281,15 @@ class _Zygote:
             _write_failure(report_w, e.errno or 0, operation)
             return EXIT_GUARD_FAILURE
         os.close(report_w)  # set up: the zygote may answer
-        if os.read(go_r, 1) != b"g":
-            return EXIT_GUARD_FAILURE  # the zygote died before the supervisor knew of us
-        os.close(go_r)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+        # While the zygote answers the supervisor: what changes nothing outside this process.
         os.environ.clear()
         os.environ.update(env)
         turn = args[args.index("--turn") + 1] if "--turn" in args[:-1] else "?"
         linux.set_title(f"ccsup-guard {turn}", "ccsup-guard")  # not the zygote's command line
+        if os.read(go_r, 1) != b"g":
+            return EXIT_GUARD_FAILURE  # the zygote died before the supervisor knew of us
+        os.close(go_r)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         from guardd.__main__ import main as guard_main
 
         return guard_main(list(args), parent_fd=self.parent_fd)
@@ -341,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if parent_fd is None:
         return 0  # the supervisor is already gone
     # Warm: everything a guard imports, once, here.
+    import warnings  # noqa: F401  (warm: CMD's os.execvpe imports it between fork and exec)
+
     import guardd.__main__
     import guardd.hints  # noqa: F401  (warm: a guard with --bus imports it)
 

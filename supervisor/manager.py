@@ -178,6 +178,8 @@ class Manager:
         if requester is not None:
             self.watch_requester(requester, turn)
         self.grant_waiters()
+        if turn.state is State.QUEUED:
+            self.starter.prepare(turn)
         return self._answer(turn)
 
     def _check_binding(self, reservation: Reservation, args: TurnArgs) -> None:

@@ -45,6 +45,9 @@ from .output import Chunk, StreamSplitter
 
 log = logging.getLogger("ccsup.spawn")
 
+STREAMS = ("stdout", "stderr")
+# A turn's log directory holds, for each stream, its bytes (.log) and their arrival times (.idx).
+LOG_FILES = tuple(f"{stream}.{kind}" for stream in STREAMS for kind in ("log", "idx"))
 OutputCallback = Callable[[str, Chunk], None]  # stream, chunk
 TruncatedCallback = Callable[[str, str, int, int], None]  # turn id, stream, offset, limit
 # A forked guard whose zygote died before reporting its status: unknown, read as the guard's own
@@ -137,7 +140,7 @@ class GuardProcess:
         self._loop = loop
         self._on_output = on_output
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for stream in ("stdout", "stderr"):
+        for stream in STREAMS:
             pipe = self._pipes[stream]
             os.set_blocking(pipe, False)
             self._logs[stream] = _open_append(log_dir / f"{stream}.log")
@@ -185,7 +188,7 @@ class GuardProcess:
         work confirmed gone while the guard itself still holds them). Bytes that complete it
         later (a descendant's) follow as a chunk of their own; offsets still tile the stream.
         """
-        for stream in ("stdout", "stderr"):
+        for stream in STREAMS:
             while stream in self._logs and stream in self._pipes:
                 before = self._offsets[stream]
                 self._read(stream)
@@ -298,7 +301,7 @@ class GuardProcess:
         if self._loop is not None:
             self._loop.remove_reader(self.pidfd)
         self.drain()
-        for stream in ("stdout", "stderr"):
+        for stream in STREAMS:
             self._close_stream(stream)
         self._close_stdin()
         if self.pidfd >= 0:

@@ -35,6 +35,7 @@ from .errors import CcsupError
 from .ledger import Ledger
 from .output import Chunk
 from .paths import StatePaths
+from .spawn import LOG_FILES
 from .turns import Item, Turn
 from .world import Guard, GuardSettings, PendingStart, StartGuard
 
@@ -66,6 +67,11 @@ class Starter:
         self.happen = happen
         self.on_running = on_running
         self.cgroups = cgroups  # where turns' cgroups go; None: no cgroups (tests, "off")
+
+    def prepare(self, turn: Turn) -> None:
+        """A turn that waits: its log directory and files are made ahead, off the loop (see
+        supervisor.filework), so that its start only opens them."""
+        self.ledger.files.make_soon(self.paths.turn_dir(turn.id), LOG_FILES)
 
     def start(self, turn: Turn) -> None:
         """Start the granted turn's guard and follow it; any failure ends in one terminal event."""

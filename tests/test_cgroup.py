@@ -101,6 +101,49 @@ def test_cmd_runs_in_its_cgroup_from_the_start_and_a_stubborn_child_ends_by_cgro
     assert record["cgroup"] == turn and record["state"] == "gone"
 
 
+# The guard with guardd.linux.fork_into_cgroup watched: "born" records each child it made (CMD born
+# in the cgroup); "refused" makes the kernel refuse it (ENOSYS, as before Linux 5.7 or under a
+# seccomp filter), so CMD is a plain fork that joins the cgroup itself.
+FORK_WATCHED = """
+import errno, os, sys
+sys.path.append({home!r})
+from guardd import linux
+real = linux.fork_into_cgroup
+def born(fd):
+    pid = real(fd)
+    if pid:
+        with open({log!r}, "a") as f:
+            f.write(f"{{pid}}\\n")
+    return pid
+def refused(fd):
+    raise OSError(errno.ENOSYS, "refused by the test")
+linux.fork_into_cgroup = {mode}
+from guardd.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@needs_cgroup2
+@pytest.mark.parametrize("mode", ["born", "refused"])
+def test_cmd_is_born_in_its_cgroup_or_joins_it_when_the_kernel_refuses(mode, test_cgroup, tmp_path):
+    turn = os.path.join(test_cgroup, "turn.t1")
+    log, cgfile = tmp_path / "born", tmp_path / "cgroup"
+    script = FORK_WATCHED.format(
+        home=str(Path(cgroup.__file__).parents[1]), log=str(log), mode=mode
+    )
+    guard = subprocess.run(
+        [PYTHON, "-I", "-S", "-c", script, "--record-dir", str(tmp_path), "--cgroup", turn, "--"]
+        + ["sh", "-c", f"cat /proc/self/cgroup > {cgfile}; echo $$ > {tmp_path / 'cmd'}"],
+        capture_output=True,
+        timeout=20,
+    )
+    assert guard.returncode == 0, guard.stderr
+    assert f"0::{turn[len(BASE) :]}\n" in cgfile.read_text()  # CMD's first command ran inside
+    born = log.read_text().split() if log.exists() else []
+    assert born == ([(tmp_path / "cmd").read_text().strip()] if mode == "born" else [])
+    assert not cgroup.populated(turn)
+
+
 def test_a_cgroup_the_guard_cannot_use_fails_the_guard_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
     guard = subprocess.run(

@@ -16,6 +16,7 @@ import heapq
 import itertools
 import json
 import os
+import shutil
 from pathlib import Path
 
 import psutil
@@ -30,6 +31,7 @@ from supervisor.manager import Manager, Settings
 from supervisor.paths import StatePaths
 from supervisor.protocol import ProtocolError
 from supervisor.slots import SlotView
+from supervisor.spawn import LOG_FILES
 from supervisor.turns import IllegalTransition
 
 
@@ -258,6 +260,9 @@ class FakeProbe:
         self.can_end = True
         self.ended: list[str] = []
 
+    def memberless(self, groups):
+        return not self.groups_alive(groups)
+
     def groups_alive(self, groups):
         return any(g.pgid in self.alive for g in groups)
 
@@ -437,6 +442,21 @@ async def test_a_request_for_a_full_key_waits_and_holds_nothing(h):
     assert h.events("t2") == ["queued"]
     assert h.held() == {"codex": ["t1"]}
     assert [w["id"] for w in h.saved()["waiting"]] == ["t2"]
+
+
+@scenario()
+async def test_a_waiting_turn_has_its_log_files_made_ahead_and_its_start_makes_them_again(h):
+    h.turn("t1")
+    h.turn("t2")
+    assert h.manager.ledger.files.drain()
+    t2 = h.paths.turn_dir("t2")
+    assert sorted(p.name for p in t2.iterdir()) == sorted(LOG_FILES)  # made while it waits
+    assert {p.stat().st_size for p in t2.iterdir()} == {0}
+    assert t2.stat().st_mode & 0o777 == 0o700
+    shutil.rmtree(t2)  # gone before its start (pruned, say): the start makes them again
+    await h.end("t1", 0)
+    assert h.events("t2") == RUN
+    assert t2.is_dir()  # (the fake guard opens no files; a real one creates what is missing)
 
 
 @scenario()

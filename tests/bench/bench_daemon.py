@@ -25,6 +25,8 @@ import time
 import uuid
 from pathlib import Path
 
+import zmq
+
 from supervisor.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +58,18 @@ def run_daemon(state: Path, config: Path, *, wait: float = 20) -> subprocess.Pop
     proc.kill()
     proc.wait()
     raise SystemExit(f"daemon did not start: {(state / 'daemon.err').read_text()[-500:]}")
+
+
+def connected_publisher(client: Client) -> zmq.Socket:
+    """A publisher on bus-in whose connection is up, subscription included: an XPUB (a PUB that
+    shows the subscriptions it gets), returned once the supervisor's XSUB has subscribed. A new
+    PUB drops what it sends before that, and a sidecar's publisher is connected long before its
+    requests: ZeroMQ's connection set-up is no part of a turn's cost."""
+    pub = client._socket(zmq.XPUB, client.bus_in_endpoint)
+    if not pub.poll(10_000, zmq.POLLIN):
+        raise SystemExit("the supervisor's bus-in did not subscribe within 10 s")
+    pub.recv()
+    return pub
 
 
 def start_daemon(state: Path, caps: str) -> subprocess.Popen:

@@ -4,8 +4,8 @@
 
 For each N: a real daemon with `s = N` (grace 1s), N turns of `sleep 600` requested at once from
 one client (`--via bus`, the default: every `request.turn` published on the bus in one burst, as
-sidecars send them; `--via control`: one control request after another, each waiting for its
-answer); the clock stops when every turn's `started` event has arrived. Then, with all N
+sidecars send them, from a publisher already connected; `--via control`: one control request
+after another, each waiting for its answer); the clock stops when every turn's `started` event has arrived. Then, with all N
 running: the supervisor's RSS (VmRSS), the guards' USS (Private_* of /proc/<pid>/smaps_rollup:
 median and max over every guard), `ccsup ps --json` as a subprocess (CLI start-up included,
 median of 5), and `ccsup stop` as a subprocess (until it returns: every turn ended and confirmed
@@ -36,8 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import zmq  # noqa: E402
-from bench_daemon import run_daemon  # noqa: E402
+from bench_daemon import connected_publisher, run_daemon  # noqa: E402
 
 from supervisor import protocol  # noqa: E402
 from supervisor.client import Client  # noqa: E402
@@ -100,14 +99,9 @@ def request(pub, i: int) -> None:
     pub.send_multipart([b"request.turn", protocol.dumps(body)])
 
 
-def publish_all(pub, sub, n: int) -> None:
-    """Every request at once on the bus (as sidecars send them), after one that proves the PUB's
-    connection is up (a new PUB drops what it sends before). Events seen meanwhile are put back."""
-    while True:
-        request(pub, 0)
-        if sub.peek(0.05):
-            break
-    for i in range(1, n):
+def publish_all(pub, n: int) -> None:
+    """Every request at once on the bus, as sidecars send them."""
+    for i in range(n):
         request(pub, i)
 
 
@@ -119,11 +113,11 @@ def one_size(root: Path, n: int, via: str) -> dict:
     stopped = False
     try:
         with Client(state, timeout=30) as client, client.subscribe(["turn.t"]) as sub:
+            pub = connected_publisher(client) if via == "bus" else None
             cpu0 = cpu_s(proc.pid)
             t0 = time.monotonic()
-            if via == "bus":
-                pub = client._socket(zmq.PUB, client.bus_in_endpoint)
-                publish_all(pub, sub, n)
+            if pub is not None:
+                publish_all(pub, n)
             else:
                 for i in range(n):
                     client.turn("s", ["sleep", "600"], id=turn_id(i))

@@ -11,7 +11,9 @@ called `supervisor`). Prints one JSON line per figure:
    with stopasgroup/killasgroup, ccsup: N turns at cap N, grace 1s, each cancelled).
 2. stop latency (s) for that workload and for N processes that obey SIGTERM: from the stop
    command to every process the supervisor started being gone (ccsup: every turn released).
-3. start N and wait until all run (each writes a file once it runs).
+3. start N and wait until all run (each writes a file once it runs). circus and supervisord: one
+   start command through their CLI (its start-up included); ccsup: N `request.turn` published in
+   one burst on the bus from a publisher connected beforehand, as sidecars send them.
 4. `--turns` turns of `sleep 0.05` at cap `--cap`: ccsup against a plain semaphore driver.
 5. daemon RSS (MiB) with N running (ccsup's guards counted apart, one per turn: summed RSS and
    USS), and the median
@@ -42,8 +44,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+from bench_daemon import connected_publisher
 
 from guardd import procs
+from supervisor import protocol
 from supervisor.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,6 +297,7 @@ class Ccsup:
         wait_for(self._answers, 30, "ccsup daemon")
         self.client = Client(self.state, timeout=30)
         self.sub = self.client.subscribe("turn.")
+        self.pub = connected_publisher(self.client)  # as a sidecar's: connected long before
 
     def _answers(self) -> bool:
         try:
@@ -303,12 +308,14 @@ class Ccsup:
             return False
 
     def start(self, mode: str) -> None:
+        """N `request.turn` on the bus in one burst, as sidecars send them (circus and supervisord
+        each take one command for the N)."""
         self.ids = []
+        argv = ["/bin/sh", str(self.worker), mode, str(self.dirs[mode].path)]
         for _ in range(self.n):
             turn_id = uuid.uuid4().hex
-            self.client.turn(
-                self.key, ["/bin/sh", str(self.worker), mode, str(self.dirs[mode].path)], id=turn_id
-            )
+            body = {"v": protocol.VERSION, "ts": time.time(), "id": turn_id, "key": self.key}
+            self.pub.send_multipart([b"request.turn", protocol.dumps({**body, "argv": argv})])
             self.ids.append(turn_id)
 
     def stop(self, mode: str) -> None:
@@ -352,6 +359,7 @@ class Ccsup:
         return rss, uss
 
     def shutdown(self) -> None:
+        self.pub.close()
         self.sub.close()
         self.client.close()
         subprocess.run(
