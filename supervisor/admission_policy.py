@@ -20,26 +20,11 @@ Knows pauses, rates and the gate's refusal words; nothing of turns, files or soc
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypedDict
 
-from .pause_on import PauseRule
-from .pauses import DEFAULT_MAX_PAUSE, PauseBook
-from .rates import Rate, RateTable, StartWindows
-from .runtime_limits import DEFAULT_EXPIRING_NOTICE
-
-
-@dataclass(frozen=True)
-class AdmissionSettings:
-    """What the configuration says about admission (`[slots]` and `[pause_on.<key>]`)."""
-
-    max_pause: float = DEFAULT_MAX_PAUSE
-    rates: Mapping[str, Rate] = field(default_factory=dict)
-    max_runtime: Mapping[str, float] = field(default_factory=dict)
-    expiring_notice: float = DEFAULT_EXPIRING_NOTICE
-    fairness: str = "fifo"
-    pause_on: Mapping[str, PauseRule] = field(default_factory=dict)
+from .pauses import PauseBook
+from .rates import RateTable, StartWindows
 
 
 class WaitReason(enum.Enum):

@@ -36,6 +36,7 @@ from . import (
     containment,
     fdlimit,
     history_writer,
+    memtrim,
     metrics,
     protocol,
     restore,
@@ -193,6 +194,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
         await self.reap_orphans()
         self._pruning = asyncio.create_task(self._prune_logs_periodically())
+        trimming = asyncio.create_task(memtrim.trim_after_work())  # RSS: see supervisor.memtrim
         sd_notify("READY=1")
         web = _web_beside(self.config, self.paths.root, self.config_path)
         ticker = asyncio.create_task(self._tick())
@@ -206,6 +208,7 @@ class Daemon:
             await cluster.close()  # every turn is gone: the lease and its keys may go
         ticker.cancel()
         self._pruning.cancel()
+        trimming.cancel()
         if web is not None:
             from .web import beside
 

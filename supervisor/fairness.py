@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-FAIRNESS = ("fifo", "session")
+from .admission_settings import FAIRNESS
 
 Rank = tuple  # what a key's waiters are sorted by
 

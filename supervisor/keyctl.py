@@ -43,11 +43,12 @@ from typing import TYPE_CHECKING, TypedDict, cast
 
 from . import admission_state
 from .admission import Refusal
-from .admission_policy import Admission, AdmissionSettings, WaitReason, Why, WhyJSON, gate_why
+from .admission_policy import Admission, WaitReason, Why, WhyJSON, gate_why
+from .admission_settings import AdmissionSettings, PauseRule
 from .command_args import PauseArgs, ResumeArgs
 from .fairness import Ordering, make_ordering, session_of
 from .filework import FileWorker
-from .pause_on import PauseRule, PauseRules, StderrScanner
+from .pause_on import PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
 from .protocol import output_bytes
 from .rates import RateTable, StartWindows

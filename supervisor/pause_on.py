@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from .admission_settings import PauseRule
+
 log = logging.getLogger("ccsup.pause_on")
 
 PENDING_LIMIT = 1 << 20  # bytes of a turn's stderr waiting to be scanned, at most
@@ -111,14 +113,6 @@ class _Matcher:
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
-
-
-@dataclass(frozen=True)
-class PauseRule:
-    key: str  # the key or bare harness of the section
-    stderr: re.Pattern[str] | None = None
-    exit_codes: frozenset[int] = frozenset()
-    for_: float = 60.0
 
 
 class PauseRules:

@@ -28,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
-DEFAULT_MAX_PAUSE = 3600.0
+from .admission_settings import DEFAULT_MAX_PAUSE
+
 ID_MEMORY = 600.0  # seconds a pause request's id is remembered (as finished turn ids are)
 
 

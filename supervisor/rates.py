@@ -20,43 +20,11 @@ Knows rates and times; nothing of queues, slots or files.
 
 from __future__ import annotations
 
-import re
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import MappingProxyType
 
-# The window part of "N/window": a unit word, or a duration ("10s", "500ms", "2m").
-RATE_UNITS = {"s": "1s", "sec": "1s", "second": "1s", "min": "1m", "minute": "1m"}
-RATE_UNITS |= {"h": "1h", "hour": "1h"}
-_RATE = re.compile(r"\s*([0-9]+)\s*/\s*(\S+)\s*\Z")
-MAX_RATE_COUNT = 100_000
-
-
-@dataclass(frozen=True)
-class Rate:
-    count: int  # at most this many grants
-    window: float  # in any window of this many seconds
-
-    def __str__(self) -> str:
-        return f"{self.count}/{self.window:g}s"
-
-
-def parse_rate(text: object, parse_window: Callable[[str], float]) -> Rate:
-    """`"20/min"`, `"3/10s"` -> Rate. `parse_window` turns "10s" into seconds (or raises).
-
-    Raises ValueError with what is wrong; the config names the key and line around it.
-    """
-    if not isinstance(text, str):
-        raise ValueError(f'a rate is a string like "20/min" or "3/10s", not {text!r}')
-    match = _RATE.match(text)
-    if not match:
-        raise ValueError(f'{text!r} is not a rate (write it like "20/min" or "3/10s")')
-    count = int(match.group(1))
-    if not 1 <= count <= MAX_RATE_COUNT:
-        raise ValueError(f"the count of rate {text!r} must be from 1 to {MAX_RATE_COUNT}")
-    unit = match.group(2)
-    return Rate(count, parse_window(RATE_UNITS.get(unit.lower(), unit)))
+from .admission_settings import Rate
 
 
 class RateTable:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from .config.logs import LogLimits
 from .paths import TURN_ID
 
 log = logging.getLogger("ccsup.retention")
@@ -40,15 +41,6 @@ PRUNE_INTERVAL = 300.0  # seconds between prunes while the supervisor runs
 QUIET = 60.0  # a turn written to this recently is never pruned
 MARKER = "pruned.json"
 MARKER_LIFE_WITHOUT_KEEP = 86400.0
-
-
-@dataclass(frozen=True)
-class LogLimits:
-    """[logs]: sizes in bytes, keep in seconds; None is no limit."""
-
-    turn_max_bytes: int | None = None
-    keep: float | None = None
-    max_bytes: int | None = None
 
 
 class Pruned(TypedDict):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-DEFAULT_EXPIRING_NOTICE = 60.0
+from .admission_settings import DEFAULT_EXPIRING_NOTICE
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from guardd import procs
 from guardd.exits import EXIT_GUARD_FAILURE
@@ -61,9 +60,7 @@ class _Pipes:
 
     def __init__(self, pid: int, stdin: int, stdout: int, stderr: int):
         self.pid = pid
-        self.stdin: IO[bytes] | None = open(stdin, "wb", buffering=0)
-        self.stdout: IO[bytes] | None = open(stdout, "rb", buffering=0)
-        self.stderr: IO[bytes] | None = open(stderr, "rb", buffering=0)
+        self.stdio = (stdin, stdout, stderr)
 
     def poll(self) -> int | None:
         """Unknown here: the zygote reaps a forked guard and reports its status."""
@@ -74,13 +71,15 @@ def _nothing(*args: object) -> None:
     """The callbacks of a guard not yet attached to the event loop."""
 
 
-def _pipe(end: IO[bytes] | None) -> IO[bytes]:
-    assert end is not None  # every guard is started with the three pipes
-    return end
+def _open_append(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
 
 
 class GuardProcess:
-    """One running guard process, as the supervisor sees it (started directly: our child)."""
+    """One running guard process, as the supervisor sees it (started directly: our child).
+
+    Its pipes and logs are plain descriptors, each closed once (then dropped, or -1 for stdin):
+    a file object for each of the seven cost ~270 bytes a turn apiece."""
 
     def __init__(
         self,
@@ -88,14 +87,16 @@ class GuardProcess:
         process: subprocess.Popen[bytes] | _Pipes,
         record_dir: Path,
         *,
+        stdio: tuple[int, int, int],
         pidfd: int | None = None,
         start: int | None = None,
     ):
-        """process: a subprocess.Popen (or, for ForkedGuardProcess, the pipes of a forked guard)."""
+        """process: a subprocess.Popen (or, for ForkedGuardProcess, a forked guard's _Pipes);
+        stdio: our ends of its stdin, stdout and stderr pipes, ours to close from now on."""
         self.turn_id = turn_id
         self.popen = process
-        self.stdin = _pipe(process.stdin)
-        self._pipes = {"stdout": _pipe(process.stdout), "stderr": _pipe(process.stderr)}
+        self._stdin = stdio[0]
+        self._pipes = {"stdout": stdio[1], "stderr": stdio[2]}
         if start is None:
             stat = procs.read_stat(process.pid)  # not reaped yet, so the pid is still this child's
             start = stat.start if stat else 0
@@ -105,14 +106,14 @@ class GuardProcess:
         self.returncode: int | None = None
         self._on_exit: Callable[[], None] = _nothing
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._logs: dict[str, IO[bytes]] = {}
-        self._indexes: dict[str, IO[bytes]] = {}
+        self._logs: dict[str, int] = {}
+        self._indexes: dict[str, int] = {}
         self.log_limit: int | None = None  # [logs] turn_max_bytes: both logs together
         self.on_truncated: TruncatedCallback | None = None
         self._logged = 0
         self.truncated = False
         self._offsets = {"stdout": 0, "stderr": 0}  # bytes read from each pipe
-        self._splitters = {"stdout": StreamSplitter(), "stderr": StreamSplitter()}
+        self._splitters: dict[str, StreamSplitter] = {}  # made at a stream's first read
         self._on_output: OutputCallback = _nothing
         self._stdin_buffer = bytearray()
         self._stdin_eof = False
@@ -141,11 +142,11 @@ class GuardProcess:
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for stream in STREAMS:
             pipe = self._pipes[stream]
-            os.set_blocking(pipe.fileno(), False)
-            self._logs[stream] = open(log_dir / f"{stream}.log", "ab", buffering=0)
-            self._indexes[stream] = open(log_dir / f"{stream}.idx", "ab", buffering=0)
-            loop.add_reader(pipe.fileno(), self._read, stream)
-        os.set_blocking(self.stdin.fileno(), False)
+            os.set_blocking(pipe, False)
+            self._logs[stream] = _open_append(log_dir / f"{stream}.log")
+            self._indexes[stream] = _open_append(log_dir / f"{stream}.idx")
+            loop.add_reader(pipe, self._read, stream)
+        os.set_blocking(self._stdin, False)
         self._on_exit = on_exit
         loop.add_reader(self.pidfd, self._on_pidfd)
 
@@ -154,9 +155,8 @@ class GuardProcess:
         self._on_exit()
 
     def _read(self, stream: str) -> None:
-        pipe = self._pipes[stream]
         try:
-            data = os.read(pipe.fileno(), 65536)
+            data = os.read(self._pipes[stream], 65536)
         except BlockingIOError:
             return
         except OSError:
@@ -166,7 +166,17 @@ class GuardProcess:
             return
         self._log(stream, self._offsets[stream], data)
         self._offsets[stream] += len(data)
-        chunk = self._splitters[stream].feed(data)
+        splitter = self._splitters.get(stream)
+        if splitter is None:
+            splitter = self._splitters[stream] = StreamSplitter()
+        chunk = splitter.feed(data)
+        if chunk is not None:
+            self._on_output(stream, chunk)
+
+    def _finish(self, stream: str) -> None:
+        """Send what the stream's splitter holds back (an incomplete character, for good)."""
+        splitter = self._splitters.get(stream)
+        chunk = splitter.finish() if splitter is not None else None
         if chunk is not None:
             self._on_output(stream, chunk)
 
@@ -179,15 +189,12 @@ class GuardProcess:
         later (a descendant's) follow as a chunk of their own; offsets still tile the stream.
         """
         for stream in STREAMS:
-            pipe = self._pipes[stream]
-            while stream in self._logs and not pipe.closed:
+            while stream in self._logs and stream in self._pipes:
                 before = self._offsets[stream]
                 self._read(stream)
                 if self._offsets[stream] == before:
                     break
-            chunk = self._splitters[stream].finish()
-            if chunk is not None:
-                self._on_output(stream, chunk)
+            self._finish(stream)
 
     def _log(self, stream: str, offset: int, data: bytes) -> None:
         """Append a read to its log (and its arrival to the index), up to the turn's log limit."""
@@ -196,8 +203,8 @@ class GuardProcess:
         room = len(data) if self.log_limit is None else self.log_limit - self._logged
         piece = data if room >= len(data) else data[: max(room, 0)]
         if piece:
-            self._indexes[stream].write(logindex.entry(offset, time.time()))
-            self._logs[stream].write(piece)
+            os.write(self._indexes[stream], logindex.entry(offset, time.time()))
+            os.write(self._logs[stream], piece)
             self._logged += len(piece)
         if len(piece) < len(data):
             self.truncated = True
@@ -205,20 +212,18 @@ class GuardProcess:
                 self.on_truncated(self.turn_id, stream, offset + len(piece), self.log_limit or 0)
 
     def _close_stream(self, stream: str) -> None:
-        pipe = self._pipes[stream]
-        if not pipe.closed:
+        pipe = self._pipes.pop(stream, None)
+        if pipe is not None:
             if self._loop is not None:
-                self._loop.remove_reader(pipe.fileno())
-            pipe.close()
+                self._loop.remove_reader(pipe)
+            os.close(pipe)
         index = self._indexes.pop(stream, None)
         if index is not None:
-            index.close()
+            os.close(index)
         log = self._logs.pop(stream, None)
         if log is not None:
-            log.close()
-            chunk = self._splitters[stream].finish()  # an incomplete character, for good
-            if chunk is not None:
-                self._on_output(stream, chunk)
+            os.close(log)
+            self._finish(stream)
 
     @property
     def stdin_pending(self) -> int:
@@ -227,7 +232,7 @@ class GuardProcess:
 
     def write_stdin(self, data: bytes, eof: bool = False) -> int:
         """Queue data for CMD's stdin (written as the pipe takes it); eof closes it after."""
-        if self._stdin_eof or self.stdin.closed:
+        if self._stdin_eof or self._stdin < 0:
             raise BrokenPipeError("the turn's stdin is closed")
         self._stdin_buffer += data
         self._stdin_eof = eof
@@ -235,10 +240,9 @@ class GuardProcess:
         return len(data)
 
     def _flush_stdin(self) -> None:
-        stdin = self.stdin
-        if stdin.closed:
+        fd = self._stdin
+        if fd < 0:
             return
-        fd = stdin.fileno()
         try:
             while self._stdin_buffer:
                 n = os.write(fd, self._stdin_buffer)
@@ -253,15 +257,15 @@ class GuardProcess:
             self._close_stdin()
 
     def _on_stdin_writable(self) -> None:
-        self.loop.remove_writer(self.stdin.fileno())
+        self.loop.remove_writer(self._stdin)
         self._flush_stdin()
 
     def _close_stdin(self) -> None:
-        stdin = self.stdin
-        if not stdin.closed:
+        fd, self._stdin = self._stdin, -1
+        if fd >= 0:
             if self._loop is not None:
-                self._loop.remove_writer(stdin.fileno())
-            stdin.close()
+                self._loop.remove_writer(fd)
+            os.close(fd)
 
     def terminate(self) -> bool:
         """Ask the guard to end the turn (it sends SIGTERM, waits its grace, then SIGKILL).
@@ -369,17 +373,28 @@ def start_guard(
     args = guard_args(
         turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
     )
-    popen = subprocess.Popen(
-        guard_command(args),  # python -I -S: see guardd.launch
-        cwd=cwd,
-        env=guard_env(env),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-    )
-    return GuardProcess(turn_id, popen, record_dir)
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
+    try:
+        popen = subprocess.Popen(
+            guard_command(args),  # python -I -S: see guardd.launch
+            cwd=cwd,
+            env=guard_env(env),
+            stdin=stdin_r,
+            stdout=stdout_w,
+            stderr=stderr_w,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except BaseException:
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_r, stdout_w, stderr_w):  # the guard's ends: it has its own copies
+            os.close(fd)
+    return GuardProcess(turn_id, popen, record_dir, stdio=(stdin_w, stdout_r, stderr_r))
 
 
 class ForkedGuardProcess(GuardProcess):
@@ -390,7 +405,7 @@ class ForkedGuardProcess(GuardProcess):
     """
 
     def __init__(self, turn_id: str, pipes: _Pipes, record_dir: Path, *, pidfd: int, start: int):
-        super().__init__(turn_id, pipes, record_dir, pidfd=pidfd, start=start)
+        super().__init__(turn_id, pipes, record_dir, stdio=pipes.stdio, pidfd=pidfd, start=start)
         self.reported: int | None = None
         self.orphaned = False  # its zygote is gone: no status will come
         self._exited = False

@@ -8,9 +8,10 @@ import random
 import pytest
 
 from supervisor.admission_policy import Admission, WaitReason
+from supervisor.admission_settings import Rate, parse_rate
 from supervisor.fairness import FifoOrdering, SessionOrdering, make_ordering, session_of
 from supervisor.pauses import PauseBook
-from supervisor.rates import Rate, RateTable, StartWindows, parse_rate
+from supervisor.rates import RateTable, StartWindows
 from supervisor.runtime_limits import RuntimeLimits
 
 T0 = 1_800_000_000.0

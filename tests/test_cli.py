@@ -153,6 +153,24 @@ def test_a_command_module_is_imported_only_when_that_command_is_used(args, loade
     assert done.stdout.decode().splitlines()[-1] == repr(sorted(["where", *loaded]))
 
 
+def test_reading_the_config_imports_none_of_the_supervisors_policy():
+    """Every command reads the config: it builds settings (supervisor.admission_settings,
+    config.logs) and imports none of the policy that acts on them, nor what that needs, nor the
+    checks of a section the file does not have ([cluster])."""
+    policy = ["supervisor.admission_policy", "supervisor.pause_on", "supervisor.pauses"]
+    policy += ["supervisor.rates", "supervisor.runtime_limits", "supervisor.fairness"]
+    policy += ["supervisor.retention", "subprocess", "logging", "shutil"]
+    policy += ["supervisor.cluster_settings"]
+    code = (
+        "import sys\n"
+        "from supervisor import config\n"
+        "config.parse('[slots]\\nrates = { codex = \"2/min\" }\\n[pause_on.codex]\\nstderr = \"429\"\\n', 'f')\n"
+        f"print([m for m in {policy!r} if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+    assert done.stdout.decode().splitlines()[-1] == "[]", done.stderr.decode()
+
+
 def test_run_passes_everything_after_cmd_to_it(runner, monkeypatch):
     """`ccsup run --key k ls -l --json`: options after CMD belong to CMD, not to ccsup."""
     seen = {}

@@ -14,10 +14,10 @@ import zmq
 from click.testing import CliRunner
 
 from supervisor import config as cfg
+from supervisor.admission_settings import Rate
 from supervisor.caps import Caps
 from supervisor.cli.config import config_group
 from supervisor.errors import ConfigError
-from supervisor.rates import Rate
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = "/etc/x/ccsup.toml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor import config
-from supervisor.retention import LogLimits
+from supervisor.config.logs import LogLimits
 
 
 def test_defaults_and_values():

@@ -9,11 +9,10 @@ import pytest
 from test_manager_logic import RUN, Harness, scenario  # noqa: F401 (the harness's fixtures)
 
 from guardd.procs import Identity
-from supervisor.admission_policy import AdmissionSettings
+from supervisor.admission_settings import AdmissionSettings, Rate
 from supervisor.command_args import parse_pause, parse_resume
 from supervisor.keyctl import START_SLACK, KeyControl
 from supervisor.manager import Manager, Settings
-from supervisor.rates import Rate
 
 
 def attach(h: Harness, **settings) -> KeyControl:

@@ -103,6 +103,82 @@ def test_figures_follow_the_published_events_and_the_slots():
     assert m._live == {}  # nothing kept of ended turns
 
 
+def test_the_text_is_what_prometheus_clients_own_counters_and_histograms_would_print(
+    monkeypatch,
+):
+    """The figures are plain numbers until asked for: rendered, they are byte for byte what
+    prometheus_client's Counter and Histogram print for the same observations (`_created` and
+    order of children included), created at the same (frozen) time."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    from supervisor.metrics import BUCKETS
+
+    monkeypatch.setattr("time.time", lambda: 1700000000.25)
+    m = Metrics(ps=lambda: PS, started_at=1234.5)
+    r = CollectorRegistry()
+    ended = Counter(
+        "ccsup_turns_ended", "Turns ended, by key and outcome.", ["key", "outcome"], registry=r
+    )
+    wait = Histogram(
+        "ccsup_turn_wait_seconds", "From queued to granted.", ["key"], buckets=BUCKETS, registry=r
+    )
+    run = Histogram(
+        "ccsup_turn_run_seconds", "From started to exited.", ["key"], buckets=BUCKETS, registry=r
+    )
+    cpu = Counter(
+        "ccsup_cpu_seconds", "CPU seconds used by turns, by key.", ["key", "mode"], registry=r
+    )
+    lost = Counter(
+        "ccsup_guards_lost", "Turns whose guard died without an outcome.", ["key"], registry=r
+    )
+    reaped = Counter("ccsup_orphans_reaped", "Orphaned slots reaped, by key.", ["key"], registry=r)
+    bus = Counter(
+        "ccsup_bus_events", "Events the supervisor published, by family.", ["family"], registry=r
+    )
+    for family in ("turn", "supervisor", "slot"):
+        bus.labels(family)
+    Gauge("ccsup_start_time_seconds", "When this supervisor started.", registry=r).set(1234.5)
+
+    for topic, body in [
+        event("turn.a.queued", 100.0),
+        event("turn.a.granted", 102.0),
+        event("turn.a.started", 102.5),
+        event(
+            "turn.a.exited",
+            110.5,
+            code=0,
+            signal=None,
+            reason=None,
+            cpu_user_s=2,
+            cpu_system_s=0.25,
+        ),
+        event("turn.a.released", 111.0),
+        ("turn.b.queued", {"key": "other", "ts": 5.0}),
+        ("turn.b.granted", {"key": "other", "ts": 5000.0}),
+        event("turn.c.started", 200.0),
+        event("turn.c.exited", 201.0, code=None, signal=None, reason="guard_lost"),
+        event("turn.c.released", 202.0),
+        ("slot.codex.reaped", {"key": "codex", "index": 1}),
+    ]:
+        m.observe(topic, body)
+    wait.labels("codex").observe(2.0)
+    wait.labels("other").observe(4995.0)
+    run.labels("codex").observe(8.0)
+    run.labels("codex").observe(1.0)
+    cpu.labels("codex", "user").inc(2)
+    cpu.labels("codex", "system").inc(0.25)
+    ended.labels("codex", "ok").inc()
+    lost.labels("codex").inc()
+    ended.labels("codex", "guard_lost").inc()
+    reaped.labels("codex").inc()
+    bus.labels("turn").inc(10)
+    bus.labels("slot").inc()
+    ours = m.exposition().decode()
+    theirs = generate_latest(r).decode()
+    assert ours.startswith(theirs)  # then the slot gauges, read at scrape
+    assert ours[len(theirs) :].startswith("# HELP ccsup_cap ")
+
+
 @pytest.mark.parametrize(
     "text, address",
     [

@@ -11,7 +11,8 @@ import pytest
 from conftest import wait_until
 
 from supervisor import pause_on
-from supervisor.pause_on import PauseRule, PauseRules, StderrScanner, retry_after
+from supervisor.admission_settings import PauseRule
+from supervisor.pause_on import PauseRules, StderrScanner, retry_after
 
 
 @pytest.fixture

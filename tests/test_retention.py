@@ -12,7 +12,8 @@ import os
 import pytest
 
 from supervisor import logindex
-from supervisor.retention import MARKER, QUIET, LogLimits, marker_of, prune
+from supervisor.config.logs import LogLimits
+from supervisor.retention import MARKER, QUIET, marker_of, prune
 
 NOW = 1_000_000.0
 DAY = 86400.0

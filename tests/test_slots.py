@@ -804,10 +804,8 @@ def test_the_holders_own_views_read_nothing_and_match_what_others_read(state_dir
     reserved = gate.try_acquire("codex", ME, reservation={"id": "r1", "until": 9.0})
     others = [v.to_json() for v in SlotGate(state_dir, gate.caps).inspect_all()]
     opened = []
-    real_open = open
-    monkeypatch.setattr(
-        "builtins.open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k)
-    )
+    real_open = os.open  # records are read with plain descriptors (guardd.record.read_json)
+    monkeypatch.setattr("os.open", lambda p, *a, **k: opened.append(p) or real_open(p, *a, **k))
     mine = [v.to_json() for v in gate.inspect_all()]
     assert mine == others
     assert [(s["key"], s["state"], s["turn"]) for s in mine] == [

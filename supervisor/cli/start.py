@@ -70,6 +70,9 @@ def start(
         state_dir
     )  # refuses an ipc path too long to bind, before anything starts
     if foreground:
+        from ..plain_asyncio import import_asyncio_without_tls
+
+        import_asyncio_without_tls()  # before the daemon's imports: see supervisor.plain_asyncio
         from ..daemon import serve
 
         ctx.exit(

@@ -41,11 +41,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from ..admission_policy import AdmissionSettings
+from ..admission_settings import AdmissionSettings
 from ..caps import Caps
-from ..cluster_settings import ClusterSettings
-from ..retention import LogLimits
 from ..web.settings import WebSettings
 from . import admission, cluster, endpoints, guard, harness, limits, logs, metrics, slots, top, web
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
@@ -59,10 +58,14 @@ from .files import (
 )
 from .guard import DEFAULT_GRACE, DEFAULT_SCAN
 from .harness import Harness
+from .logs import LogLimits
 from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
 from .values import duration, size
+
+if TYPE_CHECKING:
+    from ..cluster_settings import ClusterSettings
 
 __all__ = [
     "DEFAULT_CAP",

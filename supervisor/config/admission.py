@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import re
 
-from ..admission_policy import AdmissionSettings
+from ..admission_settings import (
+    DEFAULT_EXPIRING_NOTICE,
+    DEFAULT_MAX_PAUSE,
+    FAIRNESS,
+    AdmissionSettings,
+    PauseRule,
+    Rate,
+    parse_rate,
+)
 from ..caps import key_problem
 from ..errors import ConfigError
-from ..fairness import FAIRNESS
-from ..pause_on import PauseRule
-from ..pauses import DEFAULT_MAX_PAUSE
-from ..rates import Rate, parse_rate
-from ..runtime_limits import DEFAULT_EXPIRING_NOTICE
 from .schema import Check, Checker, Key, Section, Table, kind
 from .values import duration as parse_duration
 

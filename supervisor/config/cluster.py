@@ -8,10 +8,12 @@ The section's schema lives here; its values and their checks are supervisor.clus
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from ..cluster_settings import ClusterSettings
-from ..cluster_settings import parse_cluster as parse_values
 from .schema import Checker, Key, Section, Table
+
+if TYPE_CHECKING:
+    from ..cluster_settings import ClusterSettings
 
 SECTION = Section(
     ("cluster",),
@@ -81,4 +83,8 @@ def parse_cluster(
     table = c.table(top, ("cluster",))
     if not isinstance(top["cluster"], dict):
         return None  # c.table reported it
+    # Imported here: a config without [cluster] (most, and every `ccsup` command reads one) does
+    # not compile its checks.
+    from ..cluster_settings import parse_cluster as parse_values
+
     return parse_values(table, c.add, grace=grace, env=env)

@@ -47,9 +47,14 @@ def find_config_path(cli_path: str | None, env: Mapping[str, str]) -> Path | Non
 
 def embedded_text() -> str:
     """The text of the embedded supervisor/default.toml."""
-    from importlib import resources  # 5 ms of imports, for the case of no config file
+    import pkgutil  # its loader's get_data: importlib.resources imported 5 ms more (tempfile...)
 
-    return resources.files("supervisor").joinpath("default.toml").read_text(encoding="utf-8")
+    data = pkgutil.get_data("supervisor", "default.toml")
+    if data is None:  # a loader that cannot read its package's files
+        raise ConfigError(
+            "unable to read the embedded default configuration supervisor/default.toml"
+        )
+    return data.decode("utf-8")
 
 
 def read_text(path: Path) -> str:

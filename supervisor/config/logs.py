@@ -1,18 +1,28 @@
 """`[logs]`: how much turn output is kept (turn_max_bytes, keep, max_bytes).
 
-The values become a `retention.LogLimits`; what they mean (the per-turn limit while the output
-is written, pruning oldest first, never a running turn) is supervisor.retention's and
-supervisor.spawn's to say. `keep` is an age: a duration, or days and weeks ("7d", "2w").
+The values become a `LogLimits`; what they mean (the per-turn limit while the output is written,
+pruning oldest first, never a running turn) is supervisor.retention's and supervisor.spawn's to
+say. `keep` is an age: a duration, or days and weeks ("7d", "2w").
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..retention import LogLimits
 from .schema import Checker, Key, Section, Table
 from .values import duration, size
+
+
+@dataclass(frozen=True)
+class LogLimits:
+    """[logs]: sizes in bytes, keep in seconds; None is no limit."""
+
+    turn_max_bytes: int | None = None
+    keep: float | None = None
+    max_bytes: int | None = None
+
 
 DEFAULT_TURN_MAX_BYTES = "512MiB"
 DEFAULT_KEEP = "7d"
