@@ -1,4 +1,5 @@
-"""Containment at size: groups judged together (one pass over /proc), a big turn cancelled while
+"""Containment at size: groups judged together (one pass over /proc at most, none for a group
+whose leader runs), a big turn cancelled while
 it forks is released within grace + 1 s with nothing left, and `status` stays quick throughout."""
 
 from __future__ import annotations
@@ -80,6 +81,20 @@ def test_live_groups_of_groups_with_no_member_reads_no_proc(leaderless, monkeypa
     wait_until(lambda: not any(procs.process_exists(m) for _, m in leaderless), what="reaped")
     monkeypatch.setattr(procs, "snapshot", lambda: pytest.fail("read /proc for empty groups"))
     assert procs.live_groups(groups) == set()
+
+
+def test_live_groups_of_groups_whose_leader_runs_reads_no_proc(monkeypatch):
+    sleeper = subprocess.Popen(["sleep", "300"], process_group=0)
+    try:
+        start = procs.start_ticks(sleeper.pid)
+        monkeypatch.setattr(procs, "snapshot", lambda: pytest.fail("read /proc for a live leader"))
+        assert procs.live_groups([procs.Group(sleeper.pid, start)]) == {
+            procs.Group(sleeper.pid, start)
+        }
+        assert procs.live_groups([procs.Group(sleeper.pid, start + 1)]) == set()  # another's id
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 @pytest.mark.timeout(180)
