@@ -10,10 +10,10 @@ Design note (why it is built this way).
 - CMD is started by guardd.child (a bare fork and exec, for the reasons given there); what runs
   between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
   guardd.options what the guard was asked to do.
-- Groups are signalled with killpg only after `procs.live_groups` said the recorded group (pgid
-  and leader start) is still the same and running: a reaped group's id can be reused. Every
-  group of a round is judged together, with at most one pass over /proc (judging them one by one
-  cost groups x processes: 10 s to end 800 groups), and each live group is signalled once a round.
+- Groups are signalled with killpg only after `procs.same_groups` said the recorded group (pgid
+  and leader start) is still the same: a reaped group's id can be reused. That judgment never
+  reads all of /proc (a group of zombies is signalled too: it ignores the signal, and its
+  zombies pin its id); each group is signalled once a round.
   Single processes are signalled by identity through a pidfd (`procs.signal_process`).
 - Judging "gone": reap first (a zombie keeps killpg(pgid, 0) succeeding), then `live_groups`,
   which counts zombies as gone, and finally "no child left" (waitpid says ECHILD): as a subreaper
@@ -371,12 +371,11 @@ class Guard:
         return groups
 
     def _signal_groups(self, groups: list[procs.Group], *sigs: int) -> None:
-        # Only a group still the same and running is signalled: a gone group's id may be reused.
-        # One judgement for the whole round (one pass over /proc at most), then each live group
-        # gets each signal once, in the order given.
-        live = procs.live_groups(groups)
+        # Only a group still the same is signalled: a gone group's id may be reused. One judgement
+        # for the whole round, then each such group gets each signal once, in the order given.
+        same = procs.same_groups(groups)
         for group in groups:
-            if group in live:
+            if group in same:
                 self._signal_live_group(group, sigs)
 
     def _signal_live_group(self, group: procs.Group, sigs: tuple[int, ...]) -> None:

@@ -310,6 +310,33 @@ def live_groups(groups, procs: dict[int, Stat] | None = None) -> set[Group]:
     }
 
 
+def same_groups(groups) -> set[Group]:
+    """The groups among `groups` that are still the same groups: some member left, zombies
+    included, and the id not another's. What may be signalled: a group of zombies only ignores
+    the signal, and its zombies keep its id from being given to anyone else.
+
+    A killpg(pgid, 0) and the leader's stat a group, never a pass over /proc (live_groups makes
+    one for a group whose leader is a zombie: a guard's SIGKILL round, taken every poll while the
+    turn's last processes die, made that pass hundreds of times at once with 500 turns stopping).
+    A group whose members belong to another user is judged by live_groups.
+    """
+    same: set[Group] = set()
+    unsure = []
+    for group in dict.fromkeys(groups):
+        if group.pgid <= 0:
+            continue  # not a group (see live_groups)
+        try:
+            os.killpg(group.pgid, 0)
+        except ProcessLookupError:
+            continue  # no member at all, zombies included
+        except PermissionError:
+            unsure.append(group)  # signalling it fails: only when it runs something, as before
+            continue
+        if not _id_taken_by_another(group, read_stat(group.pgid)):
+            same.add(group)
+    return same | live_groups(unsure) if unsure else same
+
+
 def signal_process(ident: Identity, sig: int) -> bool:
     """Send sig to exactly that process. False when it is gone or its pid is another's now."""
     try:

@@ -1,5 +1,5 @@
 """Containment at size: groups judged together (one pass over /proc at most, none for a group
-whose leader runs), a big turn cancelled while
+whose leader runs, none to decide what may be signalled), a big turn cancelled while
 it forks is released within grace + 1 s with nothing left, and `status` stays quick throughout."""
 
 from __future__ import annotations
@@ -95,6 +95,29 @@ def test_live_groups_of_groups_whose_leader_runs_reads_no_proc(monkeypatch):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_same_groups_judges_identity_without_a_pass_over_proc(leaderless, monkeypatch):
+    """What a guard may signal: groups still the same (a group of zombies too), never another's."""
+    groups = [g for g, _ in leaderless]
+    ended, ended_member = leaderless[0]
+    assert procs.signal_process(ended_member, signal.SIGKILL)
+    wait_until(lambda: not procs.process_exists(ended_member), what="the member reaped")
+    zombie = subprocess.Popen(["true"], process_group=0)
+    sleeper = subprocess.Popen(["sleep", "300"], process_group=0)
+    try:
+        wait_until(lambda: procs.read_stat(zombie.pid).zombie, what="a zombie leader")
+        zombies = procs.Group(zombie.pid, procs.start_ticks(zombie.pid))
+        start = procs.start_ticks(sleeper.pid)
+        reused = procs.Group(sleeper.pid, start + 1)
+        own = procs.Group(sleeper.pid, start)
+        monkeypatch.setattr(procs, "snapshot", lambda: pytest.fail("a pass over /proc"))
+        asked = [*groups, zombies, reused, own, procs.Group(-1, None)]
+        assert procs.same_groups(asked) == {*groups[1:], zombies, own}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        zombie.wait()
 
 
 @pytest.mark.timeout(180)
