@@ -97,6 +97,7 @@ class Guard:
         self.eperm: list[str] = []
         self.usage = usage.Usage(self.opts.cgroup)
         self._next_stop_scan = 0.0
+        self._record_due = False  # a change to write at the end of the loop's pass
         self.hints: Publisher | None = None
         self.parent_fd: int | None = None
         self._given_parent_fd = parent_fd
@@ -215,7 +216,9 @@ class Guard:
                 if self.phase == "running":
                     self._begin_stop("exited")  # writes the record, exit included
                 else:
-                    self._write_record()
+                    # Written at the end of this pass, with "gone" when nothing is left: one write
+                    # instead of two (each a file created in the directory every guard shares).
+                    self._record_due = True
             now = self.clock()
             if self.phase != "running":
                 # While stopping, a scan finds groups made after the SIGTERM; orphans dying wake
@@ -231,6 +234,8 @@ class Guard:
                 continue
             if self._all_gone():
                 return self._finish()
+            if self._record_due:
+                self._write_record()
             if self.phase == "terminating" and self.clock() >= self.deadline:
                 self._kill_all()
                 self.phase = "killing"
@@ -441,6 +446,7 @@ class Guard:
         }
 
     def _write_record(self) -> None:
+        self._record_due = False
         if self.record_file is None:
             return
         try:
