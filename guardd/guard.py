@@ -23,10 +23,11 @@ Design note (why it is built this way).
   signalled one by one.
 
 State. The record `<record-dir>/<guard pid>-<guard start>.json` is rewritten atomically at start
-and at every change. A guard killed outright leaves it with state "running" (or "stopping") and
-its groups: the supervisor's reaper ends those groups. A guard that runs again is a new process
-with a new identity and a new record; it never reads old ones. A guard that cannot end the work
-exits 125 and leaves state "stopping" with a reason.
+and at every change (guardd.record.Rewriter: its previous version is kept as a spare beside it,
+removed by the last write). A guard killed outright leaves it with state "running" (or
+"stopping") and its groups: the supervisor's reaper ends those groups. A guard that runs again is
+a new process with a new identity and a new record; it never reads old ones. A guard that cannot
+end the work exits 125 and leaves state "stopping" with a reason.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class Guard:
         self.record_file = (
             record.record_file(self.opts.record_dir, self.me) if self.opts.record_dir else None
         )
+        self.recorder = record.Rewriter(self.record_file) if self.record_file else None
         self.cmd_pid: int | None = None
         self.own: procs.Group | None = None
         self.groups: dict[procs.Group, float] = {}  # group -> seen_at, in the order seen
@@ -185,7 +187,7 @@ class Guard:
         print(f"ccsup-guard: {failed.message}", file=sys.stderr)
         self.exit = Exit(failed.code, None)
         self.state = "gone"
-        self._write_record()
+        self._write_record(last=True)
         return failed.code
 
     def _loop(self, wake_fd: int) -> int:
@@ -412,7 +414,7 @@ class Guard:
 
     def _finish(self) -> int:
         self.state = "gone"
-        self._write_record()
+        self._write_record(last=True)
         self._close_hints()
         return self.exit.exit_code() if self.exit is not None else EXIT_GUARD_FAILURE
 
@@ -425,7 +427,7 @@ class Guard:
             f"ccsup-guard: unable to end the work of turn {self.turn}: {self.reason}",
             file=sys.stderr,
         )
-        self._write_record()  # state stays "stopping": the slot stays counted
+        self._write_record(last=True)  # state stays "stopping": the slot stays counted
         self._close_hints()
         return EXIT_GUARD_FAILURE
 
@@ -454,14 +456,15 @@ class Guard:
             "usage": self.usage.to_json(),
         }
 
-    def _write_record(self) -> None:
+    def _write_record(self, last: bool = False) -> None:
+        """last: the guard's final version (no spare is left behind: guardd.record.Rewriter)."""
         self._record_due = False
-        if self.record_file is None:
+        if self.recorder is None:
             return
         try:
             # Not fsynced: only a power loss loses it, and then nothing it names still runs
             # (the slot record of an earlier boot is free: supervisor.slot_record's boot rule).
-            record.write_json(self.record_file, self.to_record(), sync=False)
+            self.recorder.write(self.to_record(), last=last)
         except OSError as e:
             # Containment matters more than the record: keep going, loudly.
             print(

@@ -1,4 +1,5 @@
-"""Linux specifics the guard needs: the child-subreaper flag (prctl via ctypes) and pidfds.
+"""Linux specifics the guard needs: the child-subreaper flag (prctl via ctypes), pidfds, the
+process title and renameat2's atomic exchange (for guardd.record.Rewriter).
 
 Stateless: nothing here survives the process. Setting the subreaper flag twice is harmless; it
 is inherited by nobody (fork clears it), so each guard sets its own.
@@ -8,6 +9,7 @@ Standard library only.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -89,3 +91,34 @@ def set_title(title: str, name: str) -> None:
             mem.write(data + b"\0" * (end - start - len(data)))
     except (OSError, ValueError, IndexError):
         pass  # no /proc/self/mem (hardened kernels): the zygote's command line stays
+
+
+RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2 = None
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap the files at paths a and b atomically (renameat2 with RENAME_EXCHANGE). False where it
+    cannot be done (a filesystem without it, an old kernel or C library: the caller renames
+    instead, or either file missing); OSError for anything else."""
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+        except AttributeError:
+            return False
+        _renameat2.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_uint,
+        ]
+        _renameat2.restype = ctypes.c_int
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOENT):
+        return False
+    raise OSError(err, f"unable to exchange {a} and {b}: {os.strerror(err)}")
