@@ -226,7 +226,7 @@ class Guard:
                     self._begin_stop("exited")  # writes the record, exit included
                 else:
                     # Written at the end of this pass, with "gone" when nothing is left: one write
-                    # instead of two (each a file created in the directory every guard shares).
+                    # instead of two.
                     self._record_due = True
             now = self.clock()
             if self.phase != "running":
@@ -241,11 +241,11 @@ class Guard:
                 self._scan()
                 next_scan = now + self.opts.scan
             if self.phase == "running":
+                if self._record_due:
+                    self._write_record()
                 continue
             if self._all_gone():
                 return self._finish()
-            if self._record_due:
-                self._write_record()
             if self.phase == "terminating" and self.clock() >= self.deadline:
                 self.phase = "killing"
                 self._scan()  # scans were spaced: what started since the last one dies too
@@ -255,6 +255,8 @@ class Guard:
                 if self.eperm or self.clock() >= self.deadline:
                     return self._give_up()
                 self._kill_all()
+            if self._record_due:
+                self._write_record()
 
     def _watch_cgroup(self, poller: select.poll) -> int | None:
         """cgroup.events notifies (POLLPRI) when `populated` changes: the loop wakes at the end of
@@ -337,8 +339,10 @@ class Guard:
             new.append(group)
             if self.hints:
                 self.hints.publish("group", **group.to_json())
-        if changed:
-            self._write_record()
+        if new:
+            self._write_record()  # a group is on record before anything signals it
+        elif changed:
+            self._record_due = True  # usage figures alone: with the pass's other changes
         if new and self.phase == "terminating":
             self._signal_groups(new, signal.SIGTERM, signal.SIGCONT)
         elif new and self.phase == "killing":
