@@ -45,12 +45,15 @@ class Rewriter:
     for past every inode freed in the last minutes. 500 guards stopping at once, each writing its
     record twice in the one guards directory, spent most of the stop's CPU waiting on that lock.
     Here the previous version is kept as the `spare` (`.<name>.spare`, not `.json`: readers
-    ignore it): the next version is written into it, and the two files are swapped with
-    renameat2(RENAME_EXCHANGE). A reader opening the record sees the old version or the new one,
-    as with write_json; one still reading a version when it is overwritten, two writes later,
-    meets a short or torn file, which does not parse (RecordError, read as "being replaced": the
-    next look finds it). The first version is renamed into place (there is nothing to swap with),
-    and so is the one written with `last`, so that a writer that ends leaves no spare; one killed
+    ignore it): the next version is written over it in place, padded with spaces to its length
+    (JSON allows them; making a file shorter frees its block, which cost more than the write),
+    and the two files are swapped with renameat2(RENAME_EXCHANGE). A reader opening the record
+    sees the old version or the new one, as with write_json. One still reading a version when it
+    is overwritten, two writes later, can read a mix of the two, as a lock-free reader of a slot
+    record can (supervisor.slot_record): most likely one that does not parse (RecordError, read
+    as "being replaced": the next look finds it), and every field of one that parses was written
+    by the guard. The first version is renamed into place (there is nothing to swap with), and
+    so is the one written with `last`, so that a writer that ends leaves no spare; one killed
     outright leaves it beside its record. Where the exchange cannot be done, every version is
     renamed into place, as write_json does. Not fsynced (the guard's record need not be: see
     guardd.guard).
@@ -67,13 +70,16 @@ class Rewriter:
         fd = -1
         if self._have_spare:
             try:
-                fd = os.open(self.spare, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+                fd = os.open(self.spare, os.O_WRONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 self._have_spare = False  # someone removed it: a new one is made
         if fd < 0:
             fd = os.open(self.spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, body)
+            size = os.fstat(fd).st_size
+            if size > len(body):
+                body += b" " * (size - len(body))
+            os.pwrite(fd, body, 0)
         finally:
             os.close(fd)
         if self._written and not last:

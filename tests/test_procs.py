@@ -126,6 +126,20 @@ def test_a_rewritten_record_swaps_two_files_and_the_last_version_leaves_one(tmp_
     assert record.spare_file(path) == str(spare)
 
 
+def test_a_shorter_version_is_padded_over_the_spare_and_reads_exactly(tmp_path):
+    path = tmp_path / "1-2.json"
+    writer = record.Rewriter(path)
+    writer.write({"v": 1, "groups": ["g"] * 50})
+    writer.write({"v": 1, "groups": ["g"] * 50, "state": "stopping"})
+    long = path.stat().st_size
+    writer.write({"v": 1, "state": "gone"})  # over the first version's file, spaces after it
+    assert record.read_json(path) == {"v": 1, "state": "gone"}
+    assert path.stat().st_size > len(b'{"state":"gone","v":1}')  # no block freed by shortening
+    writer.write({"v": 1, "state": "gone", "n": 4}, last=True)
+    assert record.read_json(path) == {"v": 1, "state": "gone", "n": 4}
+    assert os.listdir(tmp_path) == ["1-2.json"] and path.stat().st_size == long
+
+
 def test_a_rewritten_record_is_renamed_into_place_where_files_cannot_be_swapped(
     tmp_path, monkeypatch
 ):
