@@ -23,11 +23,11 @@ Design note (why it is built this way).
   signalled one by one.
 
 State. The record `<record-dir>/<guard pid>-<guard start>.json` is rewritten atomically at start
-and at every change (guardd.record.Rewriter: its previous version is kept as a spare beside it,
-removed by the last write). A guard killed outright leaves it with state "running" (or
-"stopping") and its groups: the supervisor's reaper ends those groups. A guard that runs again is
-a new process with a new identity and a new record; it never reads old ones. A guard that cannot
-end the work exits 125 and leaves state "stopping" with a reason.
+and at every change (guardd.record.Rewriter: a spare beside it until the last write). A guard
+killed outright leaves both, state "running" (or "stopping") and its groups: the supervisor's
+reaper ends those groups. A guard that runs again is a new process with a new identity and a new
+record; it never reads old ones. A guard that cannot end the work exits 125 and leaves state
+"stopping" with a reason.
 """
 
 from __future__ import annotations
@@ -48,12 +48,10 @@ if TYPE_CHECKING:
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _WATCHED_SIGNALS = (signal.SIGCHLD, *_STOP_SIGNALS)
-# While stopping, the loop wakes for what can end the turn: SIGCHLD (every descendant is our
-# child by the time it is the last one: subreaper), the cgroup's `populated`, and the deadline. It
-# also scans for groups made after the SIGTERM, first after _STOP_SCAN, then twice as long each
-# time up to _STOP_SCAN_MAX (a new group gets its SIGTERM that late, its SIGKILL at the grace's
-# end in any case). A poll every 20 ms instead made 500 guards stopping at once, each waiting its
-# turn for the CPU, wake 25,000 times a second for nothing: most of the stop's CPU.
+# While stopping, the loop wakes on SIGCHLD (the last descendant is our child: subreaper), the
+# cgroup's `populated` and the deadline, and scans for groups made after the SIGTERM after 50 ms,
+# then twice as long each time up to 400 ms (their SIGKILL comes at the grace's end anyway). A poll
+# every 20 ms made 500 guards stopping at once wake 25,000 times a second: most of the stop's CPU.
 _STOP_SCAN = 0.05
 _STOP_SCAN_MAX = 0.4
 _GIVE_UP_GRACES = 10
@@ -106,6 +104,7 @@ class Guard:
         self.usage = usage.Usage(self.opts.cgroup)
         self._next_stop_scan = 0.0
         self._stop_scan_every = _STOP_SCAN
+        self._give_up_after = max(_GIVE_UP_GRACES * self.opts.grace, _MIN_GIVE_UP)
         self._record_due = False  # a change to write at the end of the loop's pass
         self.hints: Publisher | None = None
         self.parent_fd: int | None = None
@@ -225,14 +224,10 @@ class Guard:
                 if self.phase == "running":
                     self._begin_stop("exited")  # writes the record, exit included
                 else:
-                    # Written at the end of this pass, with "gone" when nothing is left: one write
-                    # instead of two.
-                    self._record_due = True
+                    self._record_due = True  # at the end of this pass, with "gone" if all is
             now = self.clock()
             if self.phase != "running":
-                # While stopping, a scan finds groups made after the SIGTERM; orphans dying wake
-                # the loop all the time, and a scan of thousands of processes costs ~10 ms each,
-                # so scans are spaced (see _STOP_SCAN).
+                # Spaced (_STOP_SCAN): orphans dying wake the loop all the time, a scan costs.
                 if now >= self._next_stop_scan:
                     self._scan()
                     self._next_stop_scan = now + self._stop_scan_every
@@ -240,21 +235,18 @@ class Guard:
             elif signal.SIGCHLD in sigs or now >= next_scan:
                 self._scan()
                 next_scan = now + self.opts.scan
-            if self.phase == "running":
-                if self._record_due:
-                    self._write_record()
-                continue
-            if self._all_gone():
-                return self._finish()
-            if self.phase == "terminating" and self.clock() >= self.deadline:
-                self.phase = "killing"
-                self._scan()  # scans were spaced: what started since the last one dies too
-                self._kill_all()
-                self.deadline = self.clock() + max(_GIVE_UP_GRACES * self.opts.grace, _MIN_GIVE_UP)
-            elif self.phase == "killing":
-                if self.eperm or self.clock() >= self.deadline:
-                    return self._give_up()
-                self._kill_all()
+            if self.phase != "running":
+                if self._all_gone():
+                    return self._finish()
+                if self.phase == "terminating" and self.clock() >= self.deadline:
+                    self.phase = "killing"
+                    self._scan()  # scans were spaced: what started since the last one dies too
+                    self._kill_all()
+                    self.deadline = self.clock() + self._give_up_after
+                elif self.phase == "killing":
+                    if self.eperm or self.clock() >= self.deadline:
+                        return self._give_up()
+                    self._kill_all()
             if self._record_due:
                 self._write_record()
 
@@ -460,8 +452,7 @@ class Guard:
             "usage": self.usage.to_json(),
         }
 
-    def _write_record(self, last: bool = False) -> None:
-        """last: the guard's final version (no spare is left behind: guardd.record.Rewriter)."""
+    def _write_record(self, last: bool = False) -> None:  # last: leave no spare (record.Rewriter)
         self._record_due = False
         if self.recorder is None:
             return
