@@ -11,10 +11,10 @@ Design note (why it is built this way).
 - CMD is started by guardd.child (a bare fork and exec, for the reasons given there); what runs
   between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
   guardd.options what the guard was asked to do.
-- Groups are signalled with killpg only after `procs.live_groups` said the recorded group (pgid
-  and leader start) is still the same and running: a reaped group's id can be reused. Every
-  group of a round is judged together, with at most one pass over /proc (judging them one by one
-  cost groups x processes: 10 s to end 800 groups), and each live group is signalled once a round.
+- Groups are signalled with killpg only after `procs.same_groups` said the recorded group (pgid
+  and leader start) is still the same: a reaped group's id can be reused. That judgment never
+  reads all of /proc (a group of zombies is signalled too: it ignores the signal, and its
+  zombies pin its id); each group is signalled once a round.
   Single processes are signalled by identity through a pidfd (`procs.signal_process`).
 - Judging "gone": reap first (a zombie keeps killpg(pgid, 0) succeeding), then `live_groups`,
   which counts zombies as gone, and finally "no child left" (waitpid says ECHILD): as a subreaper
@@ -24,10 +24,11 @@ Design note (why it is built this way).
   signalled one by one.
 
 State. The record `<record-dir>/<guard pid>-<guard start>.json` is rewritten atomically at start
-and at every change. A guard killed outright leaves it with state "running" (or "stopping") and
-its groups: the supervisor's reaper ends those groups. A guard that runs again is a new process
-with a new identity and a new record; it never reads old ones. A guard that cannot end the work
-exits 125 and leaves state "stopping" with a reason.
+and at every change (guardd.record.Rewriter: a spare beside it until the last write). A guard
+killed outright leaves both, state "running" (or "stopping") and its groups: the supervisor's
+reaper ends those groups. A guard that runs again is a new process with a new identity and a new
+record; it never reads old ones. A guard that cannot end the work exits 125 and leaves state
+"stopping" with a reason.
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ if TYPE_CHECKING:
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _WATCHED_SIGNALS = (signal.SIGCHLD, *_STOP_SIGNALS)
-_STOP_POLL = 0.02  # while stopping, groups whose members are not our children do not wake us
-_STOP_SCAN = 0.05  # while stopping, scans for new groups at most this often
+# While stopping, the loop wakes on SIGCHLD (the last descendant is our child: subreaper), the
+# cgroup's `populated` and the deadline, and scans for groups made after the SIGTERM after 50 ms,
+# then twice as long each time up to 400 ms (their SIGKILL comes at the grace's end anyway). A poll
+# every 20 ms made 500 guards stopping at once wake 25,000 times a second: most of the stop's CPU.
+_STOP_SCAN = 0.05
+_STOP_SCAN_MAX = 0.4
 _GIVE_UP_GRACES = 10
 _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
 _DEADLINE_POLL = 0.25  # seconds: how late a suspended-then-resumed machine may see its deadline
@@ -84,6 +89,7 @@ class Guard:
         self.record_file = (
             record.record_file(self.opts.record_dir, self.me) if self.opts.record_dir else None
         )
+        self.recorder = record.Rewriter(self.record_file) if self.record_file else None
         self.cmd_pid: int | None = None
         self.own: procs.Group | None = None
         self.groups: dict[procs.Group, float] = {}  # group -> seen_at, in the order seen
@@ -100,6 +106,9 @@ class Guard:
         self.eperm: list[str] = []
         self.usage = usage.Usage(self.opts.cgroup)
         self._next_stop_scan = 0.0
+        self._stop_scan_every = _STOP_SCAN
+        self._give_up_after = max(_GIVE_UP_GRACES * self.opts.grace, _MIN_GIVE_UP)
+        self._record_due = False  # a change to write at the end of the loop's pass
         self.hints: Publisher | None = None
         self.poller = select.poll()  # the loop's; the hints' socket is registered here too
         self.parent_fd: int | None = None
@@ -179,10 +188,10 @@ class Guard:
         os.waitpid(pid, 0)
         self.has_children = False
         self.reason = failed.reason
-        print(f"ccsup-guard: {failed.message}", file=sys.stderr)
+        _say(failed.message)
         self.exit = Exit(failed.code, None)
         self.state = "gone"
-        self._write_record()
+        self._write_record(last=True)
         return failed.code
 
     def _loop(self, wake_fd: int) -> int:
@@ -195,7 +204,7 @@ class Guard:
         while True:
             timeout = next_scan - self.clock()
             if self.phase != "running":
-                timeout = min(timeout, self.deadline - self.clock(), _STOP_POLL)
+                timeout = min(self._next_stop_scan, self.deadline) - self.clock()
             elif self.opts.deadline_file is not None:
                 timeout = min(timeout, self._check_deadline())
             if self.hints is not None:
@@ -226,31 +235,31 @@ class Guard:
                 if self.phase == "running":
                     self._begin_stop("exited")  # writes the record, exit included
                 else:
-                    self._write_record()
-                self._tell_exit()  # after the record: a reader of the hint finds the exit there
+                    self._record_due = True  # at the end of this pass, with "gone" if all is
             now = self.clock()
             if self.phase != "running":
-                # While stopping, a scan finds groups made after the SIGTERM; orphans dying wake
-                # the loop all the time, and a scan of thousands of processes costs ~10 ms each,
-                # so scans are spaced by _STOP_SCAN (a new group gets its SIGTERM that much later).
+                # Spaced (_STOP_SCAN): orphans dying wake the loop all the time, a scan costs.
                 if now >= self._next_stop_scan:
                     self._scan()
-                    self._next_stop_scan = now + _STOP_SCAN
+                    self._next_stop_scan = now + self._stop_scan_every
+                    self._stop_scan_every = min(2 * self._stop_scan_every, _STOP_SCAN_MAX)
             elif signal.SIGCHLD in sigs or now >= next_scan:
                 self._scan()
                 next_scan = now + self.opts.scan
-            if self.phase == "running":
-                continue
-            if self._all_gone():
-                return self._finish()
-            if self.phase == "terminating" and self.clock() >= self.deadline:
-                self._kill_all()
-                self.phase = "killing"
-                self.deadline = self.clock() + max(_GIVE_UP_GRACES * self.opts.grace, _MIN_GIVE_UP)
-            elif self.phase == "killing":
-                if self.eperm or self.clock() >= self.deadline:
-                    return self._give_up()
-                self._kill_all()
+            if self.phase != "running":
+                if self._all_gone():
+                    return self._finish()
+                if self.phase == "terminating" and self.clock() >= self.deadline:
+                    self.phase = "killing"
+                    self._scan()  # scans were spaced: what started since the last one dies too
+                    self._kill_all()
+                    self.deadline = self.clock() + self._give_up_after
+                elif self.phase == "killing":
+                    if self.eperm or self.clock() >= self.deadline:
+                        return self._give_up()
+                    self._kill_all()
+            if self._record_due:
+                self._write_record()
 
     def _watch_cgroup(self, poller: select.poll) -> int | None:
         """The loop wakes at the end of the last process of the turn without polling for it."""
@@ -325,8 +334,10 @@ class Guard:
             new.append(group)
             if self.hints:
                 self.hints.publish("group", **group.to_json())
-        if changed:
-            self._write_record()
+        if new:
+            self._write_record()  # a group is on record before anything signals it
+        elif changed:
+            self._record_due = True  # usage figures alone: with the pass's other changes
         if new and self.phase == "terminating":
             self._signal_groups(new, signal.SIGTERM, signal.SIGCONT)
         elif new and self.phase == "killing":
@@ -362,10 +373,7 @@ class Guard:
         try:
             cgroup.kill(self.opts.cgroup)
         except OSError as e:
-            note = str(e)
-            if note not in self.eperm:
-                self.eperm.append(note)
-            print(f"ccsup-guard: {note}", file=sys.stderr)
+            self._cannot(str(e))
 
     def _all_groups(self) -> list[procs.Group]:
         """Every recorded group in the order seen, the own group last."""
@@ -375,12 +383,11 @@ class Guard:
         return groups
 
     def _signal_groups(self, groups: list[procs.Group], *sigs: int) -> None:
-        # Only a group still the same and running is signalled: a gone group's id may be reused.
-        # One judgement for the whole round (one pass over /proc at most), then each live group
-        # gets each signal once, in the order given.
-        live = procs.live_groups(groups)
+        # Only a group still the same is signalled: a gone group's id may be reused. One judgement
+        # for the whole round, then each such group gets each signal once, in the order given.
+        same = procs.same_groups(groups)
         for group in groups:
-            if group in live:
+            if group in same:
                 self._signal_live_group(group, sigs)
 
     def _signal_live_group(self, group: procs.Group, sigs: tuple[int, ...]) -> None:
@@ -388,11 +395,14 @@ class Guard:
             try:
                 procs.signal_group(group.pgid, sig)
             except PermissionError:
-                note = f"unable to signal group {group.pgid}: permission denied"
-                if note not in self.eperm:
-                    self.eperm.append(note)
-                print(f"ccsup-guard: {note}", file=sys.stderr)
+                self._cannot(f"unable to signal group {group.pgid}: permission denied")
                 return
+
+    def _cannot(self, note: str) -> None:
+        """What the guard may not do (kept for the give-up reason), said on stderr."""
+        if note not in self.eperm:
+            self.eperm.append(note)
+        _say(note)
 
     def _all_gone(self) -> bool:
         if self.has_children:
@@ -403,7 +413,7 @@ class Guard:
 
     def _finish(self) -> int:
         self.state = "gone"
-        self._write_record()
+        self._write_record(last=True)
         self._close_hints()
         return self.exit.exit_code() if self.exit is not None else EXIT_GUARD_FAILURE
 
@@ -412,11 +422,8 @@ class Guard:
         left = [g.pgid for g in self._all_groups() if g in live]
         why = "; ".join(self.eperm) or (f"still alive {_GIVE_UP_GRACES} graces after SIGKILL")
         self.reason = f"unkillable: groups {left}: {why}"
-        print(
-            f"ccsup-guard: unable to end the work of turn {self.turn}: {self.reason}",
-            file=sys.stderr,
-        )
-        self._write_record()  # state stays "stopping": the slot stays counted
+        _say(f"unable to end the work of turn {self.turn}: {self.reason}")
+        self._write_record(last=True)  # state stays "stopping": the slot stays counted
         self._close_hints()
         return EXIT_GUARD_FAILURE
 
@@ -428,7 +435,6 @@ class Guard:
     def _close_hints(self) -> None:
         if self.hints is None:
             return
-        self._tell_exit()
         if self.state == "gone":
             self.hints.publish("gone", record=str(self.record_file) if self.record_file else None)
         self.hints.close()
@@ -451,19 +457,26 @@ class Guard:
             "usage": self.usage.to_json(),
         }
 
-    def _write_record(self) -> None:
-        if self.record_file is None:
-            return
-        try:
-            # Not fsynced: only a power loss loses it, and then nothing it names still runs
-            # (the slot record of an earlier boot is free: supervisor.slot_record's boot rule).
-            record.write_json(self.record_file, self.to_record(), sync=False)
-        except OSError as e:
-            # Containment matters more than the record: keep going, loudly.
-            print(
-                f"ccsup-guard: unable to write record {self.record_file}: {e.strerror}",
-                file=sys.stderr,
-            )
+    def _write_record(self, last: bool = False) -> None:  # last: leave no spare (record.Rewriter)
+        self._record_due = False
+        if self.recorder is not None:
+            try:
+                # Not fsynced: only a power loss loses it, and then nothing it names still runs
+                # (the slot record of an earlier boot is free: supervisor.slot_record's boot rule).
+                self.recorder.write(self.to_record(), last=last)
+            except OSError as e:
+                # Containment matters more than the record: keep going, loudly.
+                _say(f"unable to write record {self.record_file}: {e.strerror}")
+        self._tell_exit()  # after the record that holds the exit: a reader of the hint finds it
+
+
+def _say(message: str) -> None:
+    """One line on stderr that never raises: a supervisor killed outright leaves the guard's
+    stderr a broken pipe, and the guard must still end the work."""
+    try:
+        print(f"ccsup-guard: {message}", file=sys.stderr)
+    except (OSError, ValueError):
+        pass
 
 
 def _drain(fd: int) -> set[int]:
@@ -482,9 +495,6 @@ def run_guard(opts: Options, parent_fd: int | None = None) -> int:
     """Run one turn under a guard; returns the guard's exit status (parent_fd: see Guard)."""
     try:
         return Guard(opts, parent_fd=parent_fd).run()
-    except GuardFailure as e:
-        print(f"ccsup-guard: {e}", file=sys.stderr)
-        return EXIT_GUARD_FAILURE
-    except OSError as e:
-        print(f"ccsup-guard: {e}", file=sys.stderr)
+    except (GuardFailure, OSError) as e:  # GuardFailure: the operation and the reason
+        _say(str(e))
         return EXIT_GUARD_FAILURE

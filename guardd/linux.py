@@ -1,16 +1,19 @@
-"""Linux specifics the guard needs: the child-subreaper flag (prctl via ctypes), pidfds, and a
-fork straight into a cgroup (clone3 with CLONE_INTO_CGROUP, via ctypes).
+"""Linux specifics the guard needs: the child-subreaper flag (prctl via ctypes), pidfds, a fork
+straight into a cgroup (clone3 with CLONE_INTO_CGROUP, via ctypes), the process title and
+renameat2's atomic exchange (for guardd.record.Rewriter).
 
 Stateless: nothing here survives the process. Setting the subreaper flag twice is harmless; it
 is inherited by nobody (fork clears it), so each guard sets its own. The ctypes prototypes of
-prctl are made once, at import: in the zygote, before any fork (made at each call in each guard,
-a function object with its argtypes apiece, they cost it private memory after the fork).
+prctl, syscall and renameat2 are made once, at import: in the zygote, before any fork (made at
+each call in each guard, a function object with its argtypes apiece, they cost it private memory
+after the fork).
 Standard library only.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 
@@ -20,7 +23,9 @@ PR_SET_CHILD_SUBREAPER = 36
 # Loaded once (in the zygote: every guard forked from it has them); [name] makes a new function
 # object each time, so one caller's argtypes never become another's.
 _LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC_HOLDING_GIL = ctypes.PyDLL(None, use_errno=True)
+# syscall(2) through a PyDLL: the GIL stays held through the call (see fork_into_cgroup).
+_syscall_holding_gil = ctypes.PyDLL(None, use_errno=True)["syscall"]
+_syscall_holding_gil.restype = ctypes.c_long
 _ulong = ctypes.c_ulong
 _prctl = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_int, _ulong, _ulong, _ulong, _ulong, use_errno=True
@@ -96,11 +101,9 @@ def fork_into_cgroup(cgroup_fd: int) -> int:
     The GIL stays held through the call (PyDLL), so the child starts with it. The child must exec
     or _exit soon.
     """
-    syscall = _LIBC_HOLDING_GIL["syscall"]
-    syscall.restype = ctypes.c_long
     args = _CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
     size = ctypes.c_size_t(ctypes.sizeof(args))
-    pid = syscall(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), size)
+    pid = _syscall_holding_gil(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), size)
     if pid < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -135,3 +138,34 @@ def set_title(title: str, name: str) -> None:
             mem.write(data + b"\0" * (end - start - len(data)))
     except (OSError, ValueError, IndexError):
         pass  # no /proc/self/mem (hardened kernels): the zygote's command line stays
+
+
+RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2: ctypes._NamedFuncPointer | None
+try:  # made at import, like prctl's (glibc 2.28 and later have it)
+    _renameat2 = _LIBC["renameat2"]
+    _renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    _renameat2.restype = ctypes.c_int
+except AttributeError:
+    _renameat2 = None
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap the files at paths a and b atomically (renameat2 with RENAME_EXCHANGE). False where it
+    cannot be done (a filesystem without it, an old kernel or C library: the caller renames
+    instead, or either file missing); OSError for anything else."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOENT):
+        return False
+    raise OSError(err, f"unable to exchange {a} and {b}: {os.strerror(err)}")

@@ -214,15 +214,17 @@ class Daemon:
 
             await beside.stop(web)
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
-        await asyncio.sleep(0.05)  # let the last events leave before the sockets close
+        # The last events get 50 ms to leave before the sockets close, spent closing the rest.
+        sockets_close_at = loop.time() + 0.05
         self.manager.close()
         self.keyctl.close()
         self.launcher.close()
         self.cgroups.close()
-        self.server.close()
         self.history.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        await asyncio.sleep(max(0.0, sockets_close_at - loop.time()))
+        self.server.close()
         log.info("stopped")
         return 0
 

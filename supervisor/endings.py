@@ -34,7 +34,7 @@ from typing import Any
 
 from guardd import procs
 from guardd.procs import Group
-from guardd.record import RecordError, read_json, record_groups
+from guardd.record import RecordError, read_json, record_groups, spare_file
 
 from . import containment
 from .gone import Probe, confirm_gone
@@ -368,6 +368,10 @@ class Endings:
         """Once the work is confirmed gone and the guard reaped, its record serves nobody."""
         assert turn.guard is not None
         self.ledger.files.unlink_soon(turn.guard.record_path)  # off the loop: see filework
+        returncode = turn.guard.returncode
+        if returncode is not None and (returncode < 0 or returncode == STATUS_UNKNOWN):
+            # Killed (or not known to have ended on its own): it may have left its record's spare.
+            self.ledger.files.unlink_soon(spare_file(turn.guard.record_path))
 
     # -- confirmed gone --------------------------------------------------------------------------
 

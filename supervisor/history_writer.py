@@ -166,6 +166,7 @@ class Recorder:
         self.written = 0  # events written (for tests and metrics)
         self._idle = threading.Event()
         self._idle.set()
+        self._closing = threading.Event()  # set by close(): what is queued is written at once
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="history", daemon=True)
@@ -195,6 +196,7 @@ class Recorder:
 
     def close(self) -> None:
         if self._thread is not None:
+            self._closing.set()
             self._queue.put(None)
             self._thread.join(10)
             self._thread = None
@@ -209,8 +211,9 @@ class Recorder:
         while not stop:
             items = [self._queue.get()]
             # Gather what comes in the next moment into the same transaction: fewer commits,
-            # and fewer times this thread takes the GIL from the event loop.
-            time.sleep(self.GATHER)
+            # and fewer times this thread takes the GIL from the event loop. Not once closing:
+            # the supervisor's stop waits for this thread.
+            self._closing.wait(self.GATHER)
             while len(items) < self.BATCH:
                 try:
                     items.append(self._queue.get_nowait())

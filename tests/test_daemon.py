@@ -214,6 +214,8 @@ def test_a_guard_killed_outright_has_its_work_ended_before_the_slot_is_released(
     log.wait_for("turn.t1.released")
     assert dead(child) and dead(cmd_pid)
     assert slot_of(client, "t1") is None
+    # its record, and the spare it kept beside it (it wrote twice), are removed all the same
+    wait_until(lambda: not os.listdir(state_dir / "guards"), what="the guard's files removed")
     client.close()
 
 

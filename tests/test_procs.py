@@ -101,6 +101,60 @@ def test_record_path_names_pid_and_start(tmp_path):
     assert record.record_path(tmp_path, ident) == Path(tmp_path) / "123-456.json"
 
 
+def test_a_rewritten_record_swaps_two_files_and_the_last_version_leaves_one(tmp_path):
+    """Rewriter: from the second version on, no file is created or freed (the two inodes take
+    turns); a reader holding the record open still reads its whole version; the last leaves no
+    spare."""
+    path = tmp_path / "1-2.json"
+    spare = tmp_path / ".1-2.json.spare"
+    writer = record.Rewriter(path)
+    writer.write({"v": 1, "n": 1})
+    assert os.listdir(tmp_path) == ["1-2.json"]
+    first = path.stat().st_ino
+    with open(path, "rb") as held:
+        writer.write({"v": 1, "n": 2})
+        assert held.read() == b'{"n":1,"v":1}'
+    assert record.read_json(path)["n"] == 2 and record.read_json(spare)["n"] == 1
+    assert spare.stat().st_ino == first
+    inodes = {first, path.stat().st_ino}
+    for n in range(3, 7):
+        writer.write({"v": 1, "n": n})
+        assert record.read_json(path)["n"] == n
+        assert {path.stat().st_ino, spare.stat().st_ino} == inodes
+    writer.write({"v": 1, "n": 7}, last=True)
+    assert os.listdir(tmp_path) == ["1-2.json"] and record.read_json(path)["n"] == 7
+    assert record.spare_file(path) == str(spare)
+
+
+def test_a_shorter_version_is_padded_over_the_spare_and_reads_exactly(tmp_path):
+    path = tmp_path / "1-2.json"
+    writer = record.Rewriter(path)
+    writer.write({"v": 1, "groups": ["g"] * 50})
+    writer.write({"v": 1, "groups": ["g"] * 50, "state": "stopping"})
+    long = path.stat().st_size
+    writer.write({"v": 1, "state": "gone"})  # over the first version's file, spaces after it
+    assert record.read_json(path) == {"v": 1, "state": "gone"}
+    assert path.stat().st_size > len(b'{"state":"gone","v":1}')  # no block freed by shortening
+    writer.write({"v": 1, "state": "gone", "n": 4}, last=True)
+    assert record.read_json(path) == {"v": 1, "state": "gone", "n": 4}
+    assert os.listdir(tmp_path) == ["1-2.json"] and path.stat().st_size == long
+
+
+def test_a_rewritten_record_is_renamed_into_place_where_files_cannot_be_swapped(
+    tmp_path, monkeypatch
+):
+    from guardd import linux
+
+    monkeypatch.setattr(linux, "exchange", lambda a, b: False)
+    path = tmp_path / "1-2.json"
+    writer = record.Rewriter(path)
+    for n in range(1, 4):
+        with open(path if n > 1 else os.devnull, "rb") as held:
+            writer.write({"v": 1, "n": n})
+            assert held.read() in (b"", b'{"n":%d,"v":1}' % (n - 1))
+        assert os.listdir(tmp_path) == ["1-2.json"] and record.read_json(path)["n"] == n
+
+
 def test_scan_reads_the_children_of_every_thread():
     # A child is listed under the thread that forked it (while that thread lives), not under the
     # main thread; a guard's orphans can land on any of its threads the same way.

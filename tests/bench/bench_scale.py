@@ -9,11 +9,14 @@ after another, each waiting for its answer); the clock stops when every turn's `
 running: the supervisor's RSS (VmRSS), the guards' USS (Private_* of /proc/<pid>/smaps_rollup:
 median and max over every guard), `ccsup ps --json` as a subprocess (CLI start-up included,
 median of 5), and `ccsup stop` as a subprocess (until it returns: every turn ended and confirmed
-gone). The reference: `subprocess.Popen(["sleep", "600"])` 500 times (N times for each N), timed
+gone), with `stop_cpu_ms_per_turn`: the CPU the daemon's whole process tree (supervisor, zygote,
+guards, turns) used from the stop on, divided by N (each task's schedstat before the stop, the
+daemon's wait4 usage after it: a figure less noisy than stop_s on a shared machine). The reference: `subprocess.Popen(["sleep", "600"])` 500 times (N times for each N), timed
 in the same run just before, then killed by pid.
 
 Prints one JSON line per N and a last one, `"bench": "scale"`, with the per-turn spread
-(max / min of the per-turn cost over the sizes: goal <= 1.2) and the 500 ratio (goal <= 10).
+(max / min of the per-turn cost over the sizes: goal <= 1.2), the 500 ratio (goal <= 10) and the
+stop's CPU per turn at each size (flat when the stop costs the same per turn).
 `supervisor_cpu_ms_per_turn` is the daemon's own CPU (utime + stime) while the N turns started,
 divided by N: less noisy than wall time on a shared machine.
 Clean-up: the daemon is stopped by `ccsup stop` (which ends every turn) and killed by pid if that
@@ -71,6 +74,39 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU used so far by root and every descendant, seconds: schedstat (ns) of each live task,
+    plus the usage of children already reaped (cutime + cstime; ticks)."""
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0]) / 1e9
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue  # ended meanwhile: its parent's usage holds it once reaped
+    return total
+
+
+def wait_usage(proc: subprocess.Popen, timeout: float) -> float:
+    """Reap proc (killed after timeout) and return the CPU it and its reaped descendants used."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        if time.monotonic() > deadline:
+            proc.kill()
+        time.sleep(0.01)
 
 
 def plain_popen(n: int) -> float:
@@ -144,11 +180,12 @@ def one_size(root: Path, n: int, via: str) -> dict:
         guards = [s["pid"] for s in slots if s["key"] == "s" and s["pid"]]
         uss = sorted(u for u in (uss_kib(p) for p in guards) if u is not None)
         supervisor_rss = rss_kib(proc.pid)
+        stop_cpu0 = tree_cpu_s(proc.pid)
         t2 = time.monotonic()
         subprocess.run([*CCSUP, "--state-dir", str(state), "stop"], capture_output=True, check=True)
         stop_s = time.monotonic() - t2
         stopped = True
-        proc.wait(30)
+        stop_cpu = wait_usage(proc, 30) - stop_cpu0
     finally:
         if not stopped:
             proc.kill()
@@ -169,6 +206,7 @@ def one_size(root: Path, n: int, via: str) -> dict:
         "guards_measured": len(uss),
         "ps_ms_median": round(statistics.median(ps_times), 1),
         "stop_s": round(stop_s, 2),
+        "stop_cpu_ms_per_turn": round(stop_cpu / n * 1000, 2),
     }
 
 
@@ -197,6 +235,7 @@ def main() -> None:
                     "bench": "scale",
                     "sizes": sizes,
                     "per_turn_spread": round(max(per_turn) / min(per_turn), 2),
+                    "stop_cpu_ms_per_turn": [x["stop_cpu_ms_per_turn"] for x in results],
                     f"all_running_s_{top}": [x["all_running_s"] for x in at_top],
                     f"ratio_to_popen_{top}": [x["ratio_to_popen"] for x in at_top],
                 }
