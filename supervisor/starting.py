@@ -69,8 +69,8 @@ class Starter:
         self.cgroups = cgroups  # where turns' cgroups go; None: no cgroups (tests, "off")
 
     def prepare(self, turn: Turn) -> None:
-        """A turn that waits: its log directory and files are made ahead, off the loop (see
-        supervisor.filework), so that its start only opens them."""
+        """The turn's log directory and files, made off the loop (see supervisor.filework): for a
+        turn that waits, ahead; for one that starts, while its guard is being started."""
         self.ledger.files.make_soon(self.paths.turn_dir(turn.id), LOG_FILES)
 
     def start(self, turn: Turn) -> None:
@@ -83,6 +83,9 @@ class Starter:
             why = f"unable to create the turn's log directory {log_dir}: {e.strerror or e}"
             self.happen(turn, What.START_FAILED, reason=why)
             return
+        # Its files are made by the file thread while the zygote forks the guard, so that they
+        # exist (and only need opening) when it is followed; one that is late is made then.
+        self.prepare(turn)
         try:
             cgroup = self.cgroups.turn_path(turn.id, turn.key) if self.cgroups is not None else None
         except OSError as e:
