@@ -36,9 +36,8 @@ from . import containment, reaper
 
 log = logging.getLogger("ccsup.gone")
 
-GLANCE_GROUPS = (
-    16  # up to this many recorded groups, a turn that ended cleanly is judged on the loop
-)
+# Up to this many recorded groups, a turn that ended cleanly is judged on the loop.
+GLANCE_GROUPS = 16
 
 
 class Probe:
