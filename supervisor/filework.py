@@ -1,5 +1,5 @@
-"""File work taken off the event loop: fsyncs after appends, removals of spent files, and the
-log files of turns that wait, made ahead.
+"""File work taken off the event loop: fsyncs after appends, removals of spent files, and turns'
+log files, made ahead.
 
 Knows paths and one thread; nothing of what the files hold.
 
@@ -9,8 +9,8 @@ and with 500 stopping, removing spent guard records was 45 %. Neither result is 
 loop goes on: an append already survives a SIGKILL of the supervisor once written (the page cache
 is the kernel's), so its fsync only narrows what a power loss can take; and a spent guard record
 serves nobody. Creating a file is the same kind of wait (1 ms each on a busy disk, against a few
-microseconds to open one that exists), and a turn that waits for a slot has time: its log directory
-and files are made here, ahead, so that its start only opens them. One daemon thread does all
+microseconds to open one that exists): a turn's log directory and files are made here while it
+waits for a slot, or while its guard is being started, so that following it only opens them. One daemon thread does all
 three, many at once, in order of arrival per kind, files to make ahead first.
 
 The state question: nothing is stored. Stopped half-way (the supervisor killed), a pending fsync
