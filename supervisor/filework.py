@@ -10,8 +10,8 @@ loop goes on: an append already survives a SIGKILL of the supervisor once writte
 is the kernel's), so its fsync only narrows what a power loss can take; and a spent guard record
 serves nobody. Creating a file is the same kind of wait (1 ms each on a busy disk, against a few
 microseconds to open one that exists): a turn's log directory and files are made here while it
-waits for a slot, or while its guard is being started, so that following it only opens them. One daemon thread does all
-three, many at once, in order of arrival per kind, files to make ahead first.
+waits for a slot, or while its guard is being started, so that following it only opens them. One
+daemon thread does all three, many at once, in order of arrival per kind, files to make first.
 
 The state question: nothing is stored. Stopped half-way (the supervisor killed), a pending fsync
 is the kernel's to do, and a spent file that was not yet removed stays behind, which is harmless
