@@ -397,6 +397,10 @@ class Endings:
                 returncode = turn.guard.returncode if guard_done and turn.guard else None
                 self.happen(turn, What.EXIT_KNOWN, record=record, returncode=returncode)
                 self.happen(turn, What.WORK_GONE)
+                if turn.guard is not None and (record or {}).get("state") == "gone":
+                    # "gone" is a guard's last write: its record serves nobody any more, even
+                    # if the guard is still on its way out (a stop may end before it is reaped).
+                    self._drop_record(turn)
         finally:
             self._confirming.discard(turn.id)
             self._confirm_later(turn)
