@@ -7,7 +7,7 @@ one client (`--via bus`, the default: every `request.turn` published on the bus 
 sidecars send them, from a publisher already connected; `--via control`: one control request
 after another, each waiting for its answer); the clock stops when every turn's `started` event has arrived. Then, with all N
 running: the supervisor's RSS (VmRSS), the guards' USS (Private_* of /proc/<pid>/smaps_rollup:
-median and max over every guard), `ccsup ps --json` as a subprocess (CLI start-up included,
+median and max over every guard, and the median by kind of mapping from /proc/<pid>/smaps), `ccsup ps --json` as a subprocess (CLI start-up included,
 median of 5), and `ccsup stop` as a subprocess (until it returns: every turn ended and confirmed
 gone), with `stop_cpu_ms_per_turn`: the CPU the daemon's whole process tree (supervisor, zygote,
 guards, turns) used from the stop on, divided by N (each task's schedstat before the stop, the
@@ -67,6 +67,27 @@ def uss_kib(pid: int) -> int | None:
             return sum(int(line.split()[1]) for line in f if line.startswith("Private_"))
     except OSError:
         return None
+
+
+def private_kib_by_mapping(pid: int) -> dict[str, int]:
+    """A process's private memory (KiB) by kind of mapping, from /proc/<pid>/smaps: Python's object
+    arenas (anonymous mappings), the malloc heap, libpython's data, the stack, the rest."""
+    found = dict.fromkeys(("arenas", "heap", "libpython", "stack", "other"), 0)
+    kind = "other"
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                parts = line.split()
+                if parts[0].endswith(":"):
+                    if parts[0] in ("Private_Clean:", "Private_Dirty:"):
+                        found[kind] += int(parts[1])
+                    continue
+                name = parts[5] if len(parts) > 5 else ""
+                kind = {"": "arenas", "[heap]": "heap", "[stack]": "stack"}.get(name, "other")
+                kind = "libpython" if "libpython" in name else kind
+    except OSError:
+        pass
+    return found
 
 
 def cpu_s(pid: int) -> float:
@@ -179,6 +200,7 @@ def one_size(root: Path, n: int, via: str) -> dict:
             slots = json.loads(out)["slots"]
         guards = [s["pid"] for s in slots if s["key"] == "s" and s["pid"]]
         uss = sorted(u for u in (uss_kib(p) for p in guards) if u is not None)
+        by_mapping = [private_kib_by_mapping(p) for p in guards]
         supervisor_rss = rss_kib(proc.pid)
         stop_cpu0 = tree_cpu_s(proc.pid)
         t2 = time.monotonic()
@@ -204,6 +226,11 @@ def one_size(root: Path, n: int, via: str) -> dict:
         "guard_uss_mib_median": round(statistics.median(uss) / 1024, 2) if uss else None,
         "guard_uss_mib_max": round(uss[-1] / 1024, 2) if uss else None,
         "guards_measured": len(uss),
+        "guard_private_kib_median_by_mapping": {
+            kind: statistics.median(m[kind] for m in by_mapping) for kind in by_mapping[0]
+        }
+        if by_mapping
+        else None,
         "ps_ms_median": round(statistics.median(ps_times), 1),
         "stop_s": round(stop_s, 2),
         "stop_cpu_ms_per_turn": round(stop_cpu / n * 1000, 2),
