@@ -251,12 +251,8 @@ def group_alive(group: Group, procs: dict[int, Stat] | None = None) -> bool:
     `procs` is an optional snapshot() to judge many groups with one pass over /proc.
     """
     if procs is None:
-        try:
-            os.killpg(group.pgid, 0)
-        except ProcessLookupError:
-            return False  # no member at all, zombies included
-        except PermissionError:
-            pass  # members exist but belong to another user: look closer
+        if not has_members(group.pgid):
+            return False
         leader = read_stat(group.pgid)
     else:
         leader = procs.get(group.pgid)
@@ -269,19 +265,22 @@ def group_alive(group: Group, procs: dict[int, Stat] | None = None) -> bool:
     return any(s.pgid == group.pgid and _runs_anything(s) for s in procs.values())
 
 
+def has_members(pgid: int) -> bool:
+    """Does the group have any member at all, zombies included? One killpg(pgid, 0); a group
+    whose members belong to another user has members (look closer to judge them)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def memberless(groups) -> bool:
     """True when no group has a member at all, zombies included (a killpg(pgid, 0) each)."""
-    for group in groups:
-        if group.pgid <= 0:
-            continue  # not a group (see live_groups)
-        try:
-            os.killpg(group.pgid, 0)
-        except ProcessLookupError:
-            continue
-        except PermissionError:
-            pass  # members exist, another user's
-        return False
-    return True
+    # pgid <= 0 is not a group (see live_groups)
+    return not any(has_members(g.pgid) for g in groups if g.pgid > 0)
 
 
 def live_groups(groups, procs: dict[int, Stat] | None = None) -> set[Group]:
@@ -301,12 +300,8 @@ def live_groups(groups, procs: dict[int, Stat] | None = None) -> set[Group]:
         if group.pgid <= 0:
             continue  # not a group: a process being reaped shows pgid -1 in /proc/<pid>/stat
         if procs is None:
-            try:
-                os.killpg(group.pgid, 0)
-            except ProcessLookupError:
-                continue  # no member at all, zombies included
-            except PermissionError:
-                pass  # members exist but belong to another user: look closer
+            if not has_members(group.pgid):
+                continue
             leader = read_stat(group.pgid)
             if _id_taken_by_another(group, leader):
                 continue

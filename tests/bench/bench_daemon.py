@@ -27,6 +27,7 @@ from pathlib import Path
 
 import zmq
 
+from supervisor import protocol
 from supervisor.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,6 +71,12 @@ def connected_publisher(client: Client) -> zmq.Socket:
         raise SystemExit("the supervisor's bus-in did not subscribe within 10 s")
     pub.recv()
     return pub
+
+
+def request_turn(pub: zmq.Socket, turn_id: str, key: str, argv: list[str]) -> None:
+    """One `request.turn` on the bus, as a sidecar publishes it."""
+    body = {"v": protocol.VERSION, "ts": time.time(), "id": turn_id, "key": key, "argv": argv}
+    pub.send_multipart([b"request.turn", protocol.dumps(body)])
 
 
 def start_daemon(state: Path, caps: str) -> subprocess.Popen:

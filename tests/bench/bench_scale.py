@@ -39,9 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench_daemon import connected_publisher, run_daemon  # noqa: E402
+from bench_daemon import connected_publisher, request_turn, run_daemon  # noqa: E402
 
-from supervisor import protocol  # noqa: E402
 from supervisor.client import Client  # noqa: E402
 
 CCSUP = [sys.executable, "-m", "supervisor"]
@@ -150,16 +149,10 @@ def turn_id(i: int) -> str:
     return f"t{RUN}-{i}"
 
 
-def request(pub, i: int) -> None:
-    body = {"v": protocol.VERSION, "ts": time.time(), "id": turn_id(i), "key": "s"}
-    body["argv"] = ["sleep", "600"]
-    pub.send_multipart([b"request.turn", protocol.dumps(body)])
-
-
 def publish_all(pub, n: int) -> None:
     """Every request at once on the bus, as sidecars send them."""
     for i in range(n):
-        request(pub, i)
+        request_turn(pub, turn_id(i), "s", ["sleep", "600"])
 
 
 def one_size(root: Path, n: int, via: str) -> dict:

@@ -44,10 +44,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-from bench_daemon import connected_publisher
+from bench_daemon import connected_publisher, request_turn
 
 from guardd import procs
-from supervisor import protocol
 from supervisor.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -314,8 +313,7 @@ class Ccsup:
         argv = ["/bin/sh", str(self.worker), mode, str(self.dirs[mode].path)]
         for _ in range(self.n):
             turn_id = uuid.uuid4().hex
-            body = {"v": protocol.VERSION, "ts": time.time(), "id": turn_id, "key": self.key}
-            self.pub.send_multipart([b"request.turn", protocol.dumps({**body, "argv": argv})])
+            request_turn(self.pub, turn_id, self.key, argv)
             self.ids.append(turn_id)
 
     def stop(self, mode: str) -> None:
