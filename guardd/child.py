@@ -14,11 +14,18 @@ Design note.
   and execs.
 - A failure comes back through a close-on-exec pipe, EOF meaning exec succeeded:
   `cgroup:<errno>` when the cgroup could not be joined (exit 125), `<errno>` when exec failed
-  (127 not found, 126 found but not executable). Both ends of that pipe are here: `start` reads it
+  (127 not found, 126 found but not executable), `gone` when the watched process had ended
+  (125). Both ends of that pipe are here: `start` reads it
   and gives an `ExecFailure` with the exit status and the reason the record states.
 - A guard that dies between fork and exec (before its record could name CMD's group): the child
   sees a parent that is not the guard and runs nothing. The check comes after the cgroup join, so a
   guard that dies after it leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN).
+- A supervisor that dies before CMD runs: the last thing before exec, the child looks at the
+  pidfd the guard watches (`watch`, the supervisor's) and runs nothing once that process has
+  ended (`parent_gone`, exit 125). The supervisor names the turn's cgroup in its slot record before
+  the guard starts, so this closes the window in which a restarted supervisor could see the slot
+  free while CMD was about to run: either CMD was in the cgroup before the supervisor died (the
+  slot reads orphaned while it runs), or it sees the supervisor dead and never runs.
 
 Knows fork, exec, signal dispositions, the fd limit and the pipe's words. Knows nothing of reaping
 (the guard is the one reaper: `start` never waits, its caller reaps a child that failed), of
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import os
 import resource  # here, not in the child: the zygote's import serves every guard
+import select
 import signal
 
 from guardd import cgroup, linux
@@ -40,6 +48,7 @@ from guardd.exits import EXIT_GUARD_FAILURE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND
 NOFILE_ENV = "CCSUP_GUARD_NOFILE"
 
 _CGROUP_FAILED = b"cgroup:"
+_WATCHED_GONE = b"gone"
 
 
 class ExecFailure:
@@ -52,11 +61,15 @@ class ExecFailure:
 
 
 def start(
-    argv: list[str], env: dict[str, str], cgroup_path: str | None = None
+    argv: list[str], env: dict[str, str], cgroup_path: str | None = None, *, watch: int | None
 ) -> tuple[int, ExecFailure | None]:
     """Fork and exec CMD in a new group (and cgroup_path, when given); env is CMD's environment
-    (NOFILE_ENV is taken out of it). Returns CMD's pid and, when it did not start, why: that child
-    has then exited (or is about to) and is left for the caller to reap."""
+    (NOFILE_ENV is taken out of it). watch: a pidfd on the process whose end ends the turn (the
+    supervisor): CMD is exec'd only while it runs; None: it has ended already, nothing is forked
+    (pid 0). Returns CMD's pid and, when it did not start, why: that child has then exited (or is
+    about to) and is left for the caller to reap."""
+    if watch is None:
+        return 0, _watched_gone()
     nofile = _nofile_limit(env.pop(NOFILE_ENV, None))
     # Everything the child needs is worked out here, before the fork: each page the child writes
     # (Python's refcounts) is copied, so work done there costs several times more.
@@ -66,7 +79,7 @@ def start(
     guard_pid = os.getpid()
     pid, join = _fork(cgroup_path)
     if pid == 0:
-        _exec_child(paths, argv, env, errw, join, guard_pid, nofile, to_default)  # never returns
+        _exec_child(paths, argv, env, errw, join, guard_pid, nofile, to_default, watch)
     os.close(errw)
     try:
         os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
@@ -78,6 +91,8 @@ def start(
     os.close(errr)
     if not err:
         return pid, None
+    if err == _WATCHED_GONE:
+        return pid, _watched_gone()
     if err.startswith(_CGROUP_FAILED):
         errno_ = int(err[len(_CGROUP_FAILED) :])
         reason = f"unable to join cgroup {cgroup_path}: {os.strerror(errno_)}"
@@ -87,6 +102,11 @@ def start(
     what = "not_found" if code == EXIT_NOT_FOUND else "not_executable"
     message = f"unable to run {argv[0]}: {os.strerror(errno_)}"
     return pid, ExecFailure(code, f"{what}: {message}", message)
+
+
+def _watched_gone() -> ExecFailure:
+    message = "the supervisor is gone: CMD was not run"
+    return ExecFailure(EXIT_GUARD_FAILURE, "parent_gone", message)
 
 
 def _fork(cgroup_path: str | None) -> tuple[int, str | None]:
@@ -144,10 +164,11 @@ def _exec_child(
     guard_pid: int,
     nofile: int | None,
     to_default: list[signal.Signals],
+    watch: int,
 ) -> None:
-    """In the forked child: the turn's cgroup (when not born in it), a new group, default
-    dispositions, empty mask, the soft fd limit the supervisor's caller had (nofile), then exec
-    CMD (the first of paths that execs, as os.execvpe)."""
+    """In the forked child (never returns): the turn's cgroup (when not born in it), a new group,
+    default dispositions, empty mask, the soft fd limit the supervisor's caller had (nofile), then
+    exec CMD (the first of paths that execs, as os.execvpe) if the watched process still runs."""
     if cgroup_path is not None:
         try:
             cgroup.join(cgroup_path)
@@ -173,6 +194,9 @@ def _exec_child(
             # The guard died before CMD ran (before its record could name CMD's group): run
             # nothing. Checked after joining the cgroup, so a guard that dies after this check
             # leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN marker).
+            os._exit(EXIT_GUARD_FAILURE)
+        if select.select([watch], [], [], 0)[0]:  # a pidfd reads ready once its process ended
+            os.write(errw, _WATCHED_GONE)
             os._exit(EXIT_GUARD_FAILURE)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         _exec_first(paths, argv, env)

@@ -139,8 +139,6 @@ class Guard:
             from guardd.hints import Publisher
 
             self.hints = Publisher(self.opts.bus, self.turn, self.me.to_json(), self.poller)
-        if self.parent_fd is None:
-            self._begin_stop("parent_gone")
         if self.opts.deadline_file is not None:
             self.stop_at = 0.0  # read at the loop's first pass
         return self._loop(wake_fd)
@@ -179,13 +177,13 @@ class Guard:
         scope = record.record_dir_scope(self.opts.record_dir) if self.opts.record_dir else None
         if scope is not None:
             env[record.SCOPE_ENV] = scope  # the reaper of this state directory's only
-        pid, failed = child.start(self.opts.argv, env, self.opts.cgroup)
+        pid, failed = child.start(self.opts.argv, env, self.opts.cgroup, watch=self.parent_fd)
         self.cmd_pid = pid
         if failed is None:
             self.own = procs.Group(pid, procs.start_ticks(pid))
             return None
-        # The loop (the one reaper) has not started and this child is our only one: wait for it.
-        os.waitpid(pid, 0)
+        if pid:  # the loop (the one reaper) has not started and this is our only child
+            os.waitpid(pid, 0)
         self.has_children = False
         self.reason = failed.reason
         _say(failed.message)

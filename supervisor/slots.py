@@ -38,8 +38,10 @@ The state question:
   supervisor sees its old slots as orphaned (work alive) or free (work gone) and reaps the former.
 - Stops half-way: killed after locking and before writing, the lock dies with it and the old record
   (released, or unreleased with dead work) reads as free. Killed after writing, the record says
-  unreleased: free at once when it had no work, orphaned while recorded work lives. A crash inside
-  a write leaves the old record or the new one (slot_record).
+  unreleased: free at once when it had no work, orphaned while recorded work lives. Killed after
+  naming the turn's cgroup and before its guard ran (`Slot.name_cgroup`), orphaned while anything
+  runs in that cgroup, free otherwise (the guard execs CMD only there and only while the
+  supervisor lives). A crash inside a write leaves the old record or the new one (slot_record).
 - After a reboot (or power loss): a record of an earlier boot whose lock is free is free, whatever
   its work says; so is a record file that cannot be parsed but was last changed before this boot
   (slot_record's boot rule). Old records without a boot id are judged by their work.
@@ -157,6 +159,17 @@ class Slot:
         self._write()
         if self.machine is not None:
             self.machine.bind(turn=turn, reservation=reservation)
+
+    def name_cgroup(self, cgroup: str) -> None:
+        """Name the turn's cgroup as this slot's work before its guard is started. A holder killed
+        from then on leaves the slot orphaned while anything runs in that cgroup, and the guard
+        execs CMD only there and only while the supervisor still runs (guardd.child): no moment
+        remains in which CMD runs under a slot that reads free."""
+        self._check_held("record work in")
+        self.record["work"] = {"guard": None, "record": None, "groups": [], "cgroup": cgroup}
+        self._write()
+        if self.machine is not None:
+            self.machine.name_cgroup(cgroup)
 
     def record_work(
         self, guard: Identity, record_path: str, groups: list[Group], cgroup: str | None = None

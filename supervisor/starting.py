@@ -4,8 +4,10 @@ Design note. The log directory is made before the guard starts, so a turn whose 
 be made (the common failure) never leaves a guard behind; so is the turn's cgroup path. A guard
 asked of the zygote (supervisor.launcher) is started when its answer comes, on the loop; meanwhile
 the turn stays in STARTING (a cancel then is kept by the ending table and acted on once it runs).
-Once the guard runs, it is followed (its logs opened, its pipes and exit watched) and its work
-recorded in the slot; if either fails, the turn is still reported started and at once cancelled:
+The turn's cgroup is named in its slot before the guard is asked for (Slot.name_cgroup: with the
+guard's own check, a supervisor killed at any point leaves no CMD running under a slot that reads
+free). Once the guard runs, it is followed (its logs opened, its pipes and exit watched) and its
+work recorded in the slot; if either fails, the turn is still reported started and at once cancelled:
 the guard ends its work, `Endings.tick` watches for the guard's end when its exit could not be
 followed (`turn.followed` is False), and the slot is released only when that work is confirmed
 gone. Never a running guard that nobody watches.
@@ -92,6 +94,14 @@ class Starter:
             self.happen(turn, What.START_FAILED, reason=f"unable to set the turn's limits: {e}")
             return
         extra = {"cgroup": cgroup} if cgroup is not None else {}
+        if cgroup is not None:
+            try:  # before the guard exists: see Slot.name_cgroup
+                assert turn.slot is not None
+                turn.slot.name_cgroup(cgroup)
+            except (OSError, CcsupError) as e:
+                why = f"unable to record the turn's cgroup in its slot: {e}"
+                self.happen(turn, What.START_FAILED, reason=why)
+                return
         started: Guard | PendingStart | OSError
         try:
             started = self.start_guard(

@@ -71,6 +71,23 @@ def ended():
             p.wait()
 
 
+def slot_work(state_dir: Path) -> dict | None:
+    return json.loads((state_dir / "slots" / "codex" / "slot-0.json").read_text())["work"]
+
+
+def the_zygote(supervisor: int) -> procs.Identity:
+    """The supervisor's guard zygote (its child started with guardd.zygote's bootstrap)."""
+    with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
+        children = [int(pid) for pid in f.read().split()]
+    for pid in children:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"guardd.zygote" in f.read():
+                found = procs.identity_of(pid)
+                assert found is not None
+                return found
+    raise AssertionError(f"no zygote among the supervisor's children {children}")
+
+
 def read_pid(path: Path) -> int:
     return int(wait_until(lambda: path.exists() and path.read_text().strip(), what=str(path)))
 
@@ -210,8 +227,8 @@ def test_work_nobody_recorded_is_ended_by_its_cgroup_after_guard_and_supervisor_
     hidden.append(pidfile)
     client.turn("codex", ["sh", "-c", HIDDEN.format(pidfile=pidfile, cgfile=cgfile)], id="t1")
     child = procs.identity_of(read_pid(pidfile))
-    slot = wait_until(
-        lambda: json.loads((state_dir / "slots" / "codex" / "slot-0.json").read_text())["work"],
+    slot = wait_until(  # the cgroup is named first (Slot.name_cgroup), the guard once it runs
+        lambda: (slot_work(state_dir) or {}).get("guard") and slot_work(state_dir),
         what="the slot's work",
     )
     guard = procs.identity_of(slot["guard"]["pid"])
@@ -384,3 +401,127 @@ def test_ps_shows_a_running_turns_usage_so_far(daemon, event_log):
         assert used["processes"] >= 1
         client.cancel("t1")
         log.wait_for("turn.t1.released")
+
+
+@needs_cgroup2
+def test_a_turns_cgroup_is_in_its_slot_before_its_guard_exists(daemon, state_dir, tmp_path, ended):
+    """Killed between a grant and its guard's start (the zygote stopped: no guard yet), the
+    supervisor has already named the turn's cgroup in the slot, so a restarted one would see the
+    slot orphaned if CMD ran there; the zygote, continued, starts nothing, and the slot is free."""
+    d = daemon(grace="300ms")
+    zygote = the_zygote(d.proc.pid)
+    witness = tmp_path / "ran"
+    procs.signal_process(zygote, signal.SIGSTOP)
+    try:
+        with d.client() as client:
+            client.turn("codex", ["touch", str(witness)], id="t1")
+            work = wait_until(lambda: slot_work(state_dir), what="the slot's work")
+        me = procs.identity_of(d.proc.pid)
+        turn = os.path.join(BASE, f"ccsup.{me.pid}.{me.start}", "turn.t1")
+        assert work == {"guard": None, "record": None, "groups": [], "cgroup": turn}
+        d.kill()
+    finally:
+        procs.signal_process(zygote, signal.SIGCONT)
+    wait_until(lambda: not procs.process_running(zygote), what="the zygote's exit")
+    d2 = daemon(grace="300ms")
+    with d2.client() as client:
+        assert {s["state"] for s in client.ps()["slots"]} == {"free"}
+    assert not witness.exists()
+
+
+def test_a_guard_whose_supervisor_has_ended_runs_nothing(tmp_path):
+    """The guard's CMD is exec'd only while the process it watches (the supervisor) runs: a guard
+    given the pidfd of one that has ended runs nothing, says why and records it."""
+    witness = tmp_path / "ran"
+    script = f"""
+import os, subprocess, sys
+sys.path.insert(0, {str(Path(cgroup.__file__).parents[1])!r})
+from guardd.__main__ import main
+ended = subprocess.Popen(["true"])
+fd = os.pidfd_open(ended.pid)
+ended.wait()
+sys.exit(main(sys.argv[1:], parent_fd=fd))
+"""
+    guard = subprocess.run(
+        [PYTHON, "-c", script, "--record-dir", str(tmp_path), "--", "touch", str(witness)],
+        capture_output=True,
+        timeout=20,
+    )
+    assert guard.returncode == 125, guard.stderr
+    assert b"the supervisor is gone: CMD was not run" in guard.stderr
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert (record["state"], record["reason"]) == ("gone", "parent_gone")
+    assert not witness.exists()
+
+
+def test_cmd_forked_after_its_supervisor_ended_is_not_execd(tmp_path):
+    """The check in CMD's child, after it is in its group and cgroup and just before exec: a
+    supervisor that dies while CMD is being forked leaves a child that exits 125 unexec'd."""
+    from guardd import child
+
+    witness = tmp_path / "ran"
+    ended = subprocess.Popen(["true"])
+    fd = os.pidfd_open(ended.pid)
+    ended.wait()
+    try:
+        pid, failed = child.start(["touch", str(witness)], dict(os.environ), watch=fd)
+    finally:
+        os.close(fd)
+    assert pid > 0  # forked: the child itself refused
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 125
+    assert failed is not None and (failed.code, failed.reason) == (125, "parent_gone")
+    assert not witness.exists()
+
+
+# A holder that names a cgroup as its slot's work (as the supervisor does before a guard starts),
+# says so, and is then killed: the lock dies with it, the record stays unreleased.
+CGROUP_HOLDER = """
+import sys
+from pathlib import Path
+from supervisor.caps import Caps
+from supervisor.slots import Holder, SlotGate
+gate = SlotGate(Path(sys.argv[1]), Caps(caps={"codex": 1}))
+slot = gate.try_acquire("codex", Holder.this_process(agent="test"), turn="t1")
+slot.name_cgroup(sys.argv[2])
+print("named", flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_cgroup2
+@pytest.mark.parametrize("populated", [True, False], ids=["something-runs", "nothing-ran"])
+def test_a_slot_whose_work_is_only_its_cgroup_counts_while_anything_runs_there(
+    populated, test_cgroup, state_dir, tmp_path, hidden
+):
+    from supervisor.caps import Caps
+    from supervisor.slots import SlotGate
+
+    turn = os.path.join(test_cgroup, "turn.t1")
+    cgroup.create(turn)
+    env = {**os.environ, "PYTHONPATH": str(Path(cgroup.__file__).parents[1])}
+    holder = subprocess.Popen(
+        [PYTHON, "-c", CGROUP_HOLDER, str(state_dir), turn],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    assert holder.stdout.readline() == b"named\n"
+    holder.kill()
+    holder.wait()
+    holder.stdin.close()
+    holder.stdout.close()
+    gate = SlotGate(state_dir, Caps(caps={"codex": 1}))
+    if not populated:
+        assert [v.state for v in gate.inspect("codex")] == ["free"]
+        return
+    pidfile = tmp_path / "pid"
+    hidden.append(pidfile)
+    sleeper = subprocess.Popen(
+        ["sh", "-c", f"echo $$ > {turn}/cgroup.procs && echo $$ > {pidfile} && exec sleep 300"],
+        start_new_session=True,
+    )
+    work = procs.identity_of(read_pid(pidfile))
+    assert [v.state for v in gate.inspect("codex")] == ["orphaned"]
+    assert [v.index for v in gate.reap("codex", grace=0.3)] == [0]
+    assert sleeper.wait(5) < 0 and not procs.process_running(work)
+    assert [v.state for v in gate.inspect("codex")] == ["free"]
