@@ -121,9 +121,23 @@ def test_a_rewritten_record_swaps_two_files_and_the_last_version_leaves_one(tmp_
         writer.write({"v": 1, "n": n})
         assert record.read_json(path)["n"] == n
         assert {path.stat().st_ino, spare.stat().st_ino} == inodes
+    current = path.stat().st_ino
     writer.write({"v": 1, "n": 7}, last=True)
     assert os.listdir(tmp_path) == ["1-2.json"] and record.read_json(path)["n"] == 7
+    assert path.stat().st_ino == current  # written in place: no file created for the last
     assert record.spare_file(path) == str(spare)
+
+
+def test_a_record_written_twice_creates_one_file(tmp_path):
+    """A turn that ends cleanly writes its guard record twice (running, then gone): the first is
+    created, the last goes over it in place, so one file is made, not two."""
+    path = tmp_path / "1-2.json"
+    writer = record.Rewriter(path)
+    writer.write({"v": 1, "state": "running", "groups": ["g"] * 20})
+    first = path.stat().st_ino
+    writer.write({"v": 1, "state": "gone"}, last=True)
+    assert path.stat().st_ino == first and os.listdir(tmp_path) == ["1-2.json"]
+    assert record.read_json(path) == {"v": 1, "state": "gone"}
 
 
 def test_a_shorter_version_is_padded_over_the_spare_and_reads_exactly(tmp_path):
@@ -135,9 +149,10 @@ def test_a_shorter_version_is_padded_over_the_spare_and_reads_exactly(tmp_path):
     writer.write({"v": 1, "state": "gone"})  # over the first version's file, spaces after it
     assert record.read_json(path) == {"v": 1, "state": "gone"}
     assert path.stat().st_size > len(b'{"state":"gone","v":1}')  # no block freed by shortening
-    writer.write({"v": 1, "state": "gone", "n": 4}, last=True)
+    before = path.stat().st_size
+    writer.write({"v": 1, "state": "gone", "n": 4}, last=True)  # in place, padded too
     assert record.read_json(path) == {"v": 1, "state": "gone", "n": 4}
-    assert os.listdir(tmp_path) == ["1-2.json"] and path.stat().st_size == long
+    assert os.listdir(tmp_path) == ["1-2.json"] and path.stat().st_size == before < long
 
 
 def test_a_rewritten_record_is_renamed_into_place_where_files_cannot_be_swapped(
