@@ -10,7 +10,8 @@ the supervisor's terminal reaches it, and its stdout and stderr are pipes the ev
 every read is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on as a
 `supervisor.output.Chunk`: whole characters, its byte offset in the stream, chunks tiling it.
 Beside each log, `<stream>.idx` records when each read arrived (`logindex`: 16 bytes a read, the
-log's bytes untouched), for `ccsup logs -t`. With `log_limit` ([logs] turn_max_bytes), the two
+log's bytes untouched), for `ccsup logs -t`; it is made at its stream's first read, so a silent
+stream has none (read as no times), and a turn's start creates two files fewer. With `log_limit` ([logs] turn_max_bytes), the two
 logs of a turn together stop growing at that many bytes: `on_truncated` is called once (the
 daemon publishes `turn.<id>.truncated`), and the bus keeps streaming, offsets still counting the
 stream. The guard's exit is seen through a pidfd. Its status: a directly started guard is
@@ -46,8 +47,9 @@ from .output import Chunk, StreamSplitter
 log = logging.getLogger("ccsup.spawn")
 
 STREAMS = ("stdout", "stderr")
-# A turn's log directory holds, for each stream, its bytes (.log) and their arrival times (.idx).
-LOG_FILES = tuple(f"{stream}.{kind}" for stream in STREAMS for kind in ("log", "idx"))
+# A turn's log directory holds, for each stream, its bytes (.log), made before the turn starts,
+# and their arrival times (.idx), made at the stream's first read.
+LOG_FILES = tuple(f"{stream}.log" for stream in STREAMS)
 OutputCallback = Callable[[str, Chunk], None]  # stream, chunk
 TruncatedCallback = Callable[[str, str, int, int], None]  # turn id, stream, offset, limit
 # A forked guard whose zygote died before reporting its status: unknown, read as the guard's own
@@ -107,7 +109,8 @@ class GuardProcess:
         self._on_exit: Callable[[], None] = _nothing
         self._loop: asyncio.AbstractEventLoop | None = None
         self._logs: dict[str, int] = {}
-        self._indexes: dict[str, int] = {}
+        self._indexes: dict[str, int] = {}  # made at the stream's first read (-1: could not be)
+        self._log_dir = Path()
         self.log_limit: int | None = None  # [logs] turn_max_bytes: both logs together
         self.on_truncated: TruncatedCallback | None = None
         self._logged = 0
@@ -144,8 +147,8 @@ class GuardProcess:
             pipe = self._pipes[stream]
             os.set_blocking(pipe, False)
             self._logs[stream] = _open_append(log_dir / f"{stream}.log")
-            self._indexes[stream] = _open_append(log_dir / f"{stream}.idx")
             loop.add_reader(pipe, self._read, stream)
+        self._log_dir = log_dir
         os.set_blocking(self._stdin, False)
         self._on_exit = on_exit
         loop.add_reader(self.pidfd, self._on_pidfd)
@@ -203,13 +206,26 @@ class GuardProcess:
         room = len(data) if self.log_limit is None else self.log_limit - self._logged
         piece = data if room >= len(data) else data[: max(room, 0)]
         if piece:
-            os.write(self._indexes[stream], logindex.entry(offset, time.time()))
+            index = self._indexes.get(stream)
+            if index is None:
+                index = self._indexes[stream] = self._open_index(stream)
+            if index >= 0:
+                os.write(index, logindex.entry(offset, time.time()))
             os.write(self._logs[stream], piece)
             self._logged += len(piece)
         if len(piece) < len(data):
             self.truncated = True
             if self.on_truncated is not None:
                 self.on_truncated(self.turn_id, stream, offset + len(piece), self.log_limit or 0)
+
+    def _open_index(self, stream: str) -> int:
+        """The stream's index, made now; -1 when it cannot be (its log is what must not fail)."""
+        path = self._log_dir / f"{stream}.idx"
+        try:
+            return _open_append(path)
+        except OSError as e:
+            log.warning("unable to make %s, its log goes on without times: %s", path, e.strerror)
+            return -1
 
     def _close_stream(self, stream: str) -> None:
         pipe = self._pipes.pop(stream, None)
@@ -218,7 +234,7 @@ class GuardProcess:
                 self._loop.remove_reader(pipe)
             os.close(pipe)
         index = self._indexes.pop(stream, None)
-        if index is not None:
+        if index is not None and index >= 0:
             os.close(index)
         log = self._logs.pop(stream, None)
         if log is not None:

@@ -104,3 +104,7 @@ def test_logs_t_prints_each_line_with_its_time_and_the_log_is_untouched(daemon, 
     stamps = [line[:24] for line in lines]
     assert stamps == [logindex.stamp(entries[i][1]) for i in (0, 1, 1)]
     assert entries[0][1] <= entries[1][1] <= entries[2][1]
+    # A silent stream has a log and no index (made at its first read): one file fewer a turn.
+    assert (turn_dir / "stderr.log").read_bytes() == b""
+    assert not (turn_dir / "stderr.idx").exists()
+    assert ccsup(state_dir, "logs", "-t", "--stderr", "timed").stdout == b""
