@@ -118,30 +118,39 @@ def test_cmd_runs_in_its_cgroup_from_the_start_and_a_stubborn_child_ends_by_cgro
     assert record["cgroup"] == turn and record["state"] == "gone"
 
 
-# The guard with guardd.linux.fork_into_cgroup watched: "born" records each child it made (CMD born
-# in the cgroup); "refused" makes the kernel refuse it (ENOSYS, as before Linux 5.7 or under a
-# seccomp filter), so CMD is a plain fork that joins the cgroup itself.
+# The guard with the way CMD is started watched: "c" records each child guardd._spawn made (CMD
+# cloned in C, born in the cgroup); "born" takes that module away and records each child that
+# guardd.linux.fork_into_cgroup made (a fork born in the cgroup); "refused" makes the kernel refuse
+# both (ENOSYS, as before Linux 5.7 or under a seccomp filter), so CMD is a plain fork that joins
+# the cgroup itself.
 FORK_WATCHED = """
 import errno, os, sys
 sys.path.append({home!r})
-from guardd import linux
-real = linux.fork_into_cgroup
-def born(fd):
-    pid = real(fd)
-    if pid:
-        with open({log!r}, "a") as f:
-            f.write(f"{{pid}}\\n")
-    return pid
-def refused(fd):
+from guardd import child, linux
+mode = {mode!r}
+def logged(real):
+    def call(*args):
+        pid = real(*args)
+        if pid:
+            with open({log!r}, "a") as f:
+                f.write(f"{{pid}}\\n")
+        return pid
+    return call
+def refused(*args):
     raise OSError(errno.ENOSYS, "refused by the test")
-linux.fork_into_cgroup = {mode}
+if mode == "c":
+    assert child._spawn is not None, "guardd._spawn is not built"
+    child._spawn.spawn = logged(child._spawn.spawn)
+else:
+    child._spawn = None
+    linux.fork_into_cgroup = logged(linux.fork_into_cgroup) if mode == "born" else refused
 from guardd.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
 @needs_cgroup2
-@pytest.mark.parametrize("mode", ["born", "refused"])
+@pytest.mark.parametrize("mode", ["c", "born", "refused"])
 def test_cmd_is_born_in_its_cgroup_or_joins_it_when_the_kernel_refuses(mode, test_cgroup, tmp_path):
     turn = os.path.join(test_cgroup, "turn.t1")
     log, cgfile = tmp_path / "born", tmp_path / "cgroup"
@@ -157,7 +166,7 @@ def test_cmd_is_born_in_its_cgroup_or_joins_it_when_the_kernel_refuses(mode, tes
     assert guard.returncode == 0, guard.stderr
     assert f"0::{turn[len(BASE) :]}\n" in cgfile.read_text()  # CMD's first command ran inside
     born = log.read_text().split() if log.exists() else []
-    assert born == ([(tmp_path / "cmd").read_text().strip()] if mode == "born" else [])
+    assert born == ([(tmp_path / "cmd").read_text().strip()] if mode != "refused" else [])
     assert not cgroup.populated(turn)
 
 
