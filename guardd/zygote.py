@@ -7,18 +7,7 @@ then forks a guard per request (~1-3 ms); the forked child runs `guardd.__main__
 with no exec of a new interpreter. It is single-threaded and imports only the standard library, so
 a fork copies no lock held by another thread; a guard has no thread either (see Memory below).
 
-The wire: one AF_UNIX stream socketpair between the supervisor and its zygote. Each message is a
-4-byte big-endian length and a `marshal`led tuple (exact for every str the environment can hold,
-lone surrogates included; both ends are the same interpreter, and nobody else holds the socket):
-  supervisor -> zygote   ("spawn", args, cwd, env) with the child's stdin, stdout and stderr fds
-                         attached (SCM_RIGHTS);
-  zygote -> supervisor   ("ready", pid) once, at start;
-                         ("spawned", pid, start_ticks) with a pidfd on the child attached, or
-                         ("failed", errno, operation) when the child could not be set up;
-                         ("exited", pid, returncode) for each spawned child it reaps (Popen's
-                         convention: -N for signal N).
-Requests are answered one at a time, in order; the supervisor may send many before the first
-answer (pipelined: it does not wait, and takes each answer on its event loop when it comes).
+The wire (guardd.zygote_wire): requests and answers, marshalled, with fds attached.
 
 One spawn:
 1. The zygote forks. The child puts the three fds on 0-2, closes every other fd but three (its
@@ -33,6 +22,15 @@ One spawn:
    is set while the zygote answers: nothing outside the child sees it). A child that reads EOF
    instead (the zygote died, or was killed by a supervisor that gave up waiting) exits 125
    without running anything: a guard the supervisor does not know of can never run.
+
+Spares. While it is idle (SPARE_AFTER with nothing to read), the zygote forks up to SPARES
+children ahead: each closes what it must not hold, starts its session, and waits on a socketpair
+of its own for a request. A spawn is then handed to a spare (the request and its three fds, as it
+came) instead of forked: the spare does the rest of step 1 (stdio, cwd), and steps 2 and 3 are the
+same, its pidfd and start ticks taken when it was forked (it is the zygote's unreaped child since).
+That takes the fork and the set-up (~1-2 ms) off a turn's start; in a burst the spares are soon
+used and the rest are forked as before. A spare whose zygote is gone reads EOF and exits 0; one
+that dies unused is reaped without a word, and a request that cannot be handed to it is forked.
 
 The guard's parent is the zygote, but "parent gone" must mean the supervisor: the child hands the
 guard the zygote's pidfd on the supervisor to watch instead (`main(args, parent_fd=...)`). A
@@ -54,106 +52,31 @@ the child runs is kept lean: its environment is handed over as a dict (refilling
 work between two forks counts too: a page it writes after forking a guard leaves that guard the
 only holder of the old copy.
 
-The supervisor's end of the socket is guardd.zygote_handle; this module is the wire and the zygote
-process itself.
+The supervisor's end of the socket is guardd.zygote_handle, the wire guardd.zygote_wire; this
+module is the zygote process itself.
 
 State: none on disk. The zygote lives as long as its supervisor and its socket; a supervisor that
-starts again starts a new zygote. It has no configuration of its own: every request carries the
+starts again starts a new zygote. Its spares live as long as it does: one that ends closes their
+sockets and reaps each (they exit at EOF); one killed outright leaves them to read EOF and exit. It has no configuration of its own: every request carries the
 guard's arguments, cwd and whole environment.
 """
 
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # signal without its enum wrappers (see uses)
-import array
 import marshal
 import os
 import select
 import signal
 import socket
-import struct
 import sys
 
 from guardd import linux, procs
 from guardd.exits import EXIT_GUARD_FAILURE
+from guardd.zygote_wire import Inbox, send
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-_HEADER = struct.Struct(">I")
-MAX_MESSAGE = 16 << 20  # a request larger than this goes the old way (the caller decides)
-_MAX_FDS = 64  # ancillary room per read (a request carries 3, an answer 1; requests are pipelined)
-_READ_SIZE = 1 << 16
-# A plain int: `int & socket.MSG_CTRUNC` would run the flag enum's __rand__ (Python code) on every
-# read, pages the zygote writes between two forks (each one a guard's own: see Memory above).
-_MSG_CTRUNC = int(socket.MSG_CTRUNC)
-
-
-def encode(message: tuple) -> bytes:
-    body = marshal.dumps(message)
-    if len(body) > MAX_MESSAGE:
-        raise ValueError(
-            f"a zygote message of {len(body)} bytes is over the {MAX_MESSAGE}-byte limit"
-        )
-    return _HEADER.pack(len(body)) + body
-
-
-class Inbox:
-    """Bytes and fds as they come off the stream, cut into messages."""
-
-    def __init__(self):
-        self.data = bytearray()
-        self.fds: list[int] = []
-
-    def receive(self, sock: socket.socket) -> bool:
-        """One read; False at EOF. BlockingIOError when nothing is there (non-blocking socket)."""
-        data, ancdata, flags, _ = sock.recvmsg(
-            _READ_SIZE, socket.CMSG_SPACE(_MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC
-        )
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds = array.array("i")
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                self.fds.extend(fds)
-        if flags & _MSG_CTRUNC:
-            raise OSError("unable to read from the zygote socket: file descriptors were truncated")
-        self.data += data
-        return bool(data)
-
-    def messages(self):
-        while len(self.data) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self.data)
-            if size > MAX_MESSAGE:
-                raise OSError(f"unable to read from the zygote socket: a {size}-byte message")
-            if len(self.data) < _HEADER.size + size:
-                return
-            body = bytes(self.data[_HEADER.size : _HEADER.size + size])
-            del self.data[: _HEADER.size + size]
-            yield marshal.loads(body)
-
-    def take_fds(self, n: int) -> list[int]:
-        if len(self.fds) < n:
-            raise OSError(
-                f"unable to read from the zygote socket: {n} fds expected, {len(self.fds)} came"
-            )
-        taken, self.fds = self.fds[:n], self.fds[n:]
-        return taken
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
-
-
-def _send(sock: socket.socket, message: tuple, fds: Sequence[int] = ()) -> None:
-    data = encode(message)
-    sent = socket.send_fds(sock, [data], fds) if fds else sock.send(data)
-    if sent < len(data):
-        sock.sendall(data[sent:])
-
-
-# -- the zygote process ----------------------------------------------------------------------------
+SPARES = 2  # children forked ahead while idle (see Spares above)
+SPARE_AFTER = 0.005  # seconds with nothing to read before a spare is forked
 
 
 def _ignore(signum, frame):
@@ -166,6 +89,7 @@ class _Zygote:
         self.parent_fd = parent_fd
         self.inbox = Inbox()
         self.spawned: set[int] = set()  # children announced to the supervisor, not yet reaped
+        self.spares: list[_Spare] = []  # forked ahead, oldest first
         # What a fresh interpreter has, so that each child gets it back (we change SIGCHLD only).
         self.chld_handler = _signal.getsignal(signal.SIGCHLD)
         self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
@@ -177,12 +101,16 @@ class _Zygote:
         self.wake_w = wake_w
 
     def serve(self) -> int:
-        _send(self.sock, ("ready", os.getpid()))
+        send(self.sock, ("ready", os.getpid()))
         poller = select.poll()
         for fd in (self.sock.fileno(), self.parent_fd, self.wake_r):
             poller.register(fd, select.POLLIN)
         while True:
-            ready = {fd for fd, _ in poller.poll()}
+            idle_ms = int(SPARE_AFTER * 1000) if len(self.spares) < SPARES else -1
+            ready = {fd for fd, _ in poller.poll(idle_ms)}
+            if not ready:
+                self._fork_spare()
+                continue
             if self.parent_fd in ready:
                 return 0  # the supervisor is gone: its guards watch it too and end their turns
             if self.wake_r in ready:
@@ -209,9 +137,46 @@ class _Zygote:
                 return
             if pid in self.spawned:  # a child that failed its set-up was never announced
                 self.spawned.discard(pid)
-                _send(self.sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+                send(self.sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+            for spare in [spare for spare in self.spares if spare.pid == pid]:
+                self.spares.remove(spare)  # died unused: nobody was told of it
+                spare.close()
 
     def _spawn(self, args: list[str], cwd: str | None, env: dict, stdio: list[int]) -> None:
+        child = self._hand_to_spare(("spawn", args, cwd, env), stdio)
+        if child is None:
+            child = self._fork(args, cwd, env, stdio)
+            if child is None:
+                return
+        pid, report_r, go_w, pidfd = child
+        failure = b""
+        while chunk := os.read(report_r, 4096):
+            failure += chunk
+        os.close(report_r)
+        if failure:
+            os.close(go_w)
+            if pidfd >= 0:
+                os.close(pidfd)
+            errno_, operation = marshal.loads(failure)
+            send(self.sock, ("failed", errno_, operation))
+            return  # the child exits 125 at once; _reap takes it without a word
+        try:
+            if pidfd < 0:
+                pidfd = os.pidfd_open(pid)  # our unreaped child: certainly still its own pid
+            start = procs.start_ticks(pid)
+            send(self.sock, ("spawned", pid, start), [pidfd])
+        except BaseException:
+            os.close(go_w)  # no go: the child exits without running anything
+            raise
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+        self.spawned.add(pid)
+        os.write(go_w, b"g")
+        os.close(go_w)
+
+    def _fork(self, args, cwd, env, stdio: list[int]) -> tuple[int, int, int, int] | None:
+        """A child forked for this request: (pid, report_r, go_w, -1); None if fork failed."""
         report_r, report_w = os.pipe()
         go_r, go_w = os.pipe()
         sys.stdout.flush()
@@ -221,43 +186,60 @@ class _Zygote:
         except OSError as e:
             for fd in (report_r, report_w, go_r, go_w, *stdio):
                 os.close(fd)
-            _send(self.sock, ("failed", e.errno or 0, "fork"))
-            return
+            send(self.sock, ("failed", e.errno or 0, "fork"))
+            return None
         if pid == 0:
-            self._child(args, cwd, env, stdio, report_w, go_r)  # never returns
+            self._child(report_w, go_r, None, (args, cwd, env, stdio))  # never returns
         for fd in (report_w, go_r, *stdio):
             os.close(fd)
-        failure = b""
-        while chunk := os.read(report_r, 4096):
-            failure += chunk
-        os.close(report_r)
-        if failure:
-            os.close(go_w)
-            errno_, operation = marshal.loads(failure)
-            _send(self.sock, ("failed", errno_, operation))
-            return  # the child exits 125 at once; _reap takes it without a word
-        try:
-            pidfd = os.pidfd_open(pid)  # our unreaped child: the pid is certainly still its own
-            start = procs.start_ticks(pid)
-            try:
-                _send(self.sock, ("spawned", pid, start), [pidfd])
-            finally:
-                os.close(pidfd)
-        except BaseException:
-            os.close(go_w)  # no go: the child exits without running anything
-            raise
-        self.spawned.add(pid)
-        os.write(go_w, b"g")
-        os.close(go_w)
+        return pid, report_r, go_w, -1
 
-    def _child(self, args, cwd, env, stdio, report_w: int, go_r: int) -> None:
-        """In the forked child: set up as a fresh guard would be, wait for go, run the guard.
+    def _fork_spare(self) -> None:
+        """One child forked ahead, waiting for a request (see Spares in the module's docstring)."""
+        mine, its = socket.socketpair()
+        report_r, report_w = os.pipe()
+        go_r, go_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError:
+            for end in (mine, its):
+                end.close()
+            for fd in (report_r, report_w, go_r, go_w):
+                os.close(fd)
+            return  # a fork asked for later says why
+        if pid == 0:
+            self._child(report_w, go_r, its, None)  # never returns
+        its.close()
+        for fd in (report_w, go_r):
+            os.close(fd)
+        self.spares.append(_Spare(pid, os.pidfd_open(pid), mine, report_r, go_w))
+
+    def _hand_to_spare(self, request: tuple, stdio: list[int]) -> tuple[int, int, int, int] | None:
+        """The request given to the oldest spare: (pid, report_r, go_w, pidfd); None: none took it."""
+        while self.spares:
+            spare = self.spares.pop(0)
+            try:
+                send(spare.sock, request, stdio)
+            except OSError:  # it died: the next one, or a fork
+                spare.close()
+                continue
+            spare.sock.close()
+            for fd in stdio:
+                os.close(fd)
+            return spare.pid, spare.report_r, spare.go_w, spare.pidfd
+        return None
+
+    def _child(self, report_w: int, go_r: int, spare: socket.socket | None, request) -> None:
+        """In the forked child: set up as a fresh guard would be (a spare first waits for its
+        request on `spare`), wait for go, run the guard.
 
         Never returns, whatever happens: a child that came back into the zygote's loop would
         serve the supervisor's socket as a second zygote."""
         code = EXIT_GUARD_FAILURE
         try:
-            code = self._run_child(args, cwd, env, stdio, report_w, go_r)
+            code = self._run_child(report_w, go_r, spare, request)
         except SystemExit as e:  # as the interpreter would treat it (`--help` exits 0)
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         except BaseException:  # noqa: BLE001 -- a bug: say it where a guard's traceback would go
@@ -275,19 +257,31 @@ class _Zygote:
                     pass  # a closed pipe: nothing more can be said
             os._exit(code)
 
-    def _run_child(self, args, cwd, env, stdio, report_w: int, go_r: int) -> int:
+    def _run_child(self, report_w: int, go_r: int, spare: socket.socket | None, request) -> int:
         operation = "set up its stdio"
         try:
             signal.set_wakeup_fd(-1)
             # _signal: signal.signal would turn the old handler (a function) into an enum by
             # raising and catching, pages of the guard's own (as is each page touched here).
             _signal.signal(signal.SIGCHLD, self.chld_handler)
-            for target, fd in enumerate(stdio):  # >= 3: the zygote's own 0-2 are always open
-                os.dup2(fd, target)  # inheritable: CMD gets them
-            _close_fds_except((0, 1, 2, report_w, go_r, self.parent_fd))
-            self.sock.detach()  # its fd is closed: no later close may hit whatever reuses it
+            keep = [0, 1, 2, report_w, go_r, self.parent_fd]
+            keep += [spare.fileno()] if spare is not None else request[3]
+            _close_fds_except(keep)
+            for closed in (self.sock, *(other.sock for other in self.spares)):
+                closed.detach()  # its fd is closed: no later close may hit whatever reuses it
             operation = "start a session"
             os.setsid()
+            if spare is not None:
+                linux.set_title("ccsup-guard (spare)", "ccsup-guard")
+                request = _wait_for_request(spare)
+                if request is None:
+                    return 0  # the zygote is gone before it had a turn for us
+            args, cwd, env, stdio = request
+            operation = "set up its stdio"
+            for target, fd in enumerate(stdio):  # >= 3: the zygote's own 0-2 are always open
+                os.dup2(fd, target)  # inheritable: CMD gets them
+            for fd in stdio:
+                os.close(fd)
             if cwd is not None:
                 operation = "chdir"
                 os.chdir(cwd)
@@ -307,6 +301,40 @@ class _Zygote:
         # The environment goes to the guard as a dict: emptying and refilling os.environ (the
         # zygote's) cost each guard ~0.3 MiB of private memory.
         return guard_main(list(args), parent_fd=self.parent_fd, environ=env)
+
+
+class _Spare:
+    """The zygote's end of a spare: its pid and pidfd, its socket, its report and go pipes."""
+
+    __slots__ = ("pid", "pidfd", "sock", "report_r", "go_w")
+
+    def __init__(self, pid: int, pidfd: int, sock: socket.socket, report_r: int, go_w: int):
+        self.pid, self.pidfd, self.sock, self.report_r, self.go_w = pid, pidfd, sock, report_r, go_w
+
+    def close(self, wait: float = 0) -> None:
+        """Its socket closed (the spare reads EOF and exits); reaped if it ends within wait."""
+        self.sock.close()
+        if wait and select.select([self.pidfd], [], [], wait)[0]:
+            try:
+                os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass  # reaped by _reap already
+        for fd in (self.pidfd, self.report_r, self.go_w):
+            os.close(fd)
+
+
+def _wait_for_request(sock: socket.socket) -> tuple | None:
+    """In a spare: the one request the zygote hands it, (args, cwd, env, stdio); None at EOF."""
+    inbox = Inbox()
+    sock.setblocking(True)
+    while True:
+        for message in inbox.messages():
+            _, args, cwd, env = message
+            stdio = inbox.take_fds(3)
+            sock.close()
+            return args, cwd, env, stdio
+        if not inbox.receive(sock):
+            return None
 
 
 def _write_failure(fd: int, errno_: int, operation: str) -> None:
@@ -396,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     if parent_fd is None:
         return 0  # the supervisor is already gone
     warm()
+    zygote = _Zygote(sock, parent_fd)
     try:
-        return _Zygote(sock, parent_fd).serve()
+        return zygote.serve()
     except (BrokenPipeError, ConnectionResetError):
         return 0  # the supervisor went away while we answered
+    finally:
+        for spare in zygote.spares:  # each exits at EOF: reaped here, not left to init
+            spare.close(wait=1.0)

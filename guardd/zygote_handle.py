@@ -14,7 +14,7 @@ import time
 from collections import deque
 
 from guardd.launch import zygote_command
-from guardd.zygote import Inbox, encode
+from guardd.zygote_wire import Inbox, encode
 
 
 class ZygoteGone(Exception):

@@ -94,6 +94,17 @@ def no_process_left():
         pytest.fail("processes left running (killed now): " + "; ".join(described))
 
 
+def zygote_of(daemon_pid: int) -> int:
+    """The daemon's child that runs guardd.zygote."""
+    found = []
+    for task in os.listdir(f"/proc/{daemon_pid}/task"):
+        for child in Path(f"/proc/{daemon_pid}/task/{task}/children").read_text().split():
+            if b"guardd.zygote" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+    assert len(found) == 1, found
+    return found[0]
+
+
 @pytest.fixture
 def state_dir():
     """A short private state directory (ipc:// paths must stay under 107 bytes)."""

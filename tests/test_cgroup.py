@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import PYTHON, wait_until
+from conftest import PYTHON, wait_until, zygote_of
 
 from guardd import cgroup, procs
 from guardd.launch import guard_command
@@ -73,19 +73,6 @@ def ended():
 
 def slot_work(state_dir: Path) -> dict | None:
     return json.loads((state_dir / "slots" / "codex" / "slot-0.json").read_text())["work"]
-
-
-def the_zygote(supervisor: int) -> procs.Identity:
-    """The supervisor's guard zygote (its child started with guardd.zygote's bootstrap)."""
-    with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
-        children = [int(pid) for pid in f.read().split()]
-    for pid in children:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"guardd.zygote" in f.read():
-                found = procs.identity_of(pid)
-                assert found is not None
-                return found
-    raise AssertionError(f"no zygote among the supervisor's children {children}")
 
 
 def read_pid(path: Path) -> int:
@@ -418,7 +405,8 @@ def test_a_turns_cgroup_is_in_its_slot_before_its_guard_exists(daemon, state_dir
     supervisor has already named the turn's cgroup in the slot, so a restarted one would see the
     slot orphaned if CMD ran there; the zygote, continued, starts nothing, and the slot is free."""
     d = daemon(grace="300ms")
-    zygote = the_zygote(d.proc.pid)
+    zygote = procs.identity_of(zygote_of(d.proc.pid))
+    assert zygote is not None
     witness = tmp_path / "ran"
     procs.signal_process(zygote, signal.SIGSTOP)
     try:

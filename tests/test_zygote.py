@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MARKER, PYTHON, ROOT, story, wait_until
+from conftest import MARKER, PYTHON, ROOT, story, wait_until, zygote_of
 
 from guardd import procs
 from guardd.zygote_handle import Zygote, ZygoteGone
@@ -22,17 +22,6 @@ from supervisor import spawn
 from supervisor.launcher import Launcher, PendingGuard
 
 READY_THEN_READ = ["sh", "-c", "echo ready; read line; exit 7"]
-
-
-def zygote_of(daemon_pid: int) -> int:
-    """The daemon's child that runs guardd.zygote."""
-    found = []
-    for task in os.listdir(f"/proc/{daemon_pid}/task"):
-        for child in Path(f"/proc/{daemon_pid}/task/{task}/children").read_text().split():
-            if b"guardd.zygote" in Path(f"/proc/{child}/cmdline").read_bytes():
-                found.append(int(child))
-    assert len(found) == 1, found
-    return found[0]
 
 
 def fd_targets(pid: int) -> dict[int, str]:
@@ -223,6 +212,44 @@ def zygote():
     z.close()
 
 
+def spares_of(zygote) -> list[int]:
+    """The zygote's children that wait as spares (titled so), oldest first."""
+    found = []
+    for child in Path(f"/proc/{zygote.pid}/task/{zygote.pid}/children").read_text().split():
+        if Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"ccsup-guard (spare)"):
+            found.append(int(child))
+    return sorted(found, key=lambda pid: procs.start_ticks(pid))
+
+
+def test_an_idle_zygote_keeps_spares_and_hands_a_request_to_the_oldest(zygote):
+    """Idle, the zygote forks SPARES children ahead; a request goes to the oldest (the guard is
+    that very process), the spare is replaced once the zygote is idle again, and a spare killed
+    while it waits is replaced too: no request is lost to it."""
+    from guardd.zygote import SPARES
+
+    first = wait_until(
+        lambda: len(spares_of(zygote)) == SPARES and spares_of(zygote), what="spares"
+    )
+    pid, code, _ = spawn_and_wait(zygote, ["sh", "-c", "exit 5"])
+    assert (pid, code) == (first[0], 5)
+    again = wait_until(lambda: len(spares_of(zygote)) == SPARES and spares_of(zygote), what="more")
+    assert again[0] == first[1] and first[0] not in again
+    os.kill(again[0], signal.SIGKILL)
+    wait_until(lambda: again[0] not in spares_of(zygote), what="the killed spare reaped")
+    assert spawn_and_wait(zygote, ["sh", "-c", "exit 6"])[1] == 6  # by the other spare or a fork
+    wait_until(lambda: len(spares_of(zygote)) == SPARES, what="spares again")
+
+
+def test_a_zygote_that_ends_ends_and_reaps_its_spares(tmp_path):
+    z = Zygote.start()
+    spares = [procs.identity_of(pid) for pid in wait_until(lambda: spares_of(z), what="spares")]
+    z.close()
+    assert z.proc.wait(5) == 0
+    assert not any(procs.process_running(s) for s in spares if s is not None)
+    for spare in spares:  # reaped by the zygote itself: not even a zombie left for init
+        assert spare is None or procs.read_stat(spare.pid) is None
+
+
 def test_statuses_come_back_exactly(zygote):
     assert spawn_and_wait(zygote, ["sh", "-c", "exit 3"])[1] == 3
     assert spawn_and_wait(zygote, ["sh", "-c", "kill -9 $$"])[1] == 128 + 9
@@ -310,7 +337,13 @@ def test_a_forked_guard_has_the_signal_state_of_a_directly_started_one(zygote):
         assert direct.stdout.readline() == b"ready\n"
         with os.fdopen(out_r, "rb") as out:
             assert out.readline() == b"ready\n"
-            assert signal_state(forked.pid) == signal_state(direct.pid)
+            # Settled: CMD can print before its guard, resumed at CMD's exec, has unblocked the
+            # signals it blocks across the clone (guardd._spawn).
+            wait_until(
+                lambda: signal_state(forked.pid) == signal_state(direct.pid),
+                timeout=2,
+                what="the same signal state",
+            )
     finally:
         os.close(in_w)
         direct.stdin.close()
@@ -319,7 +352,7 @@ def test_a_forked_guard_has_the_signal_state_of_a_directly_started_one(zygote):
 
 
 def test_a_child_whose_answer_never_reached_the_supervisor_runs_nothing(monkeypatch, tmp_path):
-    from guardd.zygote import encode
+    from guardd.zygote_wire import encode
 
     tag = f"zygote-test-{os.getpid()}-{time.monotonic_ns()}"
     monkeypatch.setenv("ZYGOTE_TEST_TAG", tag)  # carried by the zygote and every child it forks
