@@ -350,7 +350,7 @@ class Ccsup:
         the turns' own processes (not Python) are left out."""
         rss = uss = 0.0
         for child in psutil.Process(self.proc.pid).children(recursive=True):
-            if not child.name().startswith("python"):
+            if not child.name().startswith(("python", "ccsup-guard")):  # guards name themselves
                 continue
             info = child.memory_full_info()
             rss, uss = rss + info.rss / 2**20, uss + info.uss / 2**20
