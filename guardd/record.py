@@ -102,13 +102,7 @@ class Rewriter:
                 self._have_spare = False  # someone removed it: a new one is made
         if fd < 0:
             fd = os.open(self.spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if size > len(body):
-                body += b" " * (size - len(body))
-            os.pwrite(fd, body, 0)
-        finally:
-            os.close(fd)
+        _overwrite(fd, body)
         if self._written and not last:
             from guardd.linux import exchange
 
@@ -125,13 +119,7 @@ class Rewriter:
             fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
-        try:
-            size = os.fstat(fd).st_size
-            if size > len(body):
-                body += b" " * (size - len(body))
-            os.pwrite(fd, body, 0)
-        finally:
-            os.close(fd)
+        _overwrite(fd, body)
         if self._have_spare:
             try:
                 os.unlink(self.spare)
@@ -139,6 +127,18 @@ class Rewriter:
                 pass
             self._have_spare = False
         return True
+
+
+def _overwrite(fd: int, body: bytes) -> None:
+    """body at offset 0, padded with spaces to the file's length (never shorter: see Rewriter);
+    closes fd."""
+    try:
+        size = os.fstat(fd).st_size
+        if size > len(body):
+            body += b" " * (size - len(body))
+        os.pwrite(fd, body, 0)
+    finally:
+        os.close(fd)
 
 
 def spare_file(path: str | os.PathLike) -> str:

@@ -177,26 +177,28 @@ class _Zygote:
 
     def _fork(self, args, cwd, env, stdio: list[int]) -> tuple[int, int, int, int] | None:
         """A child forked for this request: (pid, report_r, go_w, -1); None if fork failed."""
-        report_r, report_w = os.pipe()
-        go_r, go_w = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
         try:
-            pid = os.fork()
+            pid, report_r, go_w, _ = self._fork_child((args, cwd, env, stdio))
         except OSError as e:
-            for fd in (report_r, report_w, go_r, go_w, *stdio):
-                os.close(fd)
             send(self.sock, ("failed", e.errno or 0, "fork"))
             return None
-        if pid == 0:
-            self._child(report_w, go_r, None, (args, cwd, env, stdio))  # never returns
-        for fd in (report_w, go_r, *stdio):
-            os.close(fd)
         return pid, report_r, go_w, -1
 
     def _fork_spare(self) -> None:
         """One child forked ahead, waiting for a request (see Spares in the module's docstring)."""
-        mine, its = socket.socketpair()
+        try:
+            pid, report_r, go_w, mine = self._fork_child(None)
+        except OSError:
+            return  # a fork asked for later says why
+        assert mine is not None
+        self.spares.append(_Spare(pid, os.pidfd_open(pid), mine, report_r, go_w))
+
+    def _fork_child(self, request: tuple | None) -> tuple[int, int, int, socket.socket | None]:
+        """Fork a child for request, or a spare (request None) that waits for one on a socketpair
+        of its own: (pid, report_r, go_w, our end of that socketpair). The request's fds are ours
+        no more, whatever happens; OSError when fork failed."""
+        mine, its = socket.socketpair() if request is None else (None, None)
+        stdio = request[3] if request is not None else []
         report_r, report_w = os.pipe()
         go_r, go_w = os.pipe()
         sys.stdout.flush()
@@ -205,16 +207,18 @@ class _Zygote:
             pid = os.fork()
         except OSError:
             for end in (mine, its):
-                end.close()
-            for fd in (report_r, report_w, go_r, go_w):
+                if end is not None:
+                    end.close()
+            for fd in (report_r, report_w, go_r, go_w, *stdio):
                 os.close(fd)
-            return  # a fork asked for later says why
+            raise
         if pid == 0:
-            self._child(report_w, go_r, its, None)  # never returns
-        its.close()
-        for fd in (report_w, go_r):
+            self._child(report_w, go_r, its, request)  # never returns
+        if its is not None:
+            its.close()
+        for fd in (report_w, go_r, *stdio):
             os.close(fd)
-        self.spares.append(_Spare(pid, os.pidfd_open(pid), mine, report_r, go_w))
+        return pid, report_r, go_w, mine
 
     def _hand_to_spare(self, request: tuple, stdio: list[int]) -> tuple[int, int, int, int] | None:
         """The request given to the oldest spare: (pid, report_r, go_w, pidfd); None: none took it."""
