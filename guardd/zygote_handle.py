@@ -215,9 +215,11 @@ class Zygote:
         A child it forked but did not announce reads EOF for its go and runs nothing."""
         self._stop(kill=True)
 
-    def poll_reports(self) -> list[tuple[int, int]]:
-        """(pid, returncode) of every guard reaped since the last call; reads what is there."""
-        if self.alive:
+    def poll_reports(self, read: bool = True) -> list[tuple[int, int]]:
+        """(pid, returncode) of every guard reaped since the last call; reads what is there first,
+        unless read is False: a caller that reads through `answers()` takes the reports that read
+        brought, without reading answers that would then wait for the socket's next event."""
+        if read and self.alive:
             self._read_available()
         reports, self.reports = self.reports, []
         return reports

@@ -292,8 +292,11 @@ class Launcher:
             self.loop.call_soon(request.pending.settle, result)
 
     def _deliver(self, zygote: Zygote) -> None:
-        """Hand each reported status to its guard, from the loop (never inside a caller)."""
-        for pid, returncode in zygote.poll_reports():
+        """Hand each status reported to its guard, from the loop (never inside a caller): those
+        `answers()` read. (Reading here too could read an answer that then waits, unread, until the
+        zygote's next message: the last of a burst waited for the watchdog, 5 s, and the zygote
+        was killed.)"""
+        for pid, returncode in zygote.poll_reports(read=False):
             guard = self._forked.pop(pid, None)
             if guard is not None:
                 self.loop.call_soon(guard.status_reported, returncode)

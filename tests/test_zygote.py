@@ -594,6 +594,69 @@ def test_pipelined_requests_are_answered_in_order_with_exact_statuses(tmp_path):
     assert sorted(ran_turns(ran)) == sorted(f"p{i}" for i in range(40))
 
 
+def test_an_answer_that_comes_while_the_launcher_reads_is_taken_at_once(tmp_path):
+    """An answer that arrives after the launcher read the answers and before it took the reports
+    is taken at the socket's next event, not left for the watchdog (which would kill the zygote
+    and start the turn directly). Made to happen: a guard's end is reported just before the next
+    request's answer (the zygote, stopped meanwhile, reaps before it reads), and the read of
+    answers waits, as a busy loop would, until that answer has arrived."""
+
+    async def scenario():
+        launcher = Launcher(answer_timeout=3.0)
+        launcher.start()
+        zygote = launcher.zygote
+        loop = asyncio.get_running_loop()
+
+        def ask(name: str):
+            argv = ["sh", "-c", "read line; exit 4"]
+            return launcher.start_guard(
+                name, argv, cwd=None, env={}, record_dir=tmp_path / "guards",
+                grace=0.2, scan=1.0, bus=None,
+            )  # fmt: skip
+
+        first = await started(ask("first"))
+        ended = asyncio.Event()
+        first.attach(loop, tmp_path / "log1", on_output=lambda *a: None, on_exit=ended.set)
+        os.kill(zygote.pid, signal.SIGSTOP)
+        pending = ask("second")
+        first.write_stdin(b"\n", eof=True)
+        wait_until(lambda: procs.read_stat(first.pid).zombie, what="the first guard's end")
+        real_answers = zygote.answers
+
+        def answers_then_wait():
+            got = real_answers()
+            if launcher.waiting > len(got):  # its answer still to come: let it arrive now
+                select.select([zygote.fileno()], [], [], 2)
+            return got
+
+        zygote.answers = answers_then_wait
+        os.kill(zygote.pid, signal.SIGCONT)
+        t0 = time.monotonic()
+        second = await started(pending)
+        assert time.monotonic() - t0 < 2 and type(second) is spawn.ForkedGuardProcess
+        assert launcher.zygote is zygote  # not given up
+        await asyncio.wait_for(ended.wait(), 10)
+        statuses = await follow_to_the_end_after(second, tmp_path, b"\n")
+        assert (first.reap(), statuses) == (4, 4)
+        first.close()
+        launcher.close()
+
+    asyncio.run(scenario())
+
+
+async def follow_to_the_end_after(guard, tmp_path, stdin: bytes) -> int | None:
+    """The guard attached, its CMD given stdin, awaited to its end; its status."""
+    ended = asyncio.Event()
+    guard.attach(
+        asyncio.get_running_loop(), tmp_path / "log2", on_output=lambda *a: None, on_exit=ended.set
+    )
+    guard.write_stdin(stdin, eof=True)
+    await asyncio.wait_for(ended.wait(), 10)
+    status = guard.reap()
+    guard.close()
+    return status
+
+
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
 def test_a_zygote_killed_or_stopped_with_requests_in_flight_leaves_no_turn_unwatched(
     tmp_path, fault
