@@ -15,8 +15,11 @@ Design note.
 - A failure comes back through a close-on-exec pipe, EOF meaning exec succeeded:
   `cgroup:<errno>` when the cgroup could not be joined (exit 125), `<errno>` when exec failed
   (127 not found, 126 found but not executable), `gone` when the watched process had ended
-  (125). Both ends of that pipe are here: `start` reads it
-  and gives an `ExecFailure` with the exit status and the reason the record states.
+  (125). Both ends of that pipe are here: `start` reads it and gives an `ExecFailure` with the
+  exit status and the reason the record states.
+- Where guardd._spawn is built (guardd/_spawn.c), the fork is a clone that shares the guard's
+  memory until exec, and the steps between are that module's, in C, in the same order; the fork
+  here is the fallback.
 - A guard that dies between fork and exec (before its record could name CMD's group): the child
   sees a parent that is not the guard and runs nothing. The check comes after the cgroup join, so a
   guard that dies after it leaves CMD where the supervisor looks (the cgroup, or CMD's CCSUP_TURN).
@@ -40,12 +43,12 @@ import select
 import signal
 
 from guardd import cgroup, linux
+from guardd.exits import EXIT_GUARD_FAILURE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND
 
 try:  # CMD's clone and exec in C (guardd/_spawn.c), where it was built (x86_64 Linux)
     from guardd import _spawn  # type: ignore[attr-defined]
 except ImportError:
     _spawn = None
-from guardd.exits import EXIT_GUARD_FAILURE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND
 
 # The soft RLIMIT_NOFILE to give CMD back: the supervisor raises its own soft limit to the hard one
 # (hundreds of turns need thousands of fds) and says here what it had, so that a turn's tools

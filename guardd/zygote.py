@@ -13,7 +13,8 @@ One spawn:
 1. The zygote forks. The child puts the three fds on 0-2, closes every other fd but three (its
    report pipe, its go pipe, and the pidfd on the supervisor) so that no slot lock, socket or other
    turn's pipe leaks into a guard, calls setsid() (a session of its own, as start_new_session
-   did), chdir(cwd), and reports an error, or success by closing its report pipe.
+   did), chdir(cwd), and reports an error, or success (`ok`), on its report pipe; EOF alone
+   means it died (killed) before it could say.
 2. The zygote opens a pidfd on the child. The child is its own and not reaped yet, so the pid
    cannot have been reused: the pidfd and the start ticks it sends are the child's, race-free.
 3. Only after that answer is sent does the zygote write "go" to the child, which then restores the
@@ -30,7 +31,8 @@ came) instead of forked: the spare does the rest of step 1 (stdio, cwd), and ste
 same, its pidfd and start ticks taken when it was forked (it is the zygote's unreaped child since).
 That takes the fork and the set-up (~1-2 ms) off a turn's start; in a burst the spares are soon
 used and the rest are forked as before. A spare whose zygote is gone reads EOF and exits 0; one
-that dies unused is reaped without a word, and a request that cannot be handed to it is forked.
+that dies unused is reaped without a word, and a request handed to one that died while it waited
+(its report is EOF alone) goes to the next spare, or is forked: it is not lost to it.
 
 The guard's parent is the zygote, but "parent gone" must mean the supervisor: the child hands the
 guard the zygote's pidfd on the supervisor to watch instead (`main(args, parent_fd=...)`). A
@@ -64,6 +66,7 @@ guard's arguments, cwd and whole environment.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # signal without its enum wrappers (see uses)
+import errno
 import marshal
 import os
 import select
@@ -76,6 +79,7 @@ from guardd.exits import EXIT_GUARD_FAILURE
 from guardd.zygote_wire import Inbox, send
 
 SPARES = 2  # children forked ahead while idle (see Spares above)
+_SET_UP = b"ok"  # a child's report when it is set up (a failure is marshalled, never this)
 SPARE_AFTER = 0.005  # seconds with nothing to read before a spare is forked
 
 
@@ -148,18 +152,15 @@ class _Zygote:
             child = self._fork(args, cwd, env, stdio)
             if child is None:
                 return
-        pid, report_r, go_w, pidfd = child
-        failure = b""
-        while chunk := os.read(report_r, 4096):
-            failure += chunk
-        os.close(report_r)
-        if failure:
+        pid, report, go_w, pidfd = child
+        if report != _SET_UP:
             os.close(go_w)
             if pidfd >= 0:
                 os.close(pidfd)
-            errno_, operation = marshal.loads(failure)
+            # Its errno and operation, or nothing: it died before it could say (killed).
+            errno_, operation = marshal.loads(report) if report else (errno.ESRCH, "set up")
             send(self.sock, ("failed", errno_, operation))
-            return  # the child exits 125 at once; _reap takes it without a word
+            return  # the child exits 125 at once (or is gone); _reap takes it without a word
         try:
             if pidfd < 0:
                 pidfd = os.pidfd_open(pid)  # our unreaped child: certainly still its own pid
@@ -172,17 +173,21 @@ class _Zygote:
             if pidfd >= 0:
                 os.close(pidfd)
         self.spawned.add(pid)
-        os.write(go_w, b"g")
+        try:
+            os.write(go_w, b"g")
+        except BrokenPipeError:
+            pass  # it died since it was set up: _reap reports its status like any other
         os.close(go_w)
 
-    def _fork(self, args, cwd, env, stdio: list[int]) -> tuple[int, int, int, int] | None:
-        """A child forked for this request: (pid, report_r, go_w, -1); None if fork failed."""
+    def _fork(self, args, cwd, env, stdio: list[int]) -> tuple[int, bytes, int, int] | None:
+        """A child forked for this request and set up: (pid, its report, go_w, -1); None if fork
+        failed (said to the supervisor)."""
         try:
             pid, report_r, go_w, _ = self._fork_child((args, cwd, env, stdio))
         except OSError as e:
             send(self.sock, ("failed", e.errno or 0, "fork"))
             return None
-        return pid, report_r, go_w, -1
+        return pid, _read_report(report_r), go_w, -1
 
     def _fork_spare(self) -> None:
         """One child forked ahead, waiting for a request (see Spares in the module's docstring)."""
@@ -220,19 +225,26 @@ class _Zygote:
             os.close(fd)
         return pid, report_r, go_w, mine
 
-    def _hand_to_spare(self, request: tuple, stdio: list[int]) -> tuple[int, int, int, int] | None:
-        """The request given to the oldest spare: (pid, report_r, go_w, pidfd); None: none took it."""
+    def _hand_to_spare(
+        self, request: tuple, stdio: list[int]
+    ) -> tuple[int, bytes, int, int] | None:
+        """The request given to the oldest spare that takes it, and that spare set up: (pid, its
+        report, go_w, pidfd); None when none did (the request's fds are still ours then)."""
         while self.spares:
             spare = self.spares.pop(0)
             try:
                 send(spare.sock, request, stdio)
-            except OSError:  # it died: the next one, or a fork
+                report = _read_report(spare.report_r, close=False)
+            except OSError:
+                report = b""
+            if not report:  # it died (killed while it waited): the next one, or a fork
                 spare.close()
                 continue
             spare.sock.close()
+            os.close(spare.report_r)
             for fd in stdio:
                 os.close(fd)
-            return spare.pid, spare.report_r, spare.go_w, spare.pidfd
+            return spare.pid, report, spare.go_w, spare.pidfd
         return None
 
     def _child(self, report_w: int, go_r: int, spare: socket.socket | None, request) -> None:
@@ -292,7 +304,8 @@ class _Zygote:
         except OSError as e:
             _write_failure(report_w, e.errno or 0, operation)
             return EXIT_GUARD_FAILURE
-        os.close(report_w)  # set up: the zygote may answer
+        os.write(report_w, _SET_UP)  # the zygote may answer (EOF alone: we died)
+        os.close(report_w)
         # While the zygote answers the supervisor: what changes nothing outside this process.
         turn = args[args.index("--turn") + 1] if "--turn" in args[:-1] else "?"
         linux.set_title(f"ccsup-guard {turn}", "ccsup-guard")  # not the zygote's command line
@@ -339,6 +352,18 @@ def _wait_for_request(sock: socket.socket) -> tuple | None:
             return args, cwd, env, stdio
         if not inbox.receive(sock):
             return None
+
+
+def _read_report(fd: int, close: bool = True) -> bytes:
+    """A child's report, to its end: _SET_UP, its failure (marshalled), or nothing (it died)."""
+    report = b""
+    try:
+        while chunk := os.read(fd, 4096):
+            report += chunk
+    finally:
+        if close:
+            os.close(fd)
+    return report
 
 
 def _write_failure(fd: int, errno_: int, operation: str) -> None:

@@ -1,24 +1,25 @@
 """Starting a turn's guard and following it: its pipes, its stdin, its exit.
 
-A guard is started one of two ways, with the same arguments and the same result: through the
-guard zygote (guardd.zygote), a warm process that forks a guard per turn in ~1-3 ms, while it
-runs; else directly (`start_guard` here), as `sys.executable -I -S -c <bootstrap>` (guardd.launch:
-a `python3` shim on PATH can cost 90 ms a start, `site` another 11-23 ms, and -I keeps a
-`guardd.py` in the turn's cwd from shadowing ours), ~25-36 ms of CPU a turn. supervisor.launcher
-chooses; containment never depends on the zygote. Either way the guard is in a session of its own, so nothing of
-the supervisor's terminal reaches it, and its stdout and stderr are pipes the event loop reads:
-every read is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on as a
+A guard is started one of two ways, with the same arguments and the same result: through the guard
+zygote (guardd.zygote), a warm process that forks a guard per turn in ~1-3 ms, while it runs; else
+directly (`start_guard` here), as `sys.executable -I -S -c <bootstrap>` (guardd.launch: a `python3`
+shim on PATH can cost 90 ms a start, `site` another 11-23 ms, and -I keeps a `guardd.py` in the
+turn's cwd from shadowing ours), ~25-36 ms of CPU a turn. supervisor.launcher chooses; containment
+never depends on the zygote. Either way the guard is in a session of its own, so nothing of the
+supervisor's terminal reaches it, and its stdout and stderr are pipes the event loop reads: every
+read is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on as a
 `supervisor.output.Chunk`: whole characters, its byte offset in the stream, chunks tiling it.
 Beside each log, `<stream>.idx` records when each read arrived (`logindex`: 16 bytes a read, the
 log's bytes untouched), for `ccsup logs -t`; it is made at its stream's first read, so a silent
-stream has none (read as no times), and a turn's start creates two files fewer. With `log_limit` ([logs] turn_max_bytes), the two
-logs of a turn together stop growing at that many bytes: `on_truncated` is called once (the
-daemon publishes `turn.<id>.truncated`), and the bus keeps streaming, offsets still counting the
-stream. The guard's exit is seen through a pidfd. Its status: a directly started guard is
-our child and `reap()` is the daemon's only waitpid for it, called when that pidfd is readable; a
-forked guard is the zygote's child, reaped there, and its status comes over the zygote's socket
-(`ForkedGuardProcess`): the exit callback waits for both. If the zygote dies first, the status is lost,
-and the manager learns the outcome from the guard's record (or calls the guard lost).
+stream has none (read as no times), and a turn's start creates two files fewer. With `log_limit`
+([logs] turn_max_bytes), the two logs of a turn together stop growing at that many bytes:
+`on_truncated` is called once (the daemon publishes `turn.<id>.truncated`), and the bus keeps
+streaming, offsets still counting the stream. The guard's exit is seen through a pidfd. Its status:
+a directly started guard is our child and `reap()` is the daemon's only waitpid for it, called when
+that pidfd is readable; a forked guard is the zygote's child, reaped there, and its status comes
+over the zygote's socket (`ForkedGuardProcess`): the exit callback waits for both. If the zygote
+dies first, the status is lost, and the manager learns the outcome from the guard's record (or
+calls the guard lost).
 
 State: the logs are append-only and survive restarts; a turn id is never run twice, so a log is
 never mixed. Nothing here is persisted otherwise: a restarted supervisor finds guards by records

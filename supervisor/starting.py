@@ -1,16 +1,16 @@
 """Starting a granted turn: from its grant to a running guard that is followed and recorded.
 
-Design note. The log directory is made before the guard starts, so a turn whose directory cannot
-be made (the common failure) never leaves a guard behind; so is the turn's cgroup path. A guard
-asked of the zygote (supervisor.launcher) is started when its answer comes, on the loop; meanwhile
-the turn stays in STARTING (a cancel then is kept by the ending table and acted on once it runs).
-The turn's cgroup is named in its slot before the guard is asked for (Slot.name_cgroup: with the
+Design note. The log directory is made before the guard starts, so a turn whose directory cannot be
+made (the common failure) never leaves a guard behind; so is the turn's cgroup path. A guard asked
+of the zygote (supervisor.launcher) is started when its answer comes, on the loop; meanwhile the
+turn stays in STARTING (a cancel then is kept by the ending table and acted on once it runs). The
+turn's cgroup is named in its slot before the guard is asked for (Slot.name_cgroup: with the
 guard's own check, a supervisor killed at any point leaves no CMD running under a slot that reads
 free). Once the guard runs, it is followed (its logs opened, its pipes and exit watched) and its
-work recorded in the slot; if either fails, the turn is still reported started and at once cancelled:
-the guard ends its work, `Endings.tick` watches for the guard's end when its exit could not be
-followed (`turn.followed` is False), and the slot is released only when that work is confirmed
-gone. Never a running guard that nobody watches.
+work recorded in the slot; if either fails, the turn is still reported started and at once
+cancelled: the guard ends its work, `Endings.tick` watches for the guard's end when its exit could
+not be followed (`turn.followed` is False), and the slot is released only when that work is
+confirmed gone. Never a running guard that nobody watches.
 
 Everything that comes of a start reaches the ending table as a `What`, through `happen`:
 START_FAILED (no guard), STARTED, then CANCEL when following or recording failed, and later

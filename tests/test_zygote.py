@@ -224,7 +224,8 @@ def spares_of(zygote) -> list[int]:
 def test_an_idle_zygote_keeps_spares_and_hands_a_request_to_the_oldest(zygote):
     """Idle, the zygote forks SPARES children ahead; a request goes to the oldest (the guard is
     that very process), the spare is replaced once the zygote is idle again, and a spare killed
-    while it waits is replaced too: no request is lost to it."""
+    while it waits is replaced too: a request handed to it as it dies goes to the next one (the
+    race is hit in about one round of five here; twenty rounds)."""
     from guardd.zygote import SPARES
 
     first = wait_until(
@@ -234,10 +235,11 @@ def test_an_idle_zygote_keeps_spares_and_hands_a_request_to_the_oldest(zygote):
     assert (pid, code) == (first[0], 5)
     again = wait_until(lambda: len(spares_of(zygote)) == SPARES and spares_of(zygote), what="more")
     assert again[0] == first[1] and first[0] not in again
-    os.kill(again[0], signal.SIGKILL)
-    wait_until(lambda: again[0] not in spares_of(zygote), what="the killed spare reaped")
-    assert spawn_and_wait(zygote, ["sh", "-c", "exit 6"])[1] == 6  # by the other spare or a fork
-    wait_until(lambda: len(spares_of(zygote)) == SPARES, what="spares again")
+    for _ in range(20):  # killed just before a request: the zygote may hand it to the dying one
+        waiting = wait_until(lambda: len(spares_of(zygote)) == SPARES and spares_of(zygote))
+        os.kill(waiting[0], signal.SIGKILL)
+        assert spawn_and_wait(zygote, ["sh", "-c", "exit 6"])[1] == 6  # the next spare, or a fork
+        assert zygote.alive
 
 
 def test_a_zygote_that_ends_ends_and_reaps_its_spares(tmp_path):
@@ -615,6 +617,8 @@ def test_an_answer_that_comes_while_the_launcher_reads_is_taken_at_once(tmp_path
             )  # fmt: skip
 
         first = await started(ask("first"))
+        # Running (its record is written once CMD runs), so the zygote has written its go.
+        wait_until(first.record_path.exists, what="the first guard's record")
         ended = asyncio.Event()
         first.attach(loop, tmp_path / "log1", on_output=lambda *a: None, on_exit=ended.set)
         os.kill(zygote.pid, signal.SIGSTOP)
