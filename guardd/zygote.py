@@ -94,6 +94,7 @@ class _Zygote:
         self.inbox = Inbox()
         self.spawned: set[int] = set()  # children announced to the supervisor, not yet reaped
         self.spares: list[_Spare] = []  # forked ahead, oldest first
+        self.spare_failed = False  # a spare's fork failed: no more tries until the next request
         # What a fresh interpreter has, so that each child gets it back (we change SIGCHLD only).
         self.chld_handler = _signal.getsignal(signal.SIGCHLD)
         self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
@@ -110,7 +111,8 @@ class _Zygote:
         for fd in (self.sock.fileno(), self.parent_fd, self.wake_r):
             poller.register(fd, select.POLLIN)
         while True:
-            idle_ms = int(SPARE_AFTER * 1000) if len(self.spares) < SPARES else -1
+            wanted = len(self.spares) < SPARES and not self.spare_failed
+            idle_ms = int(SPARE_AFTER * 1000) if wanted else -1
             ready = {fd for fd, _ in poller.poll(idle_ms)}
             if not ready:
                 self._fork_spare()
@@ -130,6 +132,7 @@ class _Zygote:
                         )
                     _, args, cwd, env = message
                     self._spawn(args, cwd, env, self.inbox.take_fds(3))
+                    self.spare_failed = False
 
     def _reap(self) -> None:
         while True:
@@ -193,8 +196,9 @@ class _Zygote:
         """One child forked ahead, waiting for a request (see Spares in the module's docstring)."""
         try:
             pid, report_r, go_w, mine = self._fork_child(None)
-        except OSError:
-            return  # a fork asked for later says why
+        except OSError:  # out of processes, say: a fork asked for later says why
+            self.spare_failed = True  # not tried again every 5 ms meanwhile
+            return
         assert mine is not None
         self.spares.append(_Spare(pid, os.pidfd_open(pid), mine, report_r, go_w))
 

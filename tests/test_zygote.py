@@ -242,6 +242,58 @@ def test_an_idle_zygote_keeps_spares_and_hands_a_request_to_the_oldest(zygote):
         assert zygote.alive
 
 
+# A zygote whose forks are counted (a line each in LOG) and refused while FAIL exists.
+FORK_COUNTED = """
+import errno, os, sys
+sys.path.insert(0, {root!r})
+real_fork = os.fork
+def fork():
+    with open({log!r}, "a") as f:
+        f.write("fork\\n")
+    if os.path.exists({fail!r}):
+        raise OSError(errno.EAGAIN, "refused by the test")
+    return real_fork()
+os.fork = fork
+from guardd.zygote import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_spare_that_cannot_be_forked_is_not_tried_again_until_the_next_request(tmp_path):
+    """Out of processes, the zygote does not retry its spares' fork every few milliseconds: one
+    failure, then no try until a request comes; the request is served once forks succeed again,
+    and the spares come back."""
+    import socket
+
+    log, fail = tmp_path / "forks", tmp_path / "fail"
+    script = FORK_COUNTED.format(root=str(ROOT), log=str(log), fail=str(fail))
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen(
+        [PYTHON, "-I", "-S", "-c", script, "--fd", str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    theirs.close()
+    ours.setblocking(False)
+    z = Zygote(proc, ours)
+    try:
+        assert z._await_reply(time.monotonic() + 10)[0] == "ready"
+        spares = wait_until(lambda: len(spares_of(z)) == 2 and spares_of(z), what="spares")
+        fail.touch()
+        for pid in spares:
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not spares_of(z), what="the spares reaped")
+        forks = len(log.read_text().split())
+        time.sleep(0.5)  # a hundred tries, were it retrying every 5 ms
+        assert len(log.read_text().split()) - forks <= 2
+        fail.unlink()
+        assert spawn_and_wait(z, ["sh", "-c", "exit 7"])[1] == 7
+        wait_until(lambda: len(spares_of(z)) == 2, what="the spares back")
+    finally:
+        z.close()
+
+
 def test_a_zygote_that_ends_ends_and_reaps_its_spares(tmp_path):
     z = Zygote.start()
     spares = [procs.identity_of(pid) for pid in wait_until(lambda: spares_of(z), what="spares")]
