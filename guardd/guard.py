@@ -3,13 +3,13 @@
 Design note (why it is built this way).
 - One reaper. Every child, CMD and every orphan reparented to us as a child subreaper, is reaped by
   `_reap` alone, with waitpid(-1). A second reaper (subprocess.Popen.wait) would steal statuses:
-  Popen would report 0 for a child that exited 7. So CMD is started with a bare fork/exec.
+  Popen would report 0 for a child that exited 7. So CMD is started without Popen.
 - Signal handlers only wake the loop: Python writes each signal number to a self-pipe
   (signal.set_wakeup_fd); the loop, the process's only thread, polls that pipe, the parent's
   pidfd, the hints' socket (guardd.hints) and a timer for scans. Handlers are installed, and those
   signals unblocked, before CMD starts.
-- CMD is started by guardd.child (a bare fork and exec, for the reasons given there); what runs
-  between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
+- CMD is started by guardd.child (a clone in C, guardd._spawn, or a bare fork, then exec, for the
+  reasons given there); what runs between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
   guardd.options what the guard was asked to do.
 - Groups are signalled with killpg only after `procs.same_groups` said the recorded group (pgid
   and leader start) is still the same: a reaped group's id can be reused. That judgment never

@@ -28,7 +28,7 @@ Spares. While it is idle (SPARE_AFTER with nothing to read), the zygote forks up
 children ahead: each closes what it must not hold, starts its session, and waits on a socketpair
 of its own for a request. A spawn is then handed to a spare (the request and its three fds, as it
 came) instead of forked: the spare does the rest of step 1 (stdio, cwd), and steps 2 and 3 are the
-same, its pidfd and start ticks taken when it was forked (it is the zygote's unreaped child since).
+same, its pidfd opened when it was forked (it is the zygote's unreaped child since).
 That takes the fork and the set-up (~1-2 ms) off a turn's start; in a burst the spares are soon
 used and the rest are forked as before. A spare whose zygote is gone reads EOF and exits 0; one
 that dies unused is reaped without a word, and a request handed to one that died while it waited

@@ -365,8 +365,12 @@ class Endings:
             self.on_capacity()
 
     def _drop_record(self, turn: Turn, **_: Any) -> None:
-        """Once the work is confirmed gone and the guard reaped, its record serves nobody."""
+        """Once the work is confirmed gone and the guard reaped, or its record says gone (its
+        last write), the record serves nobody. Once a turn: three ends lead here."""
         assert turn.guard is not None
+        if turn.record_dropped:
+            return
+        turn.record_dropped = True
         self.ledger.files.unlink_soon(turn.guard.record_path)  # off the loop: see filework
         returncode = turn.guard.returncode
         if returncode is not None and (returncode < 0 or returncode == STATUS_UNKNOWN):

@@ -72,8 +72,10 @@ class Starter:
 
     def prepare(self, turn: Turn) -> None:
         """The turn's log directory and files, made off the loop (see supervisor.filework): for a
-        turn that waits, ahead; for one that starts, while its guard is being started."""
-        self.ledger.files.make_soon(self.paths.turn_dir(turn.id), LOG_FILES)
+        turn that waits, ahead; for one that starts, while its guard is being started. Once."""
+        if not turn.logs_asked:
+            turn.logs_asked = True
+            self.ledger.files.make_soon(self.paths.turn_dir(turn.id), LOG_FILES)
 
     def start(self, turn: Turn) -> None:
         """Start the granted turn's guard and follow it; any failure ends in one terminal event."""

@@ -132,6 +132,8 @@ class Turn:
     stop_reason: str | None = None
     slot: Slot | None = None  # while granted
     guard: Guard | None = None  # once started
+    logs_asked: bool = False  # its log directory and files were asked of the file thread
+    record_dropped: bool = False  # its guard's record (and spare) were given to the file thread
     requester: Identity | None = None  # when watched
     groups_seen: set[Group] = field(default_factory=set)  # published as turn.<id>.group
     followed: bool = True  # False when the guard runs but its pipes and exit could not be watched

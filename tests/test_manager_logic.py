@@ -446,6 +446,10 @@ async def test_a_request_for_a_full_key_waits_and_holds_nothing(h):
 
 @scenario()
 async def test_a_waiting_turn_has_its_log_files_made_ahead_and_its_start_makes_them_again(h):
+    files = h.manager.ledger.files
+    asked: list[str] = []
+    real_make_soon = files.make_soon
+    files.make_soon = lambda d, names: asked.append(str(d)) or real_make_soon(d, names)
     h.turn("t1")
     h.turn("t2")
     assert h.manager.ledger.files.drain()
@@ -457,6 +461,7 @@ async def test_a_waiting_turn_has_its_log_files_made_ahead_and_its_start_makes_t
     await h.end("t1", 0)
     assert h.events("t2") == RUN
     assert t2.is_dir()  # (the fake guard opens no files; a real one creates what is missing)
+    assert asked.count(str(t2)) == 1  # asked of the file thread once: while it waited
 
 
 @scenario()
@@ -558,6 +563,10 @@ async def test_a_gone_hint_whose_groups_still_run_changes_nothing(h):
 
 @scenario()
 async def test_a_gone_hint_that_holds_releases_before_the_guard_is_reaped(h):
+    files = h.manager.ledger.files
+    removals: list[str] = []
+    real_unlink_soon = files.unlink_soon
+    files.unlink_soon = lambda path: removals.append(str(path)) or real_unlink_soon(path)
     h.turn("t1")
     h.guard("t1").write_record(state="gone", exit={"code": 0, "signal": None})
     h.manager.on_guard_hint("guard.t1.gone", {})
@@ -572,6 +581,7 @@ async def test_a_gone_hint_that_holds_releases_before_the_guard_is_reaped(h):
     await h.settle()
     assert h.events("t1") == RUN + END
     assert not h.guard("t1").record_path.exists()
+    assert removals == [str(h.guard("t1").record_path)]  # once, by the first of its three ends
 
 
 @scenario()

@@ -608,13 +608,16 @@ async def start_many(launcher, tmp_path, ran: Path, n: int, code: int = 3) -> li
     ]
 
 
-async def follow_to_the_end(tmp_path, guards: list) -> list[int | None]:
-    """Each guard attached and awaited to its end; their statuses, in order."""
+async def follow_to_the_end(tmp_path, guards: list, stdin: bytes | None = None) -> list[int | None]:
+    """Each guard attached (its CMD given stdin, then EOF, when given) and awaited to its end;
+    their statuses, in order."""
     loop = asyncio.get_running_loop()
     ended = []
     for n, guard in enumerate(guards):
         event = asyncio.Event()
         guard.attach(loop, tmp_path / f"log{n}", on_output=lambda *a: None, on_exit=event.set)
+        if stdin is not None:
+            guard.write_stdin(stdin, eof=True)
         ended.append(event)
     for event in ended:
         await asyncio.wait_for(event.wait(), 20)
@@ -692,25 +695,12 @@ def test_an_answer_that_comes_while_the_launcher_reads_is_taken_at_once(tmp_path
         assert time.monotonic() - t0 < 2 and type(second) is spawn.ForkedGuardProcess
         assert launcher.zygote is zygote  # not given up
         await asyncio.wait_for(ended.wait(), 10)
-        statuses = await follow_to_the_end_after(second, tmp_path, b"\n")
-        assert (first.reap(), statuses) == (4, 4)
+        statuses = await follow_to_the_end(tmp_path, [second], b"\n")
+        assert (first.reap(), statuses) == (4, [4])
         first.close()
         launcher.close()
 
     asyncio.run(scenario())
-
-
-async def follow_to_the_end_after(guard, tmp_path, stdin: bytes) -> int | None:
-    """The guard attached, its CMD given stdin, awaited to its end; its status."""
-    ended = asyncio.Event()
-    guard.attach(
-        asyncio.get_running_loop(), tmp_path / "log2", on_output=lambda *a: None, on_exit=ended.set
-    )
-    guard.write_stdin(stdin, eof=True)
-    await asyncio.wait_for(ended.wait(), 10)
-    status = guard.reap()
-    guard.close()
-    return status
 
 
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
