@@ -313,8 +313,9 @@ def test_a_page_from_another_origin_cannot_cancel(daemon, state_dir, web, browse
     w = web(d.config)
     with d.client() as client:
         turn_id = hold(client, "codex", "s1", "alpha")
-        # held (its work recorded, so `started` already published): guards start pipelined
-        wait_until(lambda: (slot_of(client, turn_id) or {}).get("state") == "held", what="held")
+        # Its guard's work recorded (a pid in the slot), so `started` is already published: guards
+        # start pipelined, and a slot is held from the moment its turn's cgroup is named.
+        wait_until(lambda: (slot_of(client, turn_id) or {}).get("pid"), what="the guard recorded")
         cancel = f"{w.url}api/turn/{turn_id}/cancel"
         # Same host, another port: same-site to the browser, another origin.
         _OtherSite.page = f"""<!doctype html><body>
