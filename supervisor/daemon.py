@@ -48,6 +48,7 @@ from .cluster_wiring import cluster_wiring
 from .config import Config, load
 from .config.metrics import metrics_address
 from .errors import AlreadyRunning, CcsupError, os_failure
+from .holder import Holder
 from .keyctl import KeyControl, admission_settings
 from .launcher import Launcher
 from .manager import RETRY_INTERVAL, Manager, Settings
@@ -173,6 +174,7 @@ class Daemon:
         )
 
     async def run(self) -> int:
+        self.prepare_slots()  # before anything is served: a first burst only opens them
         self.server.bind()
         cluster = self.cluster
         if cluster:
@@ -227,6 +229,18 @@ class Daemon:
         self.server.close()
         log.info("stopped")
         return 0
+
+    def prepare_slots(self) -> None:
+        """The configured keys' slot files made ahead (SlotGate.prepare); a failure is only logged:
+        a grant makes what is missing, and reports what it cannot make."""
+        me = self.manager.me
+        try:
+            made = self.gate.prepare(Holder().held_by(me.pid, me.start))
+        except (OSError, CcsupError) as e:
+            log.warning("unable to make slot files ahead: %s", e)
+        else:
+            if made:
+                log.info("made the files of %d slots ahead", made)
 
     def restore_queue(self) -> None:
         saved, problem = store.load(self.paths.queue)
@@ -390,6 +404,7 @@ class Daemon:
         config = load(self.config_path, os.environ)  # ConfigError: the old config stays
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
+        asyncio.get_running_loop().run_in_executor(None, self.prepare_slots)  # a raised cap's
         if self.cluster and config.cluster:
             self.cluster.reload(config.cluster)
         self.manager.settings = self._settings(config)

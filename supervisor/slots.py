@@ -27,7 +27,10 @@ lock file's device and inode, parsed once per call.
 The cap: try_acquire tries indices below the cap; each index is one lock, so holders below the cap
 can never exceed it. A grant costs O(1), not O(cap): the gate tries only the indices it does not
 hold itself (its own lock would refuse it anyway), and reads the key's directory listing again
-only when the directory changed (it changes only when an index is used for the first time). After a lowered cap, holders above it may remain: every slot file present is
+only when the directory changed (it changes only when an index is used for the first time). The
+supervisor makes every configured index's files at its start (`prepare`, and again after a reload
+for a raised cap), so a grant of a configured key then creates no file. After a lowered cap,
+holders above it may remain: every slot file present is
 then counted (held, reserved, orphaned and unreadable all count), before any lock is touched and
 again after one is taken, so no grant happens until the count is under the cap. With a machine cap,
 the `_machine` key is a slot key of its own, locked before the key's slot and unlocked again when
@@ -51,6 +54,10 @@ The state question:
   the file (a reaper does act on a slot whose own record is readable but whose guard record is not:
   it ends what it knows of and releases).
 - No record yet, or a missing directory: free; directories are created (0700) on first acquire.
+- Files made ahead (`prepare`): a lock file and a released record, written under the lock like any
+  record, so a reader (of any version) sees a free slot. Killed half-way, what is made stands and
+  the rest is made at the next start or by the first grant; an index that has any file, or whose
+  lock someone holds, is never touched.
 
 Limits: a fork without exec shares the lock (flock belongs to the open file description), so a
 holder must not fork children that outlive it without exec; lock fds are O_CLOEXEC. Escapees known
@@ -212,6 +219,22 @@ class Slot:
         return f"<Slot {self.key}#{self.index} cap={self.cap} {state}>"
 
 
+def _new_record(key, index, cap, holder: Holder, turn, reservation) -> dict:
+    """A slot record as its holder first writes it."""
+    return {
+        "v": SLOT_VERSION,
+        "key": key,
+        "index": index,
+        "cap": cap,
+        "holder": holder.to_json(),
+        "turn": turn,
+        "reservation": reservation,
+        "work": None,
+        "released": False,
+        "updated_at": None,
+    }
+
+
 def _reservation(reservation: dict | None) -> dict | None:
     if reservation is None:
         return None
@@ -250,6 +273,44 @@ class SlotGate(SlotReader):
             str, tuple[int, set[int]]
         ] = {}  # key -> (cap, indices below it not held)
         self._listings: dict[str, tuple[tuple[int, int], list[int]]] = {}
+
+    # -- making slot files ahead
+
+    def prepare(self, holder: Holder) -> int:
+        """Make the slot files of every configured key, for each index below its cap that has
+        none: its lock file, and a released record (holder: `holder`) written under its lock.
+        Returns how many slots were made; OSError when a file cannot be made.
+
+        Why: otherwise a slot's first grant creates both files, and the key's directory changes,
+        so the next grant lists it again. On a busy disk one file creation costs up to a
+        millisecond; for 200 turns started at once on a fresh state directory that was half the
+        event loop's time. Made here (at start, before anything is served), a grant only opens
+        them. Nothing of this gate's memory is touched, and an index that someone holds, or that
+        has any file already, is left as it is: any process may run this at any time.
+        """
+        made = 0
+        for key in self.caps.configured_keys():
+            directory, cap = self._dir(key), self._cap(key)
+            try:
+                present = set(_indices(os.listdir(directory)))
+            except FileNotFoundError:
+                present = set()
+            for index in range(cap):
+                if index in present:
+                    continue
+                fd = self._lock(directory, index)
+                if fd is None:
+                    continue  # someone holds it: theirs to write
+                try:
+                    path = f"{directory}/slot-{index}.json"
+                    if not os.path.exists(path):  # else written by a holder since the listing
+                        record = _new_record(key, index, cap, holder, None, None)
+                        record["released"], record["updated_at"] = True, self.clock()
+                        write_slot_record(path, record)
+                        made += 1
+                finally:
+                    os.close(fd)
+        return made
 
     # -- acquiring
 
@@ -308,18 +369,7 @@ class SlotGate(SlotReader):
 
     def _make_slot(self, key, cap, claim, holder, turn, reservation, machine=None) -> Slot:
         index, fd, took_over = claim
-        record = {
-            "v": SLOT_VERSION,
-            "key": key,
-            "index": index,
-            "cap": cap,
-            "holder": holder.to_json(),
-            "turn": turn,
-            "reservation": reservation,
-            "work": None,
-            "released": False,
-            "updated_at": None,
-        }
+        record = _new_record(key, index, cap, holder, turn, reservation)
         slot = Slot(
             key,
             index,

@@ -252,6 +252,26 @@ def test_supervisor_killed_work_ends_and_next_start_finds_every_slot_free(
         assert len(slots) == 2
 
 
+def test_the_slot_files_of_every_configured_index_are_there_at_start_and_after_a_raise(
+    daemon, state_dir
+):
+    d = daemon(caps="codex = 2, other = 1")
+    slots = state_dir / "slots"
+
+    def names(key: str) -> list[str]:
+        return sorted(os.listdir(slots / key)) if (slots / key).is_dir() else []
+
+    # Made before anything is served: the first grants open them, they create nothing.
+    assert names("codex") == ["slot-0.json", "slot-0.lock", "slot-1.json", "slot-1.lock"]
+    assert names("other") == ["slot-0.json", "slot-0.lock"]
+    with d.client() as client:
+        assert [s["state"] for s in client.ps()["slots"]] == ["free"] * 3
+        d.config.write_text(d.config.read_text().replace("codex = 2", "codex = 3"))
+        client.reload()
+        wait_until(lambda: "slot-2.json" in names("codex"), what="codex#2 made after the raise")
+        assert [s["state"] for s in client.ps()["slots"]] == ["free"] * 4
+
+
 def test_stop_returns_only_when_everything_is_gone(daemon, event_log, state_dir):
     d = daemon(grace="500ms")
     log = event_log(d)

@@ -500,6 +500,43 @@ def test_records_are_written_in_place_never_empty_and_long_ones_whole(state_dir)
     assert json.loads(text)["turn"] == "t3" and json.loads(text)["released"] is True
 
 
+def test_slot_files_are_made_ahead_below_each_cap_and_a_grant_then_makes_none(state_dir):
+    caps = {"caps": {"pre": 4}}
+    holder, line = start_holder(state_dir, "pre", caps)  # another process holds pre#0
+    try:
+        assert line["index"] == 0
+        other = {"pid": 1, "start": 1}
+        kept = plant(
+            state_dir, "pre", slot_record("pre", holder=other, work=None, released=True), index=2
+        )
+        kept_text = kept.read_text()
+        held_text = (state_dir / "slots" / "pre" / "slot-0.json").read_text()
+        gate = SlotGate(state_dir, Caps(caps={"pre": 4, "two": 2}, machine_cap=3))
+        assert gate.prepare(ME) == 2 + 2 + 3  # pre#1, pre#3, two#0-1, _machine#0-2
+        assert gate.prepare(ME) == 0  # again: all there
+        # What had a holder or a record is left as it was; the rest reads free, held by nobody.
+        assert (state_dir / "slots" / "pre" / "slot-0.json").read_text() == held_text
+        assert kept.read_text() == kept_text
+        assert states(gate, "pre") == [(0, "reserved"), (1, "free"), (2, "free"), (3, "free")]
+        assert states(gate, "two") == [(0, "free"), (1, "free")]
+        assert states(gate, MACHINE_KEY) == [(0, "free"), (1, "free"), (2, "free")]
+        made = json.loads((state_dir / "slots" / "pre" / "slot-1.json").read_text())
+        assert made["released"] is True and made["work"] is None and made["turn"] is None
+        assert made["holder"]["pid"] == os.getpid()
+        # A grant now opens what is there: no file is made, the directory does not change.
+        directory = state_dir / "slots" / "pre"
+        before = (directory.stat().st_mtime_ns, sorted(os.listdir(directory)))
+        inode = (directory / "slot-1.json").stat().st_ino
+        slot = gate.try_acquire("pre", ME, turn="t1")
+        assert slot is not None and slot.index == 1 and slot.took_over is None
+        slot.release()
+        assert (directory.stat().st_mtime_ns, sorted(os.listdir(directory))) == before
+        assert (directory / "slot-1.json").stat().st_ino == inode
+        assert json.loads((directory / "slot-1.json").read_text())["turn"] == "t1"
+    finally:
+        kill(holder)
+
+
 def test_a_grant_tries_only_what_it_does_not_hold_and_lists_the_directory_once(
     state_dir, monkeypatch
 ):
