@@ -41,9 +41,14 @@ import os
 import resource  # here, not in the child: the zygote's import serves every guard
 import select
 import signal
+import sys
 
 from guardd import cgroup, linux
 from guardd.exits import EXIT_GUARD_FAILURE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND
+
+# os.fsencode's encoding, applied directly: os.fsencode is Python code, and CMD's environment
+# (often 100 variables, two strings each) went through it at every start.
+_FS = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 
 try:  # CMD's clone and exec in C (guardd/_spawn.c), where it was built (x86_64 Linux)
     from guardd import _spawn  # type: ignore[attr-defined]
@@ -134,10 +139,10 @@ def _spawn_in_c(
     try:
         if cgroup_path is not None:
             fd = os.open(cgroup_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        envp = [os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items()]
+        envp = [f"{name}={value}".encode(*_FS) for name, value in env.items()]
         return _spawn.spawn(
-            [os.fsencode(p) for p in paths],
-            [os.fsencode(a) for a in argv],
+            [p.encode(*_FS) for p in paths],
+            [a.encode(*_FS) for a in argv],
             envp,
             errw,
             fd,
