@@ -1,6 +1,6 @@
 """ccsup measured beside circus and supervisord, same workloads, same run.
 
-    .venv/bin/python tests/bench/compare.py [--n 50] [--turns 200] [--cap 4]
+    .venv/bin/python tests/bench/compare.py [--n 50] [--turns 200] [--cap 4] [--dir /tmp]
 
 circus and supervisor (supervisord) are installed from PyPI into their own virtual environment,
 /tmp/ccsup-anchors (created when missing; never the project's .venv: supervisord's package is also
@@ -22,7 +22,11 @@ called `supervisor`). Prints one JSON line per figure:
 Clean-up: every process started here carries CCSUP_BENCH_RUN=<uuid> in its environment (circus
 watchers get copy_env); at the end each one still running, and each grandchild that survived
 circus/supervisord, is killed by pid (identity checked by start ticks), never by name.
-State: everything lives in a temporary directory, removed at the end; a run stopped half-way
+State: everything lives in a temporary directory under --dir (/tmp by default; every system's
+files go there, the workers' included: on an ext4 without a journal, such as this machine's, a
+file made where many were removed in the last 30 s costs up to a millisecond, and ccsup makes four
+per turn, a log directory, two logs and its guard's record, where circus and supervisord here keep
+no output), removed at the end; a run stopped half-way
 leaves processes that the marker finds (`grep -l CCSUP_BENCH_RUN /proc/*/environ`).
 """
 
@@ -458,10 +462,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--cap", type=int, default=4)
+    parser.add_argument("--dir", default="/tmp", help="where the run's files go (see bench_scale)")
     opts = parser.parse_args()
     bin_dir = ensure_anchors()
     os.environ[MARKER] = RUN
-    root = Path(tempfile.mkdtemp(prefix="ccsup-cmp-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="ccsup-cmp-", dir=opts.dir))
     worker = root / "worker.sh"
     worker.write_text(WORKER)
     figures = {
