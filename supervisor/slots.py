@@ -102,6 +102,9 @@ from .slot_record import (  # noqa: F401  (re-exported: the gate's public names 
 from .slot_views import SlotReader, _indices, held_locks  # noqa: F401  (held_locks: re-exported)
 
 _RACY_NS = 50_000_000  # a directory changed this recently may change again within its mtime tick
+# Indices of a key made ahead at most (`prepare`): a cap meant as "no limit" (say 1000000) must not
+# cost a file per index at start; the indices above it are made at their first use, as before.
+PREPARE_MAX = 512
 
 
 # ---- the gate ------------------------------------------------------------------------------
@@ -277,8 +280,9 @@ class SlotGate(SlotReader):
     # -- making slot files ahead
 
     def prepare(self, holder: Holder) -> int:
-        """Make the slot files of every configured key, for each index below its cap that has
-        none: its lock file, and a released record (holder: `holder`) written under its lock.
+        """Make the slot files of every configured key, for each index below its cap (and below
+        PREPARE_MAX) that has none: its lock file, and a released record (holder: `holder`)
+        written under its lock.
         Returns how many slots were made; OSError when a file cannot be made.
 
         Why: otherwise a slot's first grant creates both files, and the key's directory changes,
@@ -295,7 +299,7 @@ class SlotGate(SlotReader):
                 present = set(_indices(os.listdir(directory)))
             except FileNotFoundError:
                 present = set()
-            for index in range(cap):
+            for index in range(min(cap, PREPARE_MAX)):
                 if index in present:
                     continue
                 fd = self._lock(directory, index)

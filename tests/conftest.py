@@ -114,6 +114,7 @@ def state_dir():
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(f"{path}.other", ignore_errors=True)  # another supervisor's (test_slots' HOLDER)
 
 
 # -- a real supervisor in a temporary state directory ---------------------------------------------

@@ -537,6 +537,23 @@ def test_slot_files_are_made_ahead_below_each_cap_and_a_grant_then_makes_none(st
         kill(holder)
 
 
+def test_a_huge_cap_has_only_its_first_indices_made_ahead_and_the_rest_at_first_use(
+    state_dir, monkeypatch
+):
+    from supervisor import slots
+
+    monkeypatch.setattr(slots, "PREPARE_MAX", 3)
+    gate = SlotGate(state_dir, Caps(caps={"many": 1_000_000}))
+    assert gate.prepare(ME) == 3
+    directory = state_dir / "slots" / "many"
+    assert len(os.listdir(directory)) == 6  # a lock file and a record for indices 0-2
+    held = [gate.try_acquire("many", ME) for _ in range(4)]
+    assert [s.index for s in held] == [0, 1, 2, 3]  # index 3 made by its grant
+    assert (directory / "slot-3.lock").exists() and (directory / "slot-3.json").exists()
+    for slot in held:
+        slot.release()
+
+
 def test_a_grant_tries_only_what_it_does_not_hold_and_lists_the_directory_once(
     state_dir, monkeypatch
 ):
