@@ -127,12 +127,17 @@ def web(state_dir):
 def browser():
     """A headless chromium of this test's own, connected over CDP; its process group is ended."""
     profile = tempfile.mkdtemp(prefix="ccsup-chromium-")
+    # Its temporary files (a singleton directory that a SIGKILLed chromium leaves in /tmp) go
+    # inside the profile, which is removed below.
+    tmp = Path(profile, "tmp")
+    tmp.mkdir()
     proc = subprocess.Popen(
         [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     port_file = Path(profile, "DevToolsActivePort")
     try:
