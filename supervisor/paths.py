@@ -3,13 +3,23 @@
 The state directory is private to its user: created 0700, and refused when another user owns it or
 group or others may write to it (anyone who can write there can take slots or plant sockets).
 Knows names and permissions; opens nothing but the directories it creates.
+
+`turns/` is marked the top of a directory hierarchy (ext4's FS_TOPDIR_FL, as `chattr +T` does),
+so that ext4 places each turn's directory, and the logs in it, in a block group of its own
+choosing (its Orlov allocator) instead of next to `turns/`. Why: without a journal, ext4 skips
+every inode freed in the last 30 s when it looks for a free one in a group, so making a file
+near where many were removed costs up to a millisecond (a turn makes three in `turns/`), against
+~0.1 ms in a group of its own (measured here: a turn directory and two logs after 5,000 removals
+nearby, 0.66-1.77 ms plain, 0.17-0.41 ms marked). A filesystem without such flags ignores it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +27,9 @@ from .errors import CcsupError, os_failure
 
 TURN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
 IPC = "ipc://"
+# <linux/fs.h>: FS_IOC_GETFLAGS and FS_IOC_SETFLAGS (_IOR/_IOW('f', 1|2, long) on x86_64 and
+# arm64; the kernel reads and writes an int), and FS_TOPDIR_FL.
+_GETFLAGS, _SETFLAGS, _TOPDIR = 0x80086601, 0x40086602, 0x00020000
 
 
 def ipc_path(endpoint: str) -> str | None:
@@ -79,6 +92,25 @@ class StatePaths:
                 sub.mkdir(mode=0o700, exist_ok=True)
         except OSError as e:
             raise os_failure("create state directory", self.root, e) from None
+        mark_top_directory(self.turns)
+
+
+def mark_top_directory(path: Path) -> bool:
+    """Set FS_TOPDIR_FL on the directory at path (see the module's note); False where the
+    filesystem has no such flag or refuses it, which changes nothing else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        (flags,) = struct.unpack_from("i", fcntl.ioctl(fd, _GETFLAGS, bytes(8)))
+        if not flags & _TOPDIR:
+            fcntl.ioctl(fd, _SETFLAGS, struct.pack("i4x", flags | _TOPDIR))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def check_private(path: Path) -> None:
