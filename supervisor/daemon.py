@@ -404,7 +404,10 @@ class Daemon:
         config = load(self.config_path, os.environ)  # ConfigError: the old config stays
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
-        asyncio.get_running_loop().run_in_executor(None, self.prepare_slots)  # a raised cap's
+        # A raised cap's new slot files, made in a thread; waiters are tried again once they are
+        # there (a grant that met an index being made saw it busy).
+        made = asyncio.get_running_loop().run_in_executor(None, self.prepare_slots)
+        made.add_done_callback(lambda _: self.manager.grant_waiters())
         if self.cluster and config.cluster:
             self.cluster.reload(config.cluster)
         self.manager.settings = self._settings(config)

@@ -253,9 +253,10 @@ def test_supervisor_killed_work_ends_and_next_start_finds_every_slot_free(
 
 
 def test_the_slot_files_of_every_configured_index_are_there_at_start_and_after_a_raise(
-    daemon, state_dir
+    daemon, event_log, state_dir
 ):
     d = daemon(caps="codex = 2, other = 1")
+    log = event_log(d)
     slots = state_dir / "slots"
 
     def names(key: str) -> list[str]:
@@ -266,10 +267,17 @@ def test_the_slot_files_of_every_configured_index_are_there_at_start_and_after_a
     assert names("other") == ["slot-0.json", "slot-0.lock"]
     with d.client() as client:
         assert [s["state"] for s in client.ps()["slots"]] == ["free"] * 3
-        d.config.write_text(d.config.read_text().replace("codex = 2", "codex = 3"))
+        for n in range(3):  # two run, the third waits
+            client.turn("codex", ["sleep", "300"], id=f"t{n}")
+        log.wait_for("turn.t1.started")
+        assert log.topics("turn.t2.") == ["turn.t2.queued"]
+        d.config.write_text(d.config.read_text().replace("codex = 2", "codex = 4"))
         client.reload()
-        wait_until(lambda: "slot-2.json" in names("codex"), what="codex#2 made after the raise")
-        assert [s["state"] for s in client.ps()["slots"]] == ["free"] * 4
+        log.wait_for("turn.t2.started")  # granted on the raise
+        wait_until(lambda: "slot-3.json" in names("codex"), what="codex#3 made after the raise")
+        for n in range(3):
+            client.cancel(f"t{n}")
+            log.wait_for(f"turn.t{n}.released")
 
 
 def test_stop_returns_only_when_everything_is_gone(daemon, event_log, state_dir):
