@@ -91,7 +91,7 @@ class Rewriter:
         self._have_spare = False  # and the one before it is the spare
 
     def write(self, data: dict, *, last: bool = False) -> None:
-        body = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+        body = encode(data)
         if last and self._written and len(body) <= _PAGE and self._write_in_place(body):
             return
         fd = -1

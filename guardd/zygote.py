@@ -190,7 +190,10 @@ class _Zygote:
         except OSError as e:
             send(self.sock, ("failed", e.errno or 0, "fork"))
             return None
-        return pid, _read_report(report_r), go_w, -1
+        try:
+            return pid, _read_report(report_r), go_w, -1
+        finally:
+            os.close(report_r)
 
     def _fork_spare(self) -> None:
         """One child forked ahead, waiting for a request (see Spares in the module's docstring)."""
@@ -238,7 +241,7 @@ class _Zygote:
             spare = self.spares.pop(0)
             try:
                 send(spare.sock, request, stdio)
-                report = _read_report(spare.report_r, close=False)
+                report = _read_report(spare.report_r)
             except OSError:
                 report = b""
             if not report:  # it died (killed while it waited): the next one, or a fork
@@ -358,15 +361,11 @@ def _wait_for_request(sock: socket.socket) -> tuple | None:
             return None
 
 
-def _read_report(fd: int, close: bool = True) -> bytes:
+def _read_report(fd: int) -> bytes:
     """A child's report, to its end: _SET_UP, its failure (marshalled), or nothing (it died)."""
     report = b""
-    try:
-        while chunk := os.read(fd, 4096):
-            report += chunk
-    finally:
-        if close:
-            os.close(fd)
+    while chunk := os.read(fd, 4096):
+        report += chunk
     return report
 
 

@@ -86,9 +86,8 @@ class _Histogram:
 
     def __init__(self, name: str, doc: str, labelname: str):
         self.name, self.doc, self.labelname = name, doc, labelname
-        self.children: dict[
-            str, tuple[list[float], list[float]]
-        ] = {}  # -> (buckets, [sum, created])
+        # label -> (bucket counts, [sum, created])
+        self.children: dict[str, tuple[list[float], list[float]]] = {}
 
     def observe(self, label: str, amount: float) -> None:
         child = self.children.get(label)

@@ -282,7 +282,8 @@ class SlotGate(SlotReader):
     def prepare(self, holder: Holder) -> int:
         """Make the slot files of every configured key, for each index below its cap (and below
         PREPARE_MAX) that has none: its lock file, and a released record (holder: `holder`)
-        written under its lock. Returns how many slots were made; CcsupError or OSError when a file cannot be made.
+        written under its lock. Returns how many slots were made; CcsupError or OSError when a
+        file cannot be made.
 
         Why: otherwise a slot's first grant creates both files, and the key's directory changes,
         so the next grant lists it again. On a busy disk one file creation costs up to a

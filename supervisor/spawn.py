@@ -140,10 +140,11 @@ class GuardProcess:
         on_output: OutputCallback,
         on_exit: Callable[[], None],
     ) -> None:
-        """Start following the guard's pipes and its exit on the event loop."""
+        """Start following the guard's pipes and its exit on the event loop. log_dir exists (the
+        start made it before the guard, supervisor.starting); its logs are opened, or made if the
+        file thread has not made them yet."""
         self._loop = loop
         self._on_output = on_output
-        log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for stream in STREAMS:
             pipe = self._pipes[stream]
             os.set_blocking(pipe, False)

@@ -64,20 +64,27 @@ def test_memory_is_trimmed_after_work_and_not_while_idle():
     """The process's CPU time is the trimmer's only clue; here the test sets it."""
     calls: list[int] = []
     used = [0.0]  # the process's CPU seconds, as the trimmer reads them
+    looks = [0]  # how often the trimmer read them
+
+    def cpu() -> float:
+        looks[0] += 1
+        return used[0]
 
     async def settled(count: int) -> None:
-        """Wait for `count` trims (they run in a worker thread), then a few more looks."""
+        """Wait for `count` trims (they run in a worker thread), then ten more looks: any extra
+        trim would be seen."""
         deadline = time.monotonic() + 10
         while len(calls) < count:
             assert time.monotonic() < deadline, f"{len(calls)} trims, {count} expected"
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)  # ten more looks: any extra trim would be seen
+        seen = looks[0]
+        while looks[0] < seen + 10:
+            assert time.monotonic() < deadline, "the trimmer stopped looking"
+            await asyncio.sleep(0.01)
 
     async def main():
         task = asyncio.create_task(
-            memtrim.trim_after_work(
-                interval=0.01, after_cpu=0.01, trim=calls.append, cpu=lambda: used[0]
-            )
+            memtrim.trim_after_work(interval=0.01, after_cpu=0.01, trim=calls.append, cpu=cpu)
         )
         await settled(0)
         assert calls == []  # idle since the start

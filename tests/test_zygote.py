@@ -492,7 +492,10 @@ def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
         assert type(guard) is spawn.GuardProcess and procs.read_stat(guard.pid).ppid == os.getpid()
         done = asyncio.Event()
         guard.attach(
-            asyncio.get_running_loop(), tmp_path / "t1", on_output=lambda *a: None, on_exit=done.set
+            asyncio.get_running_loop(),
+            made(tmp_path / "t1"),
+            on_output=lambda *a: None,
+            on_exit=done.set,
         )
         await asyncio.wait_for(done.wait(), 10)
         assert guard.reap() == 4
@@ -525,7 +528,7 @@ def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
             event = asyncio.Event()
             guard.attach(
                 asyncio.get_running_loop(),
-                tmp_path / f"t{n}",
+                made(tmp_path / f"t{n}"),
                 on_output=lambda *a: None,
                 on_exit=event.set,
             )
@@ -560,7 +563,7 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
             )
         )  # no hints
         ended = asyncio.Event()
-        guard.attach(loop, tmp_path / "t1", on_output=lambda *a: None, on_exit=ended.set)
+        guard.attach(loop, made(tmp_path / "t1"), on_output=lambda *a: None, on_exit=ended.set)
         os.kill(zygote.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while launcher.zygote is not None:  # the launcher sees its socket's EOF
@@ -579,7 +582,7 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
             type(direct) is spawn.GuardProcess and procs.read_stat(direct.pid).ppid == os.getpid()
         )
         done = asyncio.Event()
-        direct.attach(loop, tmp_path / "t2", on_output=lambda *a: None, on_exit=done.set)
+        direct.attach(loop, made(tmp_path / "t2"), on_output=lambda *a: None, on_exit=done.set)
         await asyncio.wait_for(done.wait(), 10)
         assert direct.reap() == 0
         direct.close()
@@ -608,6 +611,12 @@ async def start_many(launcher, tmp_path, ran: Path, n: int, code: int = 3) -> li
     ]
 
 
+def made(log_dir):
+    """A turn's log directory, made as the start makes it before its guard is followed."""
+    log_dir.mkdir()
+    return log_dir
+
+
 async def follow_to_the_end(tmp_path, guards: list, stdin: bytes | None = None) -> list[int | None]:
     """Each guard attached (its CMD given stdin, then EOF, when given) and awaited to its end;
     their statuses, in order."""
@@ -615,7 +624,7 @@ async def follow_to_the_end(tmp_path, guards: list, stdin: bytes | None = None) 
     ended = []
     for n, guard in enumerate(guards):
         event = asyncio.Event()
-        guard.attach(loop, tmp_path / f"log{n}", on_output=lambda *a: None, on_exit=event.set)
+        guard.attach(loop, made(tmp_path / f"log{n}"), on_output=lambda *a: None, on_exit=event.set)
         if stdin is not None:
             guard.write_stdin(stdin, eof=True)
         ended.append(event)
@@ -675,7 +684,7 @@ def test_an_answer_that_comes_while_the_launcher_reads_is_taken_at_once(tmp_path
         # Running (its record is written once CMD runs), so the zygote has written its go.
         wait_until(first.record_path.exists, what="the first guard's record")
         ended = asyncio.Event()
-        first.attach(loop, tmp_path / "log1", on_output=lambda *a: None, on_exit=ended.set)
+        first.attach(loop, made(tmp_path / "log1"), on_output=lambda *a: None, on_exit=ended.set)
         os.kill(zygote.pid, signal.SIGSTOP)
         pending = ask("second")
         first.write_stdin(b"\n", eof=True)
