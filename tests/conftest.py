@@ -99,7 +99,11 @@ def zygote_of(daemon_pid: int) -> int:
     found = []
     for task in os.listdir(f"/proc/{daemon_pid}/task"):
         for child in Path(f"/proc/{daemon_pid}/task/{task}/children").read_text().split():
-            if b"guardd.zygote" in Path(f"/proc/{child}/cmdline").read_bytes():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:  # a child that ended while it was looked at
+                continue
+            if b"guardd.zygote" in cmdline:
                 found.append(int(child))
     assert len(found) == 1, found
     return found[0]

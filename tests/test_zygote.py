@@ -213,12 +213,18 @@ def zygote():
 
 
 def spares_of(zygote) -> list[int]:
-    """The zygote's children that wait as spares (titled so), oldest first."""
+    """The zygote's children that wait as spares (titled so), oldest first. A child that ends
+    while it is looked at (reading its cmdline then fails with ESRCH) is not a spare."""
     found = []
     for child in Path(f"/proc/{zygote.pid}/task/{zygote.pid}/children").read_text().split():
-        if Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"ccsup-guard (spare)"):
-            found.append(int(child))
-    return sorted(found, key=lambda pid: procs.start_ticks(pid))
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        start = procs.start_ticks(int(child))
+        if cmdline.startswith(b"ccsup-guard (spare)") and start is not None:
+            found.append((start, int(child)))
+    return [pid for _, pid in sorted(found)]
 
 
 def test_an_idle_zygote_keeps_spares_and_hands_a_request_to_the_oldest(zygote):
