@@ -1,6 +1,6 @@
 """Linux specifics the guard needs: the child-subreaper flag (prctl via ctypes), pidfds, a fork
-straight into a cgroup (clone3 with CLONE_INTO_CGROUP, via ctypes), the process title and
-renameat2's atomic exchange (for guardd.record.Rewriter).
+straight into a cgroup (clone3 with CLONE_INTO_CGROUP, via ctypes), the process title (through
+/proc/self) and renameat2's atomic exchange (for guardd.record.Rewriter).
 
 Stateless: nothing here survives the process. Setting the subreaper flag twice is harmless; it
 is inherited by nobody (fork clears it), so each guard sets its own. The ctypes prototypes of
@@ -29,9 +29,6 @@ _syscall_holding_gil.restype = ctypes.c_long
 _ulong = ctypes.c_ulong
 _prctl = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_int, _ulong, _ulong, _ulong, _ulong, use_errno=True
-)(("prctl", _LIBC))
-_prctl_str = ctypes.CFUNCTYPE(  # the second argument a string (PR_SET_NAME)
-    ctypes.c_int, ctypes.c_int, ctypes.c_char_p, _ulong, _ulong, _ulong, use_errno=True
 )(("prctl", _LIBC))
 
 
@@ -110,34 +107,48 @@ def fork_into_cgroup(cgroup_fd: int) -> int:
     return pid
 
 
-PR_SET_NAME = 15
-
-
 def set_title(title: str, name: str) -> None:
     """Show this process as `title` in ps (its command line, rewritten in place) and `name` in
-    top (comm, PR_SET_NAME: at most 15 bytes).
+    top (comm, at most 15 bytes).
 
     A process forked from another without exec keeps its parent's command line: a guard forked by
     the zygote showed the zygote's `python -I -S -c ...`. The command line is the memory between
     arg_start and arg_end (fields 48 and 49 of /proc/self/stat); the process may write its own
     memory through /proc/self/mem, so the title is written there, cut to that length and padded
     with NULs (so /proc/<pid>/cmdline ends at the title). Python keeps its own copy of argv, so
-    nothing of ours reads that memory again. Best effort: a failure leaves the old title.
+    nothing of ours reads that memory again. comm is written through /proc/self/comm (what
+    prctl(PR_SET_NAME) sets). Bare descriptors, not file objects or ctypes: each object a forked
+    guard touches costs it a page of its own (guardd.zygote, Memory). Best effort: a failure
+    leaves the old title.
     """
-    _prctl_str(PR_SET_NAME, name.encode()[:15], 0, 0, 0)  # a failure leaves comm: ps shows argv
     try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        _write_at("/proc/self/comm", name.encode()[:15], None)
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        fields = stat.rsplit(b")", 1)[1].split()
         # fields[0] is field 3 of proc(5): arg_start is field 48, arg_end field 49.
         start, end = int(fields[45]), int(fields[46])
         if end <= start:
             return
         data = title.encode()[: end - start - 1].replace(b"\0", b" ")
-        with open("/proc/self/mem", "r+b", buffering=0) as mem:
-            mem.seek(start)
-            mem.write(data + b"\0" * (end - start - len(data)))
+        _write_at("/proc/self/mem", data + b"\0" * (end - start - len(data)), start)
     except (OSError, ValueError, IndexError):
         pass  # no /proc/self/mem (hardened kernels): the zygote's command line stays
+
+
+def _write_at(path: str, data: bytes, offset: int | None) -> None:
+    """data written at offset of the file at path (None: a file that cannot seek)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if offset is None:
+            os.write(fd, data)
+        else:
+            os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
 
 
 RENAME_EXCHANGE = 2
