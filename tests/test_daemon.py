@@ -270,6 +270,7 @@ def test_the_slot_files_of_every_configured_index_are_there_at_start_and_after_a
         for n in range(3):  # two run, the third waits
             client.turn("codex", ["sleep", "300"], id=f"t{n}")
         log.wait_for("turn.t1.started")
+        log.wait_for("turn.t2.queued")  # may come after t1's start: t2 is asked for after t1
         assert log.topics("turn.t2.") == ["turn.t2.queued"]
         d.config.write_text(d.config.read_text().replace("codex = 2", "codex = 4"))
         client.reload()
