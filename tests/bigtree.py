@@ -64,11 +64,11 @@ if __name__ == "__main__":
 def cancel_while_forking(state_dir, subtrees: int, cancel_at: int) -> dict:
     """Start a bigtree turn of `subtrees`, cancel it once `cancel_at` subtrees have started, and
     measure: processes and groups at the cancel, seconds from the cancel to `released`, the slowest
-    `status` answer from the request to the release (a second client asks every 10 ms), and what
-    of the turn still runs after.
+    `status` answer from the request to the release (a client in a process of its own asks every
+    10 ms: a thread here would count this process's own pauses, its garbage collections and its
+    scans of /proc, as the supervisor's), and what of the turn still runs after.
     """
-    import threading
-    import time
+    import subprocess
     import uuid
     from pathlib import Path
 
@@ -77,34 +77,50 @@ def cancel_while_forking(state_dir, subtrees: int, cancel_at: int) -> dict:
 
     turn_id = "big" + uuid.uuid4().hex[:8]
     stdout = Path(state_dir) / "turns" / turn_id / "stdout.log"
-    slowest = [0.0]
-    stop = threading.Event()
-
-    def ask_status() -> None:
-        with Client(state_dir, timeout=30) as c:
-            while not stop.is_set():
-                t0 = time.monotonic()
-                c.status()
-                slowest[0] = max(slowest[0], time.monotonic() - t0)
-                stop.wait(0.01)
-
-    poller = threading.Thread(target=ask_status)
-    poller.start()
+    poller = subprocess.Popen(
+        [sys.executable, "-c", _STATUS_POLLER, str(state_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert poller.stdout is not None and poller.stdin is not None
+        if poller.stdout.readline().strip() != "ready":
+            raise RuntimeError("the status poller did not start")
         with Client(state_dir, timeout=30) as client:
             with client.subscribe([f"turn.{turn_id}."]) as sub:
                 found = _cancel_at(client, sub, turn_id, stdout, subtrees, cancel_at)
+        poller.stdin.close()  # its cue to stop and say its slowest answer
+        slowest = float(poller.stdout.readline())
+        poller.wait(10)
     finally:
-        stop.set()
-        poller.join()
+        if poller.poll() is None:
+            poller.kill()  # by its pid
+            poller.wait()
     left = procs.processes_with_env("CCSUP_TURN", turn_id)
     return {
         "subtrees": subtrees,
         "started_at_cancel": cancel_at,
         **found,
-        "status_max_ms": round(slowest[0] * 1000, 1),
+        "status_max_ms": round(slowest * 1000, 1),
         "left_running": len(left),
     }
+
+
+# Asks `status` every 10 ms until its stdin closes, then prints the slowest answer in seconds.
+_STATUS_POLLER = """
+import select, sys, time
+from supervisor.client import Client
+slowest = 0.0
+with Client(sys.argv[1], timeout=30) as client:
+    client.status()
+    print("ready", flush=True)
+    while not select.select([sys.stdin], [], [], 0.01)[0]:
+        t0 = time.monotonic()
+        client.status()
+        slowest = max(slowest, time.monotonic() - t0)
+print(slowest, flush=True)
+"""
 
 
 def _cancel_at(client, sub, turn_id: str, stdout, subtrees: int, cancel_at: int) -> dict:
