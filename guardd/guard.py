@@ -9,8 +9,8 @@ Design note (why it is built this way).
   pidfd, the hints' socket (guardd.hints) and a timer for scans. Handlers are installed, and those
   signals unblocked, before CMD starts.
 - CMD is started by guardd.child (a clone in C, guardd._spawn, or a bare fork, then exec, for the
-  reasons given there); what runs between fork and exec is there too. guardd.exits holds the exit statuses and CMD's `Exit`,
-  guardd.options what the guard was asked to do.
+  reasons given there); what runs between fork and exec is there too. guardd.exits holds the exit
+  statuses and CMD's `Exit`, guardd.options what the guard was asked to do.
 - Groups are signalled with killpg only after `procs.same_groups` said the recorded group (pgid
   and leader start) is still the same: a reaped group's id can be reused. That judgment never
   reads all of /proc (a group of zombies is signalled too: it ignores the signal, and its

@@ -1,6 +1,6 @@
 """Linux specifics the guard needs: the child-subreaper flag (prctl via ctypes), pidfds, a fork
-straight into a cgroup (clone3 with CLONE_INTO_CGROUP, via ctypes), the process title (through
-/proc/self) and renameat2's atomic exchange (for guardd.record.Rewriter).
+straight into a cgroup (clone3 with CLONE_INTO_CGROUP, via ctypes), the process's name and title
+(through /proc/self) and renameat2's atomic exchange (for guardd.record.Rewriter).
 
 Stateless: nothing here survives the process. Setting the subreaper flag twice is harmless; it
 is inherited by nobody (fork clears it), so each guard sets its own. The ctypes prototypes of
@@ -107,22 +107,33 @@ def fork_into_cgroup(cgroup_fd: int) -> int:
     return pid
 
 
-def set_title(title: str, name: str) -> None:
-    """Show this process as `title` in ps (its command line, rewritten in place) and `name` in
-    top (comm, at most 15 bytes).
+def set_name(name: str) -> None:
+    """Show this process as `name` in top (comm, at most 15 bytes), written to /proc/self/comm:
+    what prctl(PR_SET_NAME) sets, without a ctypes call, whose objects a forked guard would touch
+    (see set_title). Best effort."""
+    try:
+        fd = os.open("/proc/self/comm", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, name.encode()[:15])  # comm cannot pwrite (ESPIPE)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # ps and top show the zygote's name
+
+
+def set_title(title: str) -> None:
+    """Show this process as `title` in ps: its command line, rewritten in place.
 
     A process forked from another without exec keeps its parent's command line: a guard forked by
     the zygote showed the zygote's `python -I -S -c ...`. The command line is the memory between
     arg_start and arg_end (fields 48 and 49 of /proc/self/stat); the process may write its own
     memory through /proc/self/mem, so the title is written there, cut to that length and padded
     with NULs (so /proc/<pid>/cmdline ends at the title). Python keeps its own copy of argv, so
-    nothing of ours reads that memory again. comm is written through /proc/self/comm (what
-    prctl(PR_SET_NAME) sets). Bare descriptors, not file objects or ctypes: each object a forked
-    guard touches costs it a page of its own (guardd.zygote, Memory). Best effort: a failure
-    leaves the old title.
+    nothing of ours reads that memory again. Bare descriptors, not file objects: each object a
+    forked guard touches costs it a page of its own (guardd.zygote, Memory). Best effort: a
+    failure leaves the old title.
     """
     try:
-        _write_at("/proc/self/comm", name.encode()[:15], None)
         fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
         try:
             stat = os.read(fd, 4096)
@@ -134,21 +145,13 @@ def set_title(title: str, name: str) -> None:
         if end <= start:
             return
         data = title.encode()[: end - start - 1].replace(b"\0", b" ")
-        _write_at("/proc/self/mem", data + b"\0" * (end - start - len(data)), start)
+        fd = os.open("/proc/self/mem", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.pwrite(fd, data + b"\0" * (end - start - len(data)), start)
+        finally:
+            os.close(fd)
     except (OSError, ValueError, IndexError):
         pass  # no /proc/self/mem (hardened kernels): the zygote's command line stays
-
-
-def _write_at(path: str, data: bytes, offset: int | None) -> None:
-    """data written at offset of the file at path (None: a file that cannot seek)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        if offset is None:
-            os.write(fd, data)
-        else:
-            os.pwrite(fd, data, offset)
-    finally:
-        os.close(fd)
 
 
 RENAME_EXCHANGE = 2

@@ -294,8 +294,9 @@ class _Zygote:
                 closed.detach()  # its fd is closed: no later close may hit whatever reuses it
             operation = "start a session"
             os.setsid()
+            linux.set_name("ccsup-guard")  # once: the title below changes, the name does not
             if spare is not None:
-                linux.set_title("ccsup-guard (spare)", "ccsup-guard")
+                linux.set_title("ccsup-guard (spare)")
                 request = _wait_for_request(spare)
                 if request is None:
                     return 0  # the zygote is gone before it had a turn for us
@@ -315,7 +316,7 @@ class _Zygote:
         os.close(report_w)
         # While the zygote answers the supervisor: what changes nothing outside this process.
         turn = args[args.index("--turn") + 1] if "--turn" in args[:-1] else "?"
-        linux.set_title(f"ccsup-guard {turn}", "ccsup-guard")  # not the zygote's command line
+        linux.set_title(f"ccsup-guard {turn}")  # not the zygote's command line
         if os.read(go_r, 1) != b"g":
             return EXIT_GUARD_FAILURE  # the zygote died before the supervisor knew of us
         os.close(go_r)

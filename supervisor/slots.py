@@ -30,11 +30,11 @@ hold itself (its own lock would refuse it anyway), and reads the key's directory
 only when the directory changed (it changes only when an index is used for the first time). The
 supervisor makes every configured index's files at its start (`prepare`, and again after a reload
 for a raised cap), so a grant of a configured key then creates no file. After a lowered cap,
-holders above it may remain: every slot file present is
-then counted (held, reserved, orphaned and unreadable all count), before any lock is touched and
-again after one is taken, so no grant happens until the count is under the cap. With a machine cap,
-the `_machine` key is a slot key of its own, locked before the key's slot and unlocked again when
-the key is full; the two records are written only once both locks are held.
+holders above it may remain: every slot file present is then counted (held, reserved, orphaned
+and unreadable all count), before any lock is touched and again after one is taken, so no grant
+happens until the count is under the cap. With a machine cap, the `_machine` key is a slot key of
+its own, locked before the key's slot and unlocked again when the key is full; the two records
+are written only once both locks are held.
 
 The state question:
 - Runs again / restarts: nothing is loaded; every call reads the files afresh. A restarted

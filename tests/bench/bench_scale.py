@@ -22,8 +22,8 @@ in the same run just before, then killed by pid.
 Prints one JSON line per N and a last one, `"bench": "scale"`, with the per-turn spread
 (max / min over the sizes of each size's median per-turn cost, over `--repeat` runs: goal <= 1.2;
 `per_turn_spread_every_run` is max / min over every single run, which on a shared 2-core machine
-is mostly the noise of the shortest runs: 50 turns start in ~0.12 s), the 500 ratio (goal <= 10) and the
-stop's CPU per turn at each size (flat when the stop costs the same per turn).
+is mostly the noise of the shortest runs: 50 turns start in ~0.12 s), the 500 ratio (goal <= 10)
+and the stop's CPU per turn at each size (flat when the stop costs the same per turn).
 `supervisor_cpu_ms_per_turn` is the daemon's own CPU (utime + stime) while the N turns started,
 divided by N: less noisy than wall time on a shared machine.
 Clean-up: the daemon is stopped by `ccsup stop` (which ends every turn) and killed by pid if that
