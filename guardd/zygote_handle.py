@@ -75,6 +75,7 @@ class Zygote:
         self.replies: list[tuple] = []
         self.outbox: deque[_Outgoing] = deque()
         self.alive = True
+        self.ready = False  # it said it was (it had imported guardd and could fork)
 
     @property
     def pid(self) -> int:
@@ -86,6 +87,26 @@ class Zygote:
     @classmethod
     def start(cls, python: str | None = None, timeout: float = 10.0) -> Zygote:
         """Start a zygote and wait until it is ready. OSError or ZygoteGone when it cannot be."""
+        zygote = cls.launch(python)
+        try:
+            try:
+                reply = zygote._await_reply(time.monotonic() + timeout)
+            except TimeoutError:
+                raise ZygoteGone(f"the zygote was not ready within {timeout:g} s") from None
+            if reply[0] != "ready":
+                raise ZygoteGone(f"the zygote answered {reply[0]!r} instead of ready")
+            zygote.ready = True
+        except BaseException:
+            zygote.close(timeout=0)
+            raise
+        return zygote
+
+    @classmethod
+    def launch(cls, python: str | None = None) -> Zygote:
+        """Start a zygote without waiting for it (OSError when its process cannot be started):
+        for the pipelined way only. Requests may be queued at once; it answers them once it is
+        ready (its "ready" comes first and is not an answer), and a zygote that dies before is
+        gone like any other (EOF)."""
         import subprocess
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -103,18 +124,7 @@ class Zygote:
         finally:
             theirs.close()
         ours.setblocking(False)
-        zygote = cls(proc, ours)
-        try:
-            try:
-                reply = zygote._await_reply(time.monotonic() + timeout)
-            except TimeoutError:
-                raise ZygoteGone(f"the zygote was not ready within {timeout:g} s") from None
-            if reply[0] != "ready":
-                raise ZygoteGone(f"the zygote answered {reply[0]!r} instead of ready")
-        except BaseException:
-            zygote.close(timeout=0)
-            raise
-        return zygote
+        return cls(proc, ours)
 
     def spawn(
         self,
@@ -206,6 +216,8 @@ class Zygote:
                 answers.append(Spawned(reply[1], reply[2], pidfd))
             elif reply[0] == "failed":
                 answers.append(Failed(reply[1], reply[2]))
+            elif reply[0] == "ready":  # a launched zygote's first word: no request's answer
+                self.ready = True
             else:
                 raise OSError(f"unable to read the zygote's answer: {reply[0]!r}")
         return answers

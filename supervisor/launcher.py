@@ -21,11 +21,20 @@ The guarantees do not move:
   for `answer_timeout` seconds (5 s; the time since the last answer, so a long but moving queue is
   not stuck), it is SIGKILLed and handled as dead. The watch is a timer on the loop, armed while
   requests wait.
-After either, every later guard starts directly (said once in the log). A guard it forked keeps
-running under the supervisor's watch; its status is then unknown (spawn.ForkedGuardProcess).
+A guard it forked keeps running under the supervisor's watch; its status is then unknown
+(spawn.ForkedGuardProcess).
+
+A zygote that is lost, or cannot be started, is started again after 1 s, then twice as long
+after each zygote in a row that never became ready, up to 60 s (a broken install is not started
+in a tight loop); one that was ready resets the wait. Meanwhile guards start directly. It is not
+waited for (`Zygote.launch`): requests queue on its socket and are answered once it is ready,
+and one that dies first is lost like any other. Without the restart, one lost zygote made every
+later turn of a long-lived supervisor pay a fresh interpreter (~25-36 ms of CPU, and a guard's
+own memory several times a forked one's).
 
 Knows the zygote handle, guard processes and the event loop; nothing of turns or slots.
-State: none stored; a restarted supervisor starts a zygote of its own.
+State: none stored; a restarted supervisor starts a zygote of its own, and so does the launcher
+after a loss: the lost zygote's guards run on with statuses unknown (their records tell).
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ from .spawn import (
 log = logging.getLogger("ccsup.launcher")
 
 ANSWER_TIMEOUT = 5.0  # seconds without an answer while requests wait: the zygote is stuck
+RESTART_AFTER = 1.0  # seconds from a zygote's loss to the next one's start, doubled while they fail
+RESTART_MAX = 60.0
 
 Started = GuardProcess | OSError
 
@@ -112,22 +123,27 @@ class Launcher:
     `start()` (on the running event loop) starts the zygote; `start_guard` has the arguments of
     spawn.start_guard and returns a GuardProcess (started directly) or a PendingGuard (asked of
     the zygote); `close()` stops the zygote. A zygote that cannot be started, dies, or stops
-    answering is logged once and not used again.
+    answering is logged, and another is started later (see the module's docstring).
     """
 
     def __init__(
         self,
         python: str | None = None,
         *,
-        start_zygote=Zygote.start,
+        launch_zygote=Zygote.launch,
         answer_timeout: float = ANSWER_TIMEOUT,
+        restart_after: float = RESTART_AFTER,
     ):
         self.python = python
         self.log_limit: int | None = None  # given to every guard started ([logs] turn_max_bytes)
         self.on_truncated: TruncatedCallback | None = None
         self.zygote: Zygote | None = None
         self.answer_timeout = answer_timeout
-        self._start_zygote = start_zygote
+        self._launch_zygote = launch_zygote
+        self.restart_after = restart_after
+        self._restart_wait = restart_after  # the next restart's wait (doubled while they fail)
+        self._restart: asyncio.TimerHandle | None = None
+        self._closed = False
         self._forked: dict[int, ForkedGuardProcess] = {}
         self._waiting: deque[_Request] = deque()  # sent or queued, not answered: in order
         self._progress = 0.0  # monotonic time of the last answer (or of the first request)
@@ -148,13 +164,33 @@ class Launcher:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._launch()
+
+    def _launch(self) -> None:
+        """Start a zygote (requests queue until it is ready), or plan the next try."""
+        self._restart = None
         try:
-            self.zygote = self._start_zygote(self.python)
-        except (OSError, ZygoteGone) as e:
-            log.warning("unable to start the guard zygote: %s; guards are started directly", e)
+            zygote = self._launch_zygote(self.python)
+        except OSError as e:
+            wait = self._restart_later()
+            log.warning(
+                "unable to start the guard zygote: %s; guards are started directly, "
+                "another try in %g s",
+                e,
+                wait,
+            )
             return
-        self.loop.add_reader(self.zygote.fileno(), self._on_readable)
-        log.info("guard zygote started (pid %d)", self.zygote.pid)
+        self.zygote = zygote
+        self.loop.add_reader(zygote.fileno(), self._on_readable)
+        log.info("guard zygote started (pid %d)", zygote.pid)
+
+    def _restart_later(self) -> float:
+        """Plan the next zygote's start; its wait in seconds."""
+        wait = self._restart_wait
+        self._restart_wait = min(wait * 2, RESTART_MAX)
+        if not self._closed:
+            self._restart = self.loop.call_later(wait, self._launch)
+        return wait
 
     def start_guard(
         self,
@@ -219,6 +255,10 @@ class Launcher:
 
     def close(self) -> None:
         """Stop the zygote (at the daemon's end: every turn is gone by then)."""
+        self._closed = True
+        if self._restart is not None:
+            self._restart.cancel()
+            self._restart = None
         zygote, self.zygote = self.zygote, None
         if zygote is None:
             return
@@ -325,11 +365,6 @@ class Launcher:
         zygote, self.zygote = self.zygote, None
         if zygote is None:
             return
-        log.warning(
-            "the guard zygote (pid %d) is gone (%s): guards are started directly from now on",
-            zygote.pid,
-            why,
-        )
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
@@ -341,6 +376,15 @@ class Launcher:
             log.warning("the guard zygote's last answers are unusable: %s", e)
         self._deliver(zygote)
         zygote.close()
+        if zygote.ready:  # it had started well: the next one is tried soon
+            self._restart_wait = self.restart_after
+        log.warning(
+            "the guard zygote (pid %d) is gone (%s): guards are started directly until the next "
+            "one, in %g s",
+            zygote.pid,
+            why,
+            self._restart_later(),
+        )
         self._orphan_all()
         for request in self._drain_waiting():  # never answered: their children run nothing
             request.close_ours()

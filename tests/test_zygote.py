@@ -1,5 +1,6 @@
 """The guard zygote: guards forked warm, in their own session, with nothing inherited, their
-statuses reported exactly; and when the zygote is gone, guards are started directly."""
+statuses reported exactly; and when the zygote is gone, guards are started directly until a new
+zygote is started, later each time while they fail."""
 
 from __future__ import annotations
 
@@ -113,7 +114,9 @@ def test_a_forked_guard_has_its_own_session_and_inherits_no_fd(daemon, event_log
             assert log.wait_for(f"turn.t{n}.exited")["code"] == 128 + signal.SIGTERM
 
 
-def test_when_the_zygote_dies_running_turns_go_on_and_new_guards_start_directly(daemon, event_log):
+def test_when_the_zygote_dies_running_turns_go_on_and_a_new_zygote_forks_the_next(
+    daemon, event_log
+):
     d = daemon(caps="codex = 2")
     log = event_log(d)
     zygote = zygote_of(d.proc.pid)
@@ -142,11 +145,18 @@ def test_when_the_zygote_dies_running_turns_go_on_and_new_guards_start_directly(
         }
         log.wait_for("turn.before.released")
 
+        # A new zygote is started (after 1 s: the lost one had been ready) and forks the next.
+        wait_until(
+            lambda: "guard zygote started" in d.stderr_path.read_text().split("is gone")[-1],
+            what="a new zygote",
+        )
+        again = zygote_of(d.proc.pid)
+        assert again != zygote
         client.turn("codex", READY_THEN_READ, id="after")
         wait_ready(log, "after")
         guard = log.wait_for("turn.after.started")["guard"]["pid"]
         stat = procs.read_stat(guard)
-        assert (stat.ppid, stat.sid) == (d.proc.pid, guard)  # started directly, in its own session
+        assert (stat.ppid, stat.sid) == (again, guard)  # forked, in a session of its own
         client.send("after", "x\n", eof=True)
         assert log.wait_for("turn.after.exited")["code"] == 7
         log.wait_for("turn.after.released")
@@ -478,13 +488,28 @@ def test_the_zygote_exits_when_its_supervisor_is_killed(tmp_path):
     wait_until(lambda: not procs.process_running(ident), timeout=2, what="the zygote to exit")
 
 
-def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
-    def no_zygote(python):
-        raise OSError("no zygote today")
+@pytest.mark.parametrize("python", ["/nonexistent/python3", "/bin/false"])
+def test_a_zygote_that_cannot_start_is_tried_later_each_time_and_guards_start_directly(
+    tmp_path, python
+):
+    """A python that is not there (Popen fails) or that exits at once (the zygote is never ready):
+    guards start directly, and the zygote is tried again after 0.1, 0.2, 0.4 s... not in a tight
+    loop, and never after close()."""
+    launches: list[float] = []
+
+    def counted(python):
+        launches.append(time.monotonic())
+        return Zygote.launch(python)
 
     async def scenario():
-        launcher = Launcher(start_zygote=no_zygote)
+        launcher = Launcher(python, launch_zygote=counted, restart_after=0.1)
         launcher.start()
+        try:
+            await direct_then_close(launcher)
+        finally:
+            launcher.close()
+
+    async def direct_then_close(launcher):
         guard = launcher.start_guard(
             "t1",
             ["sh", "-c", "exit 4"],
@@ -495,6 +520,8 @@ def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
             scan=1.0,
             bus=None,
         )
+        if type(guard) is PendingGuard:  # asked of /bin/false before its end was seen
+            guard = await started(guard)
         assert type(guard) is spawn.GuardProcess and procs.read_stat(guard.pid).ppid == os.getpid()
         done = asyncio.Event()
         guard.attach(
@@ -506,7 +533,60 @@ def test_a_launcher_without_a_zygote_starts_guards_directly(tmp_path):
         await asyncio.wait_for(done.wait(), 10)
         assert guard.reap() == 4
         guard.close()
+        await asyncio.sleep(launches[0] + 1.3 - time.monotonic())
         launcher.close()
+        tried = len(launches)
+        await asyncio.sleep(1.0)
+        assert len(launches) == tried  # close() cancelled the next try
+
+    asyncio.run(scenario())
+    waits = [b - a for a, b in zip(launches, launches[1:], strict=False)]
+    # 0, 0.1, 0.3, 0.7 s; the next (1.5) after close: a failing zygote waits twice as long each time
+    assert len(launches) == 4, waits
+    for wait, least in zip(waits, (0.1, 0.2, 0.4), strict=True):
+        assert least <= wait < least + 0.25, waits
+
+
+def test_a_lost_zygote_is_replaced_and_the_new_one_forks_the_next_guards(tmp_path):
+    """Killed twice: each time a new zygote is started after restart_after (the lost one was
+    ready, so the wait does not grow), and the next guard is its child, its status exact."""
+
+    async def scenario():
+        launcher = Launcher(restart_after=0.5)
+        launcher.start()
+        try:
+            await replace_twice(launcher)
+        finally:
+            launcher.close()
+
+    async def replace_twice(launcher):
+        for _ in range(2):
+            zygote = launcher.zygote
+            assert zygote is not None
+            guard = await started(
+                launcher.start_guard(
+                    "t",
+                    ["sh", "-c", "exit 6"],
+                    cwd=None,
+                    env={},
+                    record_dir=tmp_path,
+                    grace=0.2,
+                    scan=1.0,
+                    bus=None,
+                )
+            )
+            assert type(guard) is spawn.ForkedGuardProcess
+            assert procs.read_stat(guard.pid).ppid == zygote.pid
+            logs = tmp_path / str(zygote.pid)
+            logs.mkdir()
+            assert (await follow_to_the_end(logs, [guard])) == [6]
+            os.kill(zygote.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            while launcher.zygote in (zygote, None):
+                assert time.monotonic() - killed < 5, "no new zygote"
+                await asyncio.sleep(0.01)
+            assert 0.5 <= time.monotonic() - killed < 0.9
+            assert zygote.proc.returncode == -signal.SIGKILL
 
     asyncio.run(scenario())
 
@@ -553,7 +633,7 @@ def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
 def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_directly(tmp_path):
     async def scenario():
         loop = asyncio.get_running_loop()
-        launcher = Launcher()
+        launcher = Launcher(restart_after=60)  # no new zygote within this test
         launcher.start()
         zygote = launcher.zygote
         guard = await started(
@@ -729,7 +809,7 @@ def test_a_zygote_killed_or_stopped_with_requests_in_flight_leaves_no_turn_unwat
     n = 30
 
     async def scenario():
-        launcher = Launcher(answer_timeout=0.5)
+        launcher = Launcher(answer_timeout=0.5, restart_after=60)
         launcher.start()
         zygote = launcher.zygote
         pendings = await start_many(launcher, tmp_path, ran, n)

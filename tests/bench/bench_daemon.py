@@ -1,11 +1,13 @@
 """Throughput and latency through the daemon, against a plain driver in the same run.
 
-    .venv/bin/python tests/bench/bench_daemon.py [--turns 200] [--cap 4]
+    .venv/bin/python tests/bench/bench_daemon.py [--turns 200] [--cap 4] [--lose-zygote]
 
 Prints one JSON line:
 - `ccsup_s` / `plain_s`: wall time of N turns of `sleep 0.05` at cap C through a real daemon
   (requests from one client, all at once) and through subprocess + a semaphore of C threads;
-  `ratio` = ccsup_s / plain_s (goal <= 1.3).
+  `ratio` = ccsup_s / plain_s (goal <= 1.3). `--lose-zygote`: the daemon's guard zygote is
+  SIGKILLed 2 s before the turns are asked for (what a turn costs once a zygote has been lost:
+  started directly, or by the zygote started in its place).
 - `handoff_ms_median` / `_p90`: from a turn's `gone` (its last group gone) to the next waiter's
   CMD running (the moment it writes its start), cap 1, 30 turns (goal median < 50 ms).
 - `ps_ms_median`: `ccsup ps --json` as a subprocess (CLI start-up included) with 100 slots.
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,9 +115,25 @@ def plain_driver(turns: int, cap: int) -> float:
     return time.monotonic() - t0
 
 
-def through_ccsup(state: Path, turns: int, cap: int) -> float:
+def zygote_of(pid: int) -> int:
+    """The daemon's guard zygote (its child running guardd.zygote)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+            try:
+                if b"guardd.zygote" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+            except OSError:
+                continue  # ended while we looked
+    raise SystemExit("the daemon has no guard zygote")
+
+
+def through_ccsup(state: Path, turns: int, cap: int, lose_zygote: bool = False) -> float:
     proc = start_daemon(state, f"bench = {cap}")
     try:
+        if lose_zygote:
+            time.sleep(0.5)  # it is started without being waited for
+            os.kill(zygote_of(proc.pid), signal.SIGKILL)
+            time.sleep(2)
         with Client(state, timeout=10) as client, client.subscribe(["turn.b"]) as sub:
             t0 = time.monotonic()
             for i in range(turns):
@@ -175,6 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--cap", type=int, default=4)
+    parser.add_argument("--lose-zygote", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ccsup-b-", dir="/tmp"))
     try:
@@ -183,7 +204,7 @@ def main() -> None:
             dirs[name] = root / name
             dirs[name].mkdir(mode=0o700)
         plain = plain_driver(args.turns, args.cap)
-        ccsup = through_ccsup(dirs["throughput"], args.turns, args.cap)
+        ccsup = through_ccsup(dirs["throughput"], args.turns, args.cap, args.lose_zygote)
         gaps = handoff(dirs["handoff"])
         ps = ps_roundtrip(dirs["ps"])
         print(
@@ -192,6 +213,7 @@ def main() -> None:
                     "bench": "daemon",
                     "turns": args.turns,
                     "cap": args.cap,
+                    "zygote_lost_before": args.lose_zygote,
                     "plain_s": round(plain, 3),
                     "ccsup_s": round(ccsup, 3),
                     "ratio": round(ccsup / plain, 3),
