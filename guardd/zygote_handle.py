@@ -89,17 +89,24 @@ class Zygote:
         """Start a zygote and wait until it is ready. OSError or ZygoteGone when it cannot be."""
         zygote = cls.launch(python)
         try:
-            try:
-                reply = zygote._await_reply(time.monotonic() + timeout)
-            except TimeoutError:
-                raise ZygoteGone(f"the zygote was not ready within {timeout:g} s") from None
-            if reply[0] != "ready":
-                raise ZygoteGone(f"the zygote answered {reply[0]!r} instead of ready")
-            zygote.ready = True
+            zygote.wait_ready(timeout)
         except BaseException:
             zygote.close(timeout=0)
             raise
         return zygote
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until it says it is ready (its first word). ZygoteGone when it ends first, says
+        anything else, or takes longer than timeout (then it is killed)."""
+        try:
+            reply = self._await_reply(time.monotonic() + timeout)
+        except TimeoutError:
+            self.kill()
+            raise ZygoteGone(f"the zygote was not ready within {timeout:g} s") from None
+        if reply[0] != "ready":
+            self.kill()
+            raise ZygoteGone(f"the zygote answered {reply[0]!r} instead of ready")
+        self.ready = True
 
     @classmethod
     def launch(cls, python: str | None = None) -> Zygote:
