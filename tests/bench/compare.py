@@ -179,7 +179,17 @@ class Circus:
         return [str(self.bin / "circusctl"), "--endpoint", self.endpoint, *args]
 
     def start(self, mode: str) -> None:
-        subprocess.run(self.ctl("start", mode), stdout=subprocess.DEVNULL, check=True, timeout=60)
+        # The arbiter runs one command at a time and refuses another ("arbiter is already
+        # running watcher_stop command", exit 3) while it still finishes the last stop, after
+        # the workers are gone: asked again, as a user would.
+        deadline = time.monotonic() + 60
+        while True:
+            done = subprocess.run(self.ctl("start", mode), capture_output=True, timeout=60)
+            if done.returncode == 0:
+                return
+            if b"already running" not in done.stdout + done.stderr or time.monotonic() > deadline:
+                raise SystemExit(f"circusctl start {mode}: {(done.stdout + done.stderr).decode()}")
+            time.sleep(0.05)
 
     def stop(self, mode: str) -> None:
         subprocess.run(self.ctl("stop", mode), stdout=subprocess.DEVNULL, timeout=60)
