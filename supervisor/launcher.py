@@ -29,9 +29,9 @@ zygote that is lost, or cannot be started, is started again after 1 s, then twic
 each zygote in a row that never became ready, up to 60 s (a broken install is not started in a
 tight loop); one that was ready resets the wait. Meanwhile guards start directly. A restarted
 zygote is not waited for (`Zygote.launch`): requests queue on its socket and are answered once
-it is ready, and one that dies first is lost like any other. Without the restart, one lost zygote made every
-later turn of a long-lived supervisor pay a fresh interpreter (~25-36 ms of CPU, and a guard's
-own memory several times a forked one's).
+it is ready, and one that dies first is lost like any other. Without the restart, one lost
+zygote made every later turn of a long-lived supervisor pay a fresh interpreter (~25-36 ms of
+CPU, and a guard's own memory several times a forked one's).
 
 Knows the zygote handle, guard processes and the event loop; nothing of turns or slots.
 State: none stored; a restarted supervisor starts a zygote of its own, and so does the launcher
