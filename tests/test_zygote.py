@@ -510,16 +510,7 @@ def test_a_zygote_that_cannot_start_is_tried_later_each_time_and_guards_start_di
             launcher.close()
 
     async def direct_then_close(launcher):
-        guard = launcher.start_guard(
-            "t1",
-            ["sh", "-c", "exit 4"],
-            cwd=None,
-            env={},
-            record_dir=tmp_path,
-            grace=0.2,
-            scan=1.0,
-            bus=None,
-        )
+        guard = ask(launcher, "t1", ["sh", "-c", "exit 4"], tmp_path)
         if type(guard) is PendingGuard:  # asked of /bin/false before its end was seen
             guard = await started(guard)
         assert type(guard) is spawn.GuardProcess and procs.read_stat(guard.pid).ppid == os.getpid()
@@ -565,18 +556,7 @@ def test_a_lost_zygote_is_replaced_and_the_new_one_forks_the_next_guards(tmp_pat
         for _ in range(2):
             zygote = launcher.zygote
             assert zygote is not None
-            guard = await started(
-                launcher.start_guard(
-                    "t",
-                    ["sh", "-c", "exit 6"],
-                    cwd=None,
-                    env={},
-                    record_dir=tmp_path,
-                    grace=0.2,
-                    scan=1.0,
-                    bus=None,
-                )
-            )
+            guard = await started(ask(launcher, "t", ["sh", "-c", "exit 6"], tmp_path))
             assert type(guard) is spawn.ForkedGuardProcess
             assert procs.read_stat(guard.pid).ppid == zygote.pid
             logs = tmp_path / str(zygote.pid)
@@ -600,15 +580,8 @@ def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
         assert launcher.zygote is not None
         guards, done = [], []
         for n, code in enumerate((0, 5, 9)):
-            pending = launcher.start_guard(
-                f"t{n}",
-                ["sh", "-c", f"exit {code}"],
-                cwd=None,
-                env={"X": None},
-                record_dir=tmp_path,
-                grace=0.2,
-                scan=1.0,
-                bus=None,
+            pending = ask(
+                launcher, f"t{n}", ["sh", "-c", f"exit {code}"], tmp_path, env={"X": None}
             )
             assert type(pending) is PendingGuard  # pipelined: the answer comes on the loop
             guard = await started(pending)
@@ -639,16 +612,7 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
         launcher.start()
         zygote = launcher.zygote
         guard = await started(
-            launcher.start_guard(
-                "t1",
-                ["sh", "-c", "read line; exit 3"],
-                cwd=None,
-                env={},
-                record_dir=tmp_path,
-                grace=0.2,
-                scan=1.0,
-                bus=None,
-            )
+            ask(launcher, "t1", ["sh", "-c", "read line; exit 3"], tmp_path)
         )  # no hints
         ended = asyncio.Event()
         guard.attach(loop, made(tmp_path / "t1"), on_output=lambda *a: None, on_exit=ended.set)
@@ -663,9 +627,7 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
         assert guard.reap() == spawn.STATUS_UNKNOWN  # nobody could report it; the record says 3
         assert procs.read_stat(guard.pid) is None or procs.read_stat(guard.pid).zombie
         guard.close()
-        direct = launcher.start_guard(
-            "t2", ["true"], cwd=None, env={}, record_dir=tmp_path, grace=0.2, scan=1.0, bus=None
-        )
+        direct = ask(launcher, "t2", ["true"], tmp_path)
         assert (
             type(direct) is spawn.GuardProcess and procs.read_stat(direct.pid).ppid == os.getpid()
         )
@@ -685,18 +647,28 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
 async def start_many(launcher, tmp_path, ran: Path, n: int, code: int = 3) -> list:
     """n guards asked at once, before any answer is read; each CMD notes that it ran."""
     return [
-        launcher.start_guard(
+        ask(
+            launcher,
             f"p{i}",
             ["sh", "-c", f'echo "p{i}" >> {ran}; exit {code}'],
-            cwd=None,
-            env={},
-            record_dir=tmp_path / "guards",
-            grace=0.2,
-            scan=1.0,
-            bus=None,
+            tmp_path / "guards",
         )
         for i in range(n)
     ]
+
+
+def ask(launcher, turn_id: str, argv: list[str], record_dir: Path, env: dict | None = None):
+    """launcher.start_guard with this file's guard options: grace 0.2 s, scan 1 s, no bus."""
+    return launcher.start_guard(
+        turn_id,
+        argv,
+        cwd=None,
+        env={} if env is None else env,
+        record_dir=record_dir,
+        grace=0.2,
+        scan=1.0,
+        bus=None,
+    )
 
 
 def made(log_dir):
@@ -761,20 +733,16 @@ def test_an_answer_that_comes_while_the_launcher_reads_is_taken_at_once(tmp_path
         zygote = launcher.zygote
         loop = asyncio.get_running_loop()
 
-        def ask(name: str):
-            argv = ["sh", "-c", "read line; exit 4"]
-            return launcher.start_guard(
-                name, argv, cwd=None, env={}, record_dir=tmp_path / "guards",
-                grace=0.2, scan=1.0, bus=None,
-            )  # fmt: skip
+        def ask_reading(name: str):
+            return ask(launcher, name, ["sh", "-c", "read line; exit 4"], tmp_path / "guards")
 
-        first = await started(ask("first"))
+        first = await started(ask_reading("first"))
         # Running (its record is written once CMD runs), so the zygote has written its go.
         wait_until(first.record_path.exists, what="the first guard's record")
         ended = asyncio.Event()
         first.attach(loop, made(tmp_path / "log1"), on_output=lambda *a: None, on_exit=ended.set)
         os.kill(zygote.pid, signal.SIGSTOP)
-        pending = ask("second")
+        pending = ask_reading("second")
         first.write_stdin(b"\n", eof=True)
         wait_until(lambda: procs.read_stat(first.pid).zombie, what="the first guard's end")
         real_answers = zygote.answers
