@@ -644,13 +644,17 @@ def test_a_launcher_whose_zygote_died_sees_its_guards_end_and_starts_the_next_di
 # -- pipelined requests and the zygote's faults with requests in flight ---------------------------
 
 
-async def start_many(launcher, tmp_path, ran: Path, n: int, code: int = 3) -> list:
-    """n guards asked at once, before any answer is read; each CMD notes that it ran."""
+async def start_many(
+    launcher, tmp_path, ran: Path, n: int, code: int = 3, reads: bool = False
+) -> list:
+    """n guards asked at once, before any answer is read; each CMD notes that it ran (after it
+    read a line of its stdin, with `reads`)."""
+    first = "read line; " if reads else ""
     return [
         ask(
             launcher,
             f"p{i}",
-            ["sh", "-c", f'echo "p{i}" >> {ran}; exit {code}'],
+            ["sh", "-c", f'{first}echo "p{i}" >> {ran}; exit {code}'],
             tmp_path / "guards",
         )
         for i in range(n)
@@ -772,34 +776,137 @@ def test_an_answer_that_comes_while_the_launcher_reads_is_taken_at_once(tmp_path
 def test_a_zygote_killed_or_stopped_with_requests_in_flight_leaves_no_turn_unwatched(
     tmp_path, fault
 ):
-    """Every request is settled: answered ones are forked guards, the rest start directly; no turn
-    runs twice, every directly started one runs once with its exact status, and a stopped zygote is
-    killed after answer_timeout without an answer."""
+    """Every request is settled exactly once, in order: the first k (those the zygote answered
+    before the fault) are its forked guards; the rest go to a new zygote started at once when
+    k > 0, else start directly. No turn runs twice; every turn of the new zygote or started
+    directly runs with its exact status; a stopped zygote is killed after answer_timeout."""
     ran = tmp_path / "ran"
     n = 30
 
     async def scenario():
         launcher = Launcher(answer_timeout=0.5, restart_after=60)
         launcher.start()
-        zygote = launcher.zygote
-        pendings = await start_many(launcher, tmp_path, ran, n)
-        os.kill(zygote.pid, getattr(signal, fault))  # before the loop has read any answer
-        guards = [await started(p) for p in pendings]
-        assert launcher.zygote is None and zygote.proc.returncode == -signal.SIGKILL
-        direct = [g for g in guards if type(g) is spawn.GuardProcess]
-        forked = [g for g in guards if type(g) is spawn.ForkedGuardProcess]
-        assert len(direct) + len(forked) == n and direct  # the fault hit requests in flight
-        assert all(procs.read_stat(g.pid).ppid == os.getpid() for g in direct)
-        statuses = await follow_to_the_end(tmp_path, guards)
-        for guard, status in zip(guards, statuses, strict=True):
-            if type(guard) is spawn.GuardProcess:
-                assert status == 3
-            else:  # its zygote died: unknown (the record says how CMD ended, when it ran)
-                assert status in (3, spawn.STATUS_UNKNOWN)
-        launcher.close()
-        return direct
+        try:
+            return await fault_in_flight(launcher)
+        finally:
+            launcher.close()
 
-    direct = asyncio.run(scenario())
+    async def fault_in_flight(launcher):
+        lost = launcher.zygote
+        pendings = await start_many(launcher, tmp_path, ran, n, reads=True)
+        os.kill(lost.pid, getattr(signal, fault))  # before the loop has read any answer
+        guards = [await started(p) for p in pendings]
+        assert lost.proc.returncode == -signal.SIGKILL
+        new = launcher.zygote
+        parents = [procs.read_stat(g.pid).ppid for g in guards]  # each waits for its stdin
+        statuses = await follow_to_the_end(tmp_path, guards, b"\n")  # none left, whatever fails
+        k = sum(
+            type(g) is spawn.ForkedGuardProcess and (new is None or p != new.pid)
+            for g, p in zip(guards, parents, strict=True)
+        )
+        if k:  # the rest were asked of a new zygote, started at once (restart_after is 60 s)
+            assert new is not None and new is not lost
+            rest = (spawn.ForkedGuardProcess, new.pid)
+        else:  # it answered nothing: the rest were started directly
+            assert new is None
+            rest = (spawn.GuardProcess, os.getpid())
+        assert all(type(g) is spawn.ForkedGuardProcess for g in guards[:k])
+        kinds = [(type(g), p) for g, p in zip(guards[k:], parents[k:], strict=True)]
+        assert kinds == [rest] * (n - k)
+        # The lost zygote's guards: unknown (nobody reported; the record says how CMD ended).
+        assert all(status in (3, spawn.STATUS_UNKNOWN) for status in statuses[:k])
+        assert statuses[k:] == [3] * (n - k)
+        return [g.turn_id for g in guards[k:]]
+
+    again = asyncio.run(scenario())
     runs = ran_turns(ran)
     assert len(runs) == len(set(runs))  # no turn ran twice
-    assert {g.turn_id for g in direct} <= set(runs)
+    assert set(again) <= set(runs)
+
+
+def test_requests_a_working_zygote_left_unanswered_go_to_a_new_one_started_at_once(tmp_path):
+    """A zygote that answered a request, then stopped with 30 more asked and killed: a new zygote
+    is started at once (restart_after is 60 s) and forks all 30, in order, with exact statuses;
+    none is started directly and none runs twice."""
+    ran = tmp_path / "ran"
+    n = 30
+
+    async def scenario():
+        launcher = Launcher(answer_timeout=60, restart_after=60)
+        launcher.start()
+        try:
+            await stopped_then_killed(launcher)
+        finally:
+            launcher.close()
+
+    async def stopped_then_killed(launcher):
+        lost = launcher.zygote
+        first = await started(ask(launcher, "first", ["true"], tmp_path / "guards"))
+        os.kill(lost.pid, signal.SIGSTOP)
+        pendings = await start_many(launcher, tmp_path, ran, n, reads=True)
+        os.kill(lost.pid, signal.SIGKILL)
+        guards = [await started(p) for p in pendings]
+        new = launcher.zygote
+        parents = [procs.read_stat(g.pid).ppid for g in guards]  # each waits for its stdin
+        statuses = await follow_to_the_end(tmp_path, [first, *guards], b"\n")
+        assert new is not None and new is not lost and lost.proc.returncode == -signal.SIGKILL
+        assert [g.turn_id for g in guards] == [p.turn_id for p in pendings]
+        assert all(type(g) is spawn.ForkedGuardProcess for g in guards)
+        assert parents == [new.pid] * n
+        assert statuses[1:] == [3] * n
+
+    asyncio.run(scenario())
+    assert sorted(ran_turns(ran)) == sorted(f"p{i}" for i in range(n))
+
+
+def test_requests_a_zygote_never_answered_start_directly_one_a_loop_turn(tmp_path):
+    """A zygote stopped before it answered anything: after answer_timeout it is killed, and the
+    40 requests start directly, in order, one per turn of the loop (other callbacks run between
+    them), each with its exact status; a new zygote is tried after restart_after, not at once."""
+    ran = tmp_path / "ran"
+    n = 40
+
+    async def scenario():
+        launcher = Launcher(answer_timeout=0.5, restart_after=60)
+        launcher.start()
+        try:
+            await stopped_from_the_start(launcher)
+        finally:
+            launcher.close()
+
+    async def stopped_from_the_start(launcher):
+        lost = launcher.zygote
+        os.kill(lost.pid, signal.SIGSTOP)
+        pendings = await start_many(launcher, tmp_path, ran, n, reads=True)
+        loop = asyncio.get_running_loop()
+        settled: list[str] = []
+        ticks: list[int] = []  # how many were settled at each turn of the loop
+        futures = []
+        for pending in pendings:
+            future = loop.create_future()
+
+            def done(guard, future=future):
+                settled.append(guard.turn_id)  # an OSError has none: the test fails here
+                future.set_result(guard)
+
+            pending.then(done)
+            futures.append(future)
+
+        async def tick():
+            while len(settled) < n:
+                ticks.append(len(settled))
+                await asyncio.sleep(0)
+
+        ticking = asyncio.ensure_future(tick())
+        guards = [await asyncio.wait_for(f, 20) for f in futures]
+        await ticking
+        statuses = await follow_to_the_end(tmp_path, guards, b"\n")  # none left, whatever fails
+        assert launcher.zygote is None and lost.proc.returncode == -signal.SIGKILL
+        assert settled == [p.turn_id for p in pendings]  # in order
+        assert all(type(g) is spawn.GuardProcess for g in guards)
+        steps = [b - a for a, b in zip(ticks, ticks[1:], strict=False) if b != a]
+        assert steps and max(steps) <= 2, ticks  # not all in one go
+        assert statuses == [3] * n
+
+    asyncio.run(scenario())
+    assert sorted(ran_turns(ran)) == sorted(f"p{i}" for i in range(n))
