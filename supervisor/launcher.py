@@ -105,6 +105,10 @@ class PendingGuard:
             callback(result)
 
 
+def _stopping() -> OSError:
+    return OSError("unable to start the guard: the supervisor is stopping")
+
+
 class _Request:
     """A request sent (or queued) to the zygote: what to settle, our pipe ends, and how to ask
     for the same guard again (`Launcher.start_guard` with its arguments)."""
@@ -280,6 +284,8 @@ class Launcher:
         if self._restart is not None:
             self._restart.cancel()
             self._restart = None
+        while self._unanswered:  # a lost zygote's, still to be asked again
+            self.loop.call_soon(self._unanswered.popleft().pending.settle, _stopping())
         zygote, self.zygote = self.zygote, None
         if zygote is None:
             return
@@ -288,11 +294,7 @@ class Launcher:
         zygote.close()
         for request in self._drain_waiting():
             request.close_ours()
-            why = OSError("unable to start the guard: the supervisor is stopping")
-            self.loop.call_soon(request.pending.settle, why)
-        while self._unanswered:
-            why = OSError("unable to start the guard: the supervisor is stopping")
-            self.loop.call_soon(self._unanswered.popleft().pending.settle, why)
+            self.loop.call_soon(request.pending.settle, _stopping())
         self._orphan_all()
 
     # -- the event loop's side -------------------------------------------------------------------
@@ -426,12 +428,15 @@ class Launcher:
         self._orphan_all()
         if unanswered and not self._unanswered:
             self.loop.call_soon(self._ask_again)
-        self._unanswered.extend(unanswered)
+        # First: older than any still to be asked again (a zygote lost while they are asked).
+        self._unanswered.extendleft(reversed(unanswered))
 
     def _ask_again(self) -> None:
         """One unanswered request of a lost zygote asked again, one a loop turn: of the zygote
         running now, else started directly (3-20 ms each: hundreds in one go blocked the loop
         for seconds)."""
+        if not self._unanswered:
+            return  # settled by close() meanwhile
         request = self._unanswered.popleft()
         if self._unanswered:
             self.loop.call_soon(self._ask_again)

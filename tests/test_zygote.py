@@ -859,6 +859,49 @@ def test_requests_a_working_zygote_left_unanswered_go_to_a_new_one_started_at_on
     assert sorted(ran_turns(ran)) == sorted(f"p{i}" for i in range(n))
 
 
+def test_close_while_unanswered_requests_are_asked_again_settles_the_rest_as_stopping(tmp_path):
+    """close() after 3 of 40 unanswered requests were started directly: the other 37 are settled
+    with "the supervisor is stopping", nothing more is started, and no callback fails."""
+    ran = tmp_path / "ran"
+    n = 40
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        failures: list[dict] = []
+        loop.set_exception_handler(lambda loop, context: failures.append(context))
+        launcher = Launcher(answer_timeout=0.3, restart_after=60)
+        launcher.start()
+        os.kill(launcher.zygote.pid, signal.SIGSTOP)
+        pendings = await start_many(launcher, tmp_path, ran, n, reads=True)
+        results: list = []
+        futures = []
+        for pending in pendings:
+            future = loop.create_future()
+
+            def done(result, future=future):
+                results.append(result)
+                future.set_result(result)
+
+            pending.then(done)
+            futures.append(future)
+        while len(results) < 3:
+            await asyncio.sleep(0)
+        launcher.close()
+        await asyncio.wait_for(asyncio.gather(*futures), 20)
+        await asyncio.sleep(0.1)  # a step of the asking again still due would run now
+        guards = [r for r in results if not isinstance(r, OSError)]
+        statuses = await follow_to_the_end(tmp_path, guards, b"\n")
+        stopping = [r for r in results if isinstance(r, OSError)]
+        assert failures == []
+        assert 3 <= len(guards) <= 4 and len(guards) + len(stopping) == n
+        assert all("the supervisor is stopping" in str(e) for e in stopping)
+        assert statuses == [3] * len(guards)
+        return guards
+
+    guards = asyncio.run(scenario())
+    assert sorted(ran_turns(ran)) == sorted(g.turn_id for g in guards)
+
+
 def test_requests_a_zygote_never_answered_start_directly_one_a_loop_turn(tmp_path):
     """A zygote stopped before it answered anything: after answer_timeout it is killed, and the
     40 requests start directly, in order, one per turn of the loop (other callbacks run between
