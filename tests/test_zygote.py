@@ -488,6 +488,21 @@ def test_the_zygote_exits_when_its_supervisor_is_killed(tmp_path):
     wait_until(lambda: not procs.process_running(ident), timeout=2, what="the zygote to exit")
 
 
+def with_launcher(body, **options):
+    """`await body(launcher)` with a started Launcher(**options), closed whatever happens; what
+    body returns."""
+
+    async def scenario():
+        launcher = Launcher(**options)
+        launcher.start()
+        try:
+            return await body(launcher)
+        finally:
+            launcher.close()
+
+    return asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("python", ["/nonexistent/python3", "/bin/false"])
 def test_a_zygote_that_cannot_start_is_tried_later_each_time_and_guards_start_directly(
     tmp_path, python
@@ -500,14 +515,6 @@ def test_a_zygote_that_cannot_start_is_tried_later_each_time_and_guards_start_di
     def counted(python):
         launches.append(time.monotonic())
         return Zygote.launch(python)
-
-    async def scenario():
-        launcher = Launcher(python, launch_zygote=counted, restart_after=0.1)
-        launcher.start()
-        try:
-            await direct_then_close(launcher)
-        finally:
-            launcher.close()
 
     async def direct_then_close(launcher):
         guard = ask(launcher, "t1", ["sh", "-c", "exit 4"], tmp_path)
@@ -534,7 +541,7 @@ def test_a_zygote_that_cannot_start_is_tried_later_each_time_and_guards_start_di
         await asyncio.sleep(1.0)
         assert len(launches) == 4  # close() cancelled the next try
 
-    asyncio.run(scenario())
+    with_launcher(direct_then_close, python=python, launch_zygote=counted, restart_after=0.1)
     waits = [b - a for a, b in zip(launches, launches[1:], strict=False)]
     for wait, least in zip(waits, (0.1, 0.2, 0.4), strict=True):  # twice as long each time
         assert least <= wait < 2 * least + 0.2, waits
@@ -543,14 +550,6 @@ def test_a_zygote_that_cannot_start_is_tried_later_each_time_and_guards_start_di
 def test_a_lost_zygote_is_replaced_and_the_new_one_forks_the_next_guards(tmp_path):
     """Killed twice: each time a new zygote is started after restart_after (the lost one was
     ready, so the wait does not grow), and the next guard is its child, its status exact."""
-
-    async def scenario():
-        launcher = Launcher(restart_after=0.5)
-        launcher.start()
-        try:
-            await replace_twice(launcher)
-        finally:
-            launcher.close()
 
     async def replace_twice(launcher):
         for _ in range(2):
@@ -570,7 +569,7 @@ def test_a_lost_zygote_is_replaced_and_the_new_one_forks_the_next_guards(tmp_pat
             assert 0.5 <= time.monotonic() - killed < 0.95  # not 1 s: its wait was not doubled
             assert zygote.proc.returncode == -signal.SIGKILL
 
-    asyncio.run(scenario())
+    with_launcher(replace_twice, restart_after=0.5)
 
 
 def test_a_launcher_follows_forked_guards_to_their_status(tmp_path):
@@ -783,14 +782,6 @@ def test_a_zygote_killed_or_stopped_with_requests_in_flight_leaves_no_turn_unwat
     ran = tmp_path / "ran"
     n = 30
 
-    async def scenario():
-        launcher = Launcher(answer_timeout=0.5, restart_after=60)
-        launcher.start()
-        try:
-            return await fault_in_flight(launcher)
-        finally:
-            launcher.close()
-
     async def fault_in_flight(launcher):
         lost = launcher.zygote
         pendings = await start_many(launcher, tmp_path, ran, n, reads=True)
@@ -818,7 +809,7 @@ def test_a_zygote_killed_or_stopped_with_requests_in_flight_leaves_no_turn_unwat
         assert statuses[k:] == [3] * (n - k)
         return [g.turn_id for g in guards[k:]]
 
-    again = asyncio.run(scenario())
+    again = with_launcher(fault_in_flight, answer_timeout=0.5, restart_after=60)
     runs = ran_turns(ran)
     assert len(runs) == len(set(runs))  # no turn ran twice
     assert set(again) <= set(runs)
@@ -830,14 +821,6 @@ def test_requests_a_working_zygote_left_unanswered_go_to_a_new_one_started_at_on
     none is started directly and none runs twice."""
     ran = tmp_path / "ran"
     n = 30
-
-    async def scenario():
-        launcher = Launcher(answer_timeout=60, restart_after=60)
-        launcher.start()
-        try:
-            await stopped_then_killed(launcher)
-        finally:
-            launcher.close()
 
     async def stopped_then_killed(launcher):
         lost = launcher.zygote
@@ -855,7 +838,7 @@ def test_requests_a_working_zygote_left_unanswered_go_to_a_new_one_started_at_on
         assert parents == [new.pid] * n
         assert statuses[1:] == [3] * n
 
-    asyncio.run(scenario())
+    with_launcher(stopped_then_killed, answer_timeout=60, restart_after=60)
     assert sorted(ran_turns(ran)) == sorted(f"p{i}" for i in range(n))
 
 
@@ -909,14 +892,6 @@ def test_requests_a_zygote_never_answered_start_directly_one_a_loop_turn(tmp_pat
     ran = tmp_path / "ran"
     n = 40
 
-    async def scenario():
-        launcher = Launcher(answer_timeout=0.5, restart_after=60)
-        launcher.start()
-        try:
-            await stopped_from_the_start(launcher)
-        finally:
-            launcher.close()
-
     async def stopped_from_the_start(launcher):
         lost = launcher.zygote
         os.kill(lost.pid, signal.SIGSTOP)
@@ -951,5 +926,5 @@ def test_requests_a_zygote_never_answered_start_directly_one_a_loop_turn(tmp_pat
         assert steps and max(steps) <= 2, ticks  # not all in one go
         assert statuses == [3] * n
 
-    asyncio.run(scenario())
+    with_launcher(stopped_from_the_start, answer_timeout=0.5, restart_after=60)
     assert sorted(ran_turns(ran)) == sorted(f"p{i}" for i in range(n))
