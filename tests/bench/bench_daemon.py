@@ -131,9 +131,8 @@ def through_ccsup(state: Path, turns: int, cap: int, lose_zygote: bool = False) 
     proc = start_daemon(state, f"bench = {cap}")
     try:
         if lose_zygote:
-            time.sleep(0.5)  # it is started without being waited for
             os.kill(zygote_of(proc.pid), signal.SIGKILL)
-            time.sleep(2)
+            time.sleep(2)  # the launcher starts another after 1 s
         with Client(state, timeout=10) as client, client.subscribe(["turn.b"]) as sub:
             t0 = time.monotonic()
             for i in range(turns):
