@@ -64,39 +64,24 @@ if __name__ == "__main__":
 def cancel_while_forking(state_dir, subtrees: int, cancel_at: int) -> dict:
     """Start a bigtree turn of `subtrees`, cancel it once `cancel_at` subtrees have started, and
     measure: processes and groups at the cancel, seconds from the cancel to `released`, the slowest
-    `status` answer from the request to the release (a client in a process of its own asks every
-    10 ms: a thread here would count this process's own pauses, its garbage collections and its
-    scans of /proc, as the supervisor's), and what of the turn still runs after.
+    `status` answer from the request to the release (asked every 10 ms from a process of its own,
+    tests/status_poller.py), and what of the turn still runs after.
     """
-    import subprocess
     import uuid
     from pathlib import Path
+
+    from status_poller import StatusPoller
 
     from guardd import procs
     from supervisor.client import Client
 
     turn_id = "big" + uuid.uuid4().hex[:8]
     stdout = Path(state_dir) / "turns" / turn_id / "stdout.log"
-    poller = subprocess.Popen(
-        [sys.executable, "-c", _STATUS_POLLER, str(state_dir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert poller.stdout is not None and poller.stdin is not None
-        if poller.stdout.readline().strip() != "ready":
-            raise RuntimeError("the status poller did not start")
+    with StatusPoller(state_dir) as poller:
         with Client(state_dir, timeout=30) as client:
             with client.subscribe([f"turn.{turn_id}."]) as sub:
                 found = _cancel_at(client, sub, turn_id, stdout, subtrees, cancel_at)
-        poller.stdin.close()  # its cue to stop and say its slowest answer
-        slowest = float(poller.stdout.readline())
-        poller.wait(10)
-    finally:
-        if poller.poll() is None:
-            poller.kill()  # by its pid
-            poller.wait()
+        slowest = poller.slowest()
     left = procs.processes_with_env("CCSUP_TURN", turn_id)
     return {
         "subtrees": subtrees,
@@ -105,22 +90,6 @@ def cancel_while_forking(state_dir, subtrees: int, cancel_at: int) -> dict:
         "status_max_ms": round(slowest * 1000, 1),
         "left_running": len(left),
     }
-
-
-# Asks `status` every 10 ms until its stdin closes, then prints the slowest answer in seconds.
-_STATUS_POLLER = """
-import select, sys, time
-from supervisor.client import Client
-slowest = 0.0
-with Client(sys.argv[1], timeout=30) as client:
-    client.status()
-    print("ready", flush=True)
-    while not select.select([sys.stdin], [], [], 0.01)[0]:
-        t0 = time.monotonic()
-        client.status()
-        slowest = max(slowest, time.monotonic() - t0)
-print(slowest, flush=True)
-"""
 
 
 def _cancel_at(client, sub, turn_id: str, stdout, subtrees: int, cancel_at: int) -> dict:

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -81,6 +82,22 @@ def request_turn(pub: zmq.Socket, turn_id: str, key: str, argv: list[str]) -> No
     """One `request.turn` on the bus, as a sidecar publishes it."""
     body = {"v": protocol.VERSION, "ts": time.time(), "id": turn_id, "key": key, "argv": argv}
     pub.send_multipart([b"request.turn", protocol.dumps(body)])
+
+
+def wait_started(sub, n: int, on_started: Callable[[int], None] | None = None) -> None:
+    """Until n turns' `started` events have come on sub (on_started(k) after the k-th).
+    SystemExit when 120 s pass without an event, or a turn ends before all have started."""
+    started = 0
+    while started < n:
+        event = sub.recv(120)
+        if event is None:
+            raise SystemExit(f"only {started} of {n} started after 120 s without an event")
+        if event[0].endswith(".started"):
+            started += 1
+            if on_started is not None:
+                on_started(started)
+        elif event[0].endswith((".exited", ".cancelled", ".rejected")):
+            raise SystemExit(f"{event[0]} before all {n} started: {event[1]}")
 
 
 def start_daemon(state: Path, caps: str) -> subprocess.Popen:

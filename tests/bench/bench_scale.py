@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench_daemon import connected_publisher, request_turn, run_daemon  # noqa: E402
+from bench_daemon import connected_publisher, request_turn, run_daemon, wait_started  # noqa: E402
 
 from supervisor.client import Client  # noqa: E402
 
@@ -179,15 +179,7 @@ def one_size(root: Path, n: int, via: str) -> dict:
                 for i in range(n):
                     client.turn("s", ["sleep", "600"], id=turn_id(i))
             requested = time.monotonic() - t0
-            started = 0
-            while started < n:
-                event = sub.recv(120)
-                if event is None:
-                    raise SystemExit(f"N={n}: only {started} started after 120 s without an event")
-                if event[0].endswith(".started"):
-                    started += 1
-                elif event[0].endswith((".exited", ".cancelled", ".rejected")):
-                    raise SystemExit(f"N={n}: {event[0]} before all started: {event[1]}")
+            wait_started(sub, n)
             all_running = time.monotonic() - t0
             cpu = cpu_s(proc.pid) - cpu0
         time.sleep(0.5)  # let the last guards settle before measuring memory

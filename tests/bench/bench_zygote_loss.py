@@ -19,66 +19,47 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from bench_daemon import connected_publisher, request_turn, start_daemon, stop_daemon, zygote_of
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: status_poller
 
-from supervisor.client import Client
+from bench_daemon import (  # noqa: E402
+    connected_publisher,
+    request_turn,
+    start_daemon,
+    stop_daemon,
+    wait_started,
+    zygote_of,
+)
+from status_poller import StatusPoller  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-STATUS_POLLER = """
-import select, sys, time
-sys.path.insert(0, sys.argv[2])
-from supervisor.client import Client
-slowest = 0.0
-with Client(sys.argv[1], timeout=30) as client:
-    while not select.select([sys.stdin], [], [], 0)[0]:
-        t0 = time.monotonic()
-        client.status()
-        slowest = max(slowest, time.monotonic() - t0)
-        time.sleep(0.01)
-print(round(slowest * 1000, 1))
-"""
+from supervisor.client import Client  # noqa: E402
 
 
 def burst(state: Path, n: int, lose_zygote: bool) -> tuple[float, float]:
     """(seconds until all n run, slowest status in ms meanwhile)."""
     proc = start_daemon(state, f"k = {n}")
-    poller = subprocess.Popen(
-        [sys.executable, "-c", STATUS_POLLER, str(state), str(ROOT)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     try:
-        with Client(state, timeout=30) as client, client.subscribe(["turn."]) as sub:
-            pub = connected_publisher(client)
-            zygote = zygote_of(proc.pid)
-            t0 = time.monotonic()
-            for _ in range(n):
-                request_turn(pub, uuid.uuid4().hex, "k", ["sleep", "60"])
-            started = 0
-            while started < n:
-                event = sub.recv(60)
-                if event is None:
-                    raise SystemExit(f"no event for 60 s with {started} of {n} started")
-                if event[0].endswith(".started"):
-                    started += 1
-                    if lose_zygote and started == max(1, n // 10):
-                        os.kill(zygote, signal.SIGKILL)
-            took = time.monotonic() - t0
-        assert poller.stdin is not None and poller.stdout is not None
-        poller.stdin.close()
-        return took, float(poller.stdout.read())
+        zygote = zygote_of(proc.pid)
+
+        def lose(started: int) -> None:
+            if lose_zygote and started == max(1, n // 10):
+                os.kill(zygote, signal.SIGKILL)
+
+        with StatusPoller(state) as poller:
+            with Client(state, timeout=30) as client, client.subscribe(["turn."]) as sub:
+                pub = connected_publisher(client)
+                t0 = time.monotonic()
+                for _ in range(n):
+                    request_turn(pub, uuid.uuid4().hex, "k", ["sleep", "60"])
+                wait_started(sub, n, lose)
+                took = time.monotonic() - t0
+            return took, round(poller.slowest() * 1000, 1)
     finally:
-        if poller.poll() is None:
-            poller.kill()
-            poller.wait()
         stop_daemon(proc, state)
 
 
