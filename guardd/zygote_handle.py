@@ -76,6 +76,7 @@ class Zygote:
         self.outbox: deque[_Outgoing] = deque()
         self.alive = True
         self.ready = False  # it said it was (it had imported guardd and could fork)
+        self.answered = 0  # requests it answered (spawned or failed)
 
     @property
     def pid(self) -> int:
@@ -227,6 +228,7 @@ class Zygote:
                 self.ready = True
             else:
                 raise OSError(f"unable to read the zygote's answer: {reply[0]!r}")
+        self.answered += len(answers)
         return answers
 
     def kill(self) -> None:

@@ -110,10 +110,10 @@ def _stopping() -> OSError:
 
 
 class _Request:
-    """A request sent (or queued) to the zygote: what to settle, our pipe ends, and how to ask
-    for the same guard again (`Launcher.start_guard` with its arguments)."""
+    """A request sent (or queued) to the zygote: what to settle, our pipe ends, and the direct
+    start with its arguments (which also ask for the same guard again: `Launcher._ask_again`)."""
 
-    __slots__ = ("pending", "ours", "record_dir", "cwd", "again")
+    __slots__ = ("pending", "ours", "record_dir", "cwd", "direct")
 
     def __init__(
         self,
@@ -121,10 +121,10 @@ class _Request:
         ours: tuple[int, int, int],
         record_dir: Path,
         cwd: str | None,
-        again: Callable[[], GuardProcess | PendingGuard],
+        direct: partial[GuardProcess],
     ):
         self.pending, self.ours, self.record_dir, self.cwd = pending, ours, record_dir, cwd
-        self.again = again
+        self.direct = direct
 
     def close_ours(self) -> None:
         for fd in self.ours:
@@ -161,7 +161,6 @@ class Launcher:
         self._forked: dict[int, ForkedGuardProcess] = {}
         self._waiting: deque[_Request] = deque()  # sent or queued, not answered: in order
         self._unanswered: deque[_Request] = deque()  # of a lost zygote: asked again, in order
-        self._answered = 0  # answers the running zygote gave
         self._progress = 0.0  # monotonic time of the last answer (or of the first request)
         self._watchdog: asyncio.TimerHandle | None = None
         self._writing = False
@@ -204,7 +203,6 @@ class Launcher:
             )
             return
         self.zygote = zygote
-        self._answered = 0
         self.loop.add_reader(zygote.fileno(), self._on_readable)
         log.info("guard zygote started (pid %d)", zygote.pid)
 
@@ -263,8 +261,7 @@ class Launcher:
             return direct()
         if not self._waiting:
             self._progress = time.monotonic()
-        again = partial(self.start_guard, *direct.args, **direct.keywords)
-        request = _Request(PendingGuard(turn_id), ours, record_dir, cwd, again)
+        request = _Request(PendingGuard(turn_id), ours, record_dir, cwd, direct)
         self._waiting.append(request)
         self._flush()
         self._watch()
@@ -341,7 +338,6 @@ class Launcher:
                 raise OSError("unable to read the zygote's answers: one more than was asked")
             request = self._waiting.popleft()
             self._progress = time.monotonic()
-            self._answered += 1
             result: Started
             if isinstance(answer, Spawned):
                 guard = ForkedGuardProcess(
@@ -408,7 +404,7 @@ class Launcher:
         unanswered = self._drain_waiting()  # their children never run: each is asked again
         for request in unanswered:
             request.close_ours()
-        if unanswered and self._answered:
+        if unanswered and zygote.answered:
             log.warning(
                 "the guard zygote (pid %d) is gone (%s) with %d requests unanswered: they go to "
                 "a new one",
@@ -442,7 +438,7 @@ class Launcher:
             self.loop.call_soon(self._ask_again)
         started: GuardProcess | PendingGuard | OSError
         try:
-            started = request.again()
+            started = self.start_guard(*request.direct.args, **request.direct.keywords)
         except OSError as e:
             started = e
         if isinstance(started, PendingGuard):
