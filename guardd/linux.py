@@ -126,32 +126,48 @@ def set_title(title: str) -> None:
 
     A process forked from another without exec keeps its parent's command line: a guard forked by
     the zygote showed the zygote's `python -I -S -c ...`. The command line is the memory between
-    arg_start and arg_end (fields 48 and 49 of /proc/self/stat); the process may write its own
-    memory through /proc/self/mem, so the title is written there, cut to that length and padded
-    with NULs (so /proc/<pid>/cmdline ends at the title). Python keeps its own copy of argv, so
+    arg_start and arg_end (`command_line_span`); the process may write its own memory through
+    /proc/self/mem, so the title is written there, cut to that length and padded with NULs (so
+    /proc/<pid>/cmdline ends at the title). Python keeps its own copy of argv, so
     nothing of ours reads that memory again. Bare descriptors, not file objects: each object a
     forked guard touches costs it a page of its own (guardd.zygote, Memory). Best effort: a
     failure leaves the old title.
     """
+    start, end = command_line_span()
+    if end <= start:
+        return
     try:
-        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            stat = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-        fields = stat.rsplit(b")", 1)[1].split()
-        # fields[0] is field 3 of proc(5): arg_start is field 48, arg_end field 49.
-        start, end = int(fields[45]), int(fields[46])
-        if end <= start:
-            return
         data = title.encode()[: end - start - 1].replace(b"\0", b" ")
         fd = os.open("/proc/self/mem", os.O_WRONLY | os.O_CLOEXEC)
         try:
             os.pwrite(fd, data + b"\0" * (end - start - len(data)), start)
         finally:
             os.close(fd)
-    except (OSError, ValueError, IndexError):
+    except OSError:
         pass  # no /proc/self/mem (hardened kernels): the zygote's command line stays
+
+
+_command_line: tuple[int, int] | None = None
+
+
+def command_line_span() -> tuple[int, int]:
+    """Where this process's command line lies: arg_start and arg_end (fields 48 and 49 of
+    /proc/self/stat), (0, 0) when unreadable. Read once: a fork keeps its parent's, so the zygote
+    reads it (guardd.zygote.warm) and the guards it forks do not read it again."""
+    global _command_line
+    if _command_line is None:
+        try:
+            fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                stat = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            fields = stat.rsplit(b")", 1)[1].split()
+            # fields[0] is field 3 of proc(5): arg_start is field 48, arg_end field 49.
+            _command_line = (int(fields[45]), int(fields[46]))
+        except (OSError, ValueError, IndexError):
+            _command_line = (0, 0)
+    return _command_line
 
 
 RENAME_EXCHANGE = 2

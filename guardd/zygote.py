@@ -423,6 +423,8 @@ def warm() -> None:
     import guardd.hints  # noqa: F401  (a guard with --bus)
     from guardd import record
 
+    linux.command_line_span()  # the children's, too: their titles are written there
+
     group = {"pgid": 1, "leader_start": 2}
     sample = {  # a guard record's shape (guardd.guard.Guard.to_record)
         "v": 1,
