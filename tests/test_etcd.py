@@ -228,10 +228,12 @@ def _openssl(*args: str, cwd) -> None:
 
 
 def _certificates(d) -> None:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, with EC keys."""
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, with EC keys. The CA
+    has a key usage: Python 3.13's default context (VERIFY_X509_STRICT) refuses one without."""
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-             "-subj", "/CN=ccsup-test-ca", cwd=d)  # fmt: skip
+             "-subj", "/CN=ccsup-test-ca", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             cwd=d)  # fmt: skip
     for name, ext in (
         # etcd's gateway dials its own gRPC with the server certificate: clientAuth too.
         ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"),
