@@ -3,6 +3,10 @@
 The zygote, its wire and the design note are in guardd.zygote; this is the other end of the
 socket, used by supervisor.spawn from the daemon's event loop (not thread-safe). It knows the
 zygote's process and socket; nothing of turns or slots.
+
+State: guardd's own `.pyc` files (`compile_package`, before each zygote's start). Written as
+import writes them; one missing, older than its source or unreadable is written again, and one
+that cannot be written (a package owned by another user) is left to the zygote's import.
 """
 
 from __future__ import annotations
@@ -15,6 +19,33 @@ from collections import deque
 
 from guardd.launch import zygote_command
 from guardd.zygote_wire import Inbox, encode
+
+
+def compile_package(package: str = os.path.dirname(os.path.abspath(__file__))) -> None:
+    """Write the `.pyc` of each module of `package` (guardd) that has none, or one older than its
+    source. A zygote that imports guardd from source compiles it, and the compiler's leftovers
+    then lie among the objects each guard touches: the first daemon after an install had guards
+    of 1.94 MiB against 1.82 (bench_scale.py, N = 50). Nothing is raised: a `.pyc` that cannot be
+    written is compiled by the import, as before. ~0.15 ms when all are there (two stats each)."""
+    import importlib.util
+    import py_compile
+
+    for name in os.listdir(package):
+        if not name.endswith(".py"):
+            continue
+        source = os.path.join(package, name)
+        cached = importlib.util.cache_from_source(source)
+        try:
+            if os.stat(cached).st_mtime >= os.stat(source).st_mtime:
+                continue
+        except OSError:
+            pass  # none yet
+        # TIMESTAMP as import writes it (SOURCE_DATE_EPOCH would make py_compile hash the source).
+        mode = py_compile.PycInvalidationMode.TIMESTAMP
+        try:
+            py_compile.compile(source, cached, doraise=False, quiet=2, invalidation_mode=mode)
+        except OSError:
+            pass  # not ours to write (doraise covers only the compiler's errors)
 
 
 class ZygoteGone(Exception):
@@ -117,6 +148,7 @@ class Zygote:
         gone like any other (EOF)."""
         import subprocess
 
+        compile_package()  # its image read from .pyc files (see compile_package)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = subprocess.Popen(
