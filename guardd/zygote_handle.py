@@ -5,8 +5,10 @@ socket, used by supervisor.spawn from the daemon's event loop (not thread-safe).
 zygote's process and socket; nothing of turns or slots.
 
 State: guardd's own `.pyc` files (`compile_package`, before each zygote's start). Written as
-import writes them; one missing, older than its source or unreadable is written again, and one
-that cannot be written (a package owned by another user) is left to the zygote's import.
+import writes them, atomically (a temporary file renamed); one missing or older than its source
+is written again, one that cannot be written (a package owned by another user) is left to the
+zygote's import, and one newer than its source is left as it is: the import checks its header
+(a version or a source that does not match makes it compile the source), as it always did.
 """
 
 from __future__ import annotations
