@@ -28,7 +28,7 @@ def compile_package(package: str = os.path.dirname(os.path.abspath(__file__))) -
     source. A zygote that imports guardd from source compiles it, and the compiler's leftovers
     then lie among the objects each guard touches: the first daemon after an install had guards
     of 1.94 MiB against 1.82 (bench_scale.py, N = 50). Nothing is raised: a `.pyc` that cannot be
-    written is compiled by the import, as before. ~0.15 ms when all are there (two stats each)."""
+    written is compiled by the import, as before. ~0.2 ms when all are there (two stats each)."""
     import importlib.util
     import py_compile
 
