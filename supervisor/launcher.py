@@ -414,12 +414,13 @@ class Launcher:
             )
             self._launch()  # at once: it worked, and a fork each beats an interpreter each
         else:
+            wait = self._restart_later()
             log.warning(
                 "the guard zygote (pid %d) is gone (%s): guards are started directly until the "
                 "next one, in %g s",
                 zygote.pid,
                 why,
-                self._restart_later(),
+                wait,
             )
         self._orphan_all()
         if unanswered and not self._unanswered:

@@ -852,6 +852,22 @@ def test_requests_a_working_zygote_left_unanswered_go_to_a_new_one_started_at_on
     assert sorted(ran_turns(ran)) == sorted(f"p{i}" for i in range(n))
 
 
+def settled_futures(pendings, note) -> list[asyncio.Future]:
+    """A future for each PendingGuard, set to what it is settled with, after note(that)."""
+    loop = asyncio.get_running_loop()
+    futures = []
+    for pending in pendings:
+        future = loop.create_future()
+
+        def done(result, future=future):
+            note(result)
+            future.set_result(result)
+
+        pending.then(done)
+        futures.append(future)
+    return futures
+
+
 def test_close_while_unanswered_requests_are_asked_again_settles_the_rest_as_stopping(tmp_path):
     """close() after 3 of 40 unanswered requests were started directly: the other 37 are settled
     with "the supervisor is stopping", nothing more is started, and no callback fails."""
@@ -867,16 +883,7 @@ def test_close_while_unanswered_requests_are_asked_again_settles_the_rest_as_sto
         os.kill(launcher.zygote.pid, signal.SIGSTOP)
         pendings = await start_many(launcher, tmp_path, ran, n, reads=True)
         results: list = []
-        futures = []
-        for pending in pendings:
-            future = loop.create_future()
-
-            def done(result, future=future):
-                results.append(result)
-                future.set_result(result)
-
-            pending.then(done)
-            futures.append(future)
+        futures = settled_futures(pendings, results.append)
         while len(results) < 3:
             await asyncio.sleep(0)
         launcher.close()
@@ -906,19 +913,10 @@ def test_requests_a_zygote_never_answered_start_directly_one_a_loop_turn(tmp_pat
         lost = launcher.zygote
         os.kill(lost.pid, signal.SIGSTOP)
         pendings = await start_many(launcher, tmp_path, ran, n, reads=True)
-        loop = asyncio.get_running_loop()
         settled: list[str] = []
         ticks: list[int] = []  # how many were settled at each turn of the loop
-        futures = []
-        for pending in pendings:
-            future = loop.create_future()
-
-            def done(guard, future=future):
-                settled.append(guard.turn_id)  # an OSError has none: the test fails here
-                future.set_result(guard)
-
-            pending.then(done)
-            futures.append(future)
+        # An OSError has no turn_id: the test fails there.
+        futures = settled_futures(pendings, lambda guard: settled.append(guard.turn_id))
 
         async def tick():
             while len(settled) < n:
