@@ -17,10 +17,13 @@ import pytest
 from guardd import procs
 from supervisor.polling import wait_until
 
-# The etcd cluster and relay fixtures (tests/etcd_cluster.py).
-pytest_plugins = ["etcd_cluster"]
-
 ROOT = Path(__file__).resolve().parent.parent
+# Helper modules and scripts the tests share (tests/helpers/), importable by name.
+HELPERS = ROOT / "tests" / "helpers"
+sys.path.insert(0, str(HELPERS))
+
+# The etcd cluster and relay fixtures (tests/helpers/etcd_cluster.py).
+pytest_plugins = ["etcd_cluster"]
 MARKER = "CCSUP_TEST_RUN"
 os.environ.setdefault(MARKER, uuid.uuid4().hex)
 # Every child of this pytest carries the marker; a parallel pytest run has its own.

@@ -3,7 +3,7 @@
 Exit codes: 0 ok, 1 failure, 2 usage or configuration (click's own usage errors and ccsup's
 UsageError family, a supervisor's `bad_request` reply included), 3 no supervisor running on the
 state directory. `ccsup run` exits with its command's status instead (128+N for a signal), 125
-when the turn's guard was lost, and supervisor.run_exit's codes (124, 75, 130, 69, 65). Only CcsupError is
+when the turn's guard was lost, and supervisor.cli.run_exit's codes (124, 75, 130, 69, 65). Only CcsupError is
 caught at the top ("ccsup: <message>" on stderr, its `exit_code`); anything else is a bug and
 shows its traceback.
 

@@ -1,4 +1,4 @@
-"""How `ccsup ps` and `ccsup status` print the cluster (`[cluster]`, supervisor.cluster): the
+"""How `ccsup ps` and `ccsup status` print the cluster (`[cluster]`, supervisor.cluster.gate): the
 holders of each cluster key on every machine, this machine's waiters with their cluster position;
 the members' health, this machine's lease and its deadline. Pure formatting."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..requester_names import describe
+from ..wire.requester import describe
 from .formats import age, format_table
 
 SHOWN = 10  # this machine's waiters named on the line of a key

@@ -23,9 +23,9 @@ from pathlib import Path
 import click
 
 from .. import config as cfg
-from .. import containment
 from ..caps import MACHINE_KEY
 from ..errors import CcsupError, ConfigError, os_failure
+from ..guards import containment
 
 
 def _parent_param(ctx: click.Context, name: str):

@@ -36,7 +36,7 @@ def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def format_ps(ps: dict, now: float) -> list[str]:
-    from ..requester_names import describe
+    from ..wire.requester import describe
     from .keys import format_keys, format_why
 
     slots = ps.get("slots", [])

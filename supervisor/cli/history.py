@@ -1,4 +1,4 @@
-"""`ccsup history`: finished turns, newest first, from the history file (supervisor.history).
+"""`ccsup history`: finished turns, newest first, from the history file (supervisor.history.db).
 
 It reads the file directly, read-only, so it works whether or not a supervisor runs on the state
 directory (the history survives it). Exit codes: 0, 1 when the history cannot be read, 2 for
@@ -12,8 +12,8 @@ import time
 
 import click
 
-from .. import history as turn_history
 from ..errors import CcsupError
+from ..history import db as turn_history
 from .options import optional_key_option
 from .records import format_history
 from .where import where

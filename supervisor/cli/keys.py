@@ -1,5 +1,5 @@
 """What `ps` and `status` print about admission: paused and rate-held keys, and why a waiter
-waits (supervisor.keyctl's views). Pure."""
+waits (supervisor.admission.control's views). Pure."""
 
 from __future__ import annotations
 

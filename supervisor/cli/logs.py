@@ -1,8 +1,8 @@
 """`ccsup logs`: print a turn's output log (exact bytes), or with -t each line with its time.
 
--t reads the time index beside the log (supervisor.logindex) and puts the time a line started to
+-t reads the time index beside the log (supervisor.output.line_times) and puts the time a line started to
 arrive before it; the bytes are the log's. A turn whose logs were pruned ([logs] keep or
-max_bytes) is reported as pruned, with when and why (supervisor.retention's marker).
+max_bytes) is reported as pruned, with when and why (supervisor.output.retention's marker).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .where import where
 
 def _refuse_pruned(turn_id: str, path: Path) -> None:
     """A turn whose logs were pruned: say so, when and why (CcsupError)."""
-    from ..retention import marker_of
+    from ..output.retention import marker_of
 
     marker = marker_of(path.parent)
     if marker is None:
@@ -39,7 +39,7 @@ def _refuse_pruned(turn_id: str, path: Path) -> None:
 
 
 def _print_timed(turn_id: str, stream: str, path: Path) -> None:
-    from ..logindex import timed_chunks, timed_lines
+    from ..output.line_times import timed_chunks, timed_lines
 
     if not path.exists():
         raise CcsupError(f"unable to read the {stream} of turn {turn_id}: no file {path}")
@@ -80,7 +80,7 @@ def logs(
     ctx: click.Context, turn_id: str, follow: bool, use_stderr: bool, timestamps: bool
 ) -> None:
     """Print a turn's output log (exact bytes)."""
-    from ..subscription import is_terminal
+    from ..client.subscription import is_terminal
 
     options = where(ctx)
     stream = "stderr" if use_stderr else "stdout"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from ..protocol import ProtocolError, output_bytes
+from ..wire.protocol import ProtocolError, output_bytes
 
 
 class OutputFollower:

@@ -1,12 +1,12 @@
-"""How `ccsup history` and `ccsup show` print turn records (supervisor.history). Pure."""
+"""How `ccsup history` and `ccsup show` print turn records (supervisor.history.db). Pure."""
 
 from __future__ import annotations
 
 import json
 import time
 
-from .. import history
-from ..requester_names import describe
+from ..history import db as history
+from ..wire.requester import describe
 from .formats import format_age, format_table
 
 USAGE_COLUMNS = (  # the exited event's usage figures shown as columns, when any turn has them

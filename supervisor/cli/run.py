@@ -1,8 +1,8 @@
 """`ccsup run`: one turn from the shell: wait for a slot, stream its output, exit with its status.
 
 Without --key: $CCSUP_KEY, else `default`. Its stdin is forwarded to the turn once it started, end
-of input included (supervisor.stdin_forward). Exit codes a script can tell apart are
-supervisor.run_exit's (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled by someone else, 65
+of input included (supervisor.cli.stdin_forward). Exit codes a script can tell apart are
+supervisor.cli.run_exit's (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled by someone else, 65
 rejected, 125 guard lost). Ctrl-C cancels the turn and waits for its end; a second Ctrl-C stops
 waiting (exit 130).
 """
@@ -22,7 +22,7 @@ from .output import OutputFollower
 from .where import emit_json, where
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..client.control import Client
 
 WAIT_NOTICE = 0.25  # seconds a turn waits before `ccsup run` says so
 
@@ -47,15 +47,15 @@ def env_option(
 
 def turn_exit_status(exited: dict | None) -> int:
     """`ccsup run`'s status from a turn's `exited` event: CMD's code, 128+signal, 125 guard lost."""
-    from ..run_exit import command_status
+    from .run_exit import command_status
 
     return command_status(exited)
 
 
 def run_key_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    """--key, else $CCSUP_KEY, else `default` (supervisor.run_exit.default_key)."""
+    """--key, else $CCSUP_KEY, else `default` (supervisor.cli.run_exit.default_key)."""
     if value is None:
-        from ..run_exit import default_key
+        from .run_exit import default_key
 
         value = default_key(os.environ)
     return key_option(ctx, param, value)
@@ -74,7 +74,7 @@ def timeout_option(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 def _run_epilog() -> str:
-    from ..run_exit import EXIT_CODES_HELP  # pure and tiny: no start-up cost
+    from .run_exit import EXIT_CODES_HELP  # pure and tiny: no start-up cost
 
     return EXIT_CODES_HELP
 
@@ -145,7 +145,7 @@ def run(
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
         runner = _TurnRunner(client, turn_id, key, as_json)
-        runner.forward_stdin = where(ctx).client  # supervisor.stdin_forward, once started
+        runner.forward_stdin = where(ctx).client  # supervisor.cli.stdin_forward, once started
         with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
             reply = client.turn_limited(
                 key,
@@ -174,8 +174,8 @@ class _rejected_exits:
         pass
 
     def __exit__(self, kind, error, tb) -> None:
-        from ..client import RemoteError
-        from ..run_exit import EXIT_REJECTED
+        from ..client.control import RemoteError
+        from .run_exit import EXIT_REJECTED
 
         if isinstance(error, RemoteError) and error.code in ("bad_request", "conflict", "stopping"):
             click.echo(f"ccsup: turn {self.turn_id} rejected: {error.message}", err=True)
@@ -209,7 +209,7 @@ class _TurnRunner:
         self.exited: dict | None = None
         self.stop_reason: str | None = None  # of its `stopping` event
         self.interrupted = False  # Ctrl-C cancelled it from here
-        # a Client factory: forward our stdin once the turn started (supervisor.stdin_forward)
+        # a Client factory: forward our stdin once the turn started (supervisor.cli.stdin_forward)
         self.forward_stdin: Callable[..., Client] | None = None
         self._shown_position = None
         self._waiting: tuple | None = None
@@ -254,7 +254,7 @@ class _TurnRunner:
         return mine[0] if mine and isinstance(mine[0], dict) else None
 
     def follow(self, sub, interrupts: list[int]) -> int:
-        from ..client import RemoteError
+        from ..client.control import RemoteError
 
         cancel_sent = False
         quiet_since = time.monotonic()
@@ -291,7 +291,7 @@ class _TurnRunner:
                 return done
 
     def on_event(self, topic: str, body: dict) -> int | None:
-        from ..subscription import is_terminal
+        from ..client.subscription import is_terminal
 
         kind = topic.rsplit(".", 1)[-1]
         if self.as_json:
@@ -304,7 +304,7 @@ class _TurnRunner:
         elif kind in ("granted", "started"):
             self.granted = True
             if kind == "started" and self.forward_stdin is not None:
-                from ..stdin_forward import StdinForwarder
+                from .stdin_forward import StdinForwarder
 
                 StdinForwarder(self.forward_stdin, self.turn_id).start()
                 self.forward_stdin = None
@@ -320,7 +320,7 @@ class _TurnRunner:
                 follower.close()
                 if follower.lost:  # lost on the bus and past the log's [logs] turn_max_bytes
                     click.echo(f"ccsup: {follower.lost} bytes of {stream} were lost", err=True)
-        from ..run_exit import run_exit_status
+        from .run_exit import run_exit_status
 
         if kind == "released":
             if self.exited is None and not self.as_json:

@@ -11,8 +11,8 @@ import json
 
 import click
 
-from .. import history
 from ..errors import CcsupError
+from ..history import db as history
 from .options import turn_id_argument
 from .records import format_story
 from .where import where

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import subprocess
     from pathlib import Path
 
-    from ..client import Client
+    from ..client.control import Client
 
 START_WAIT = 10.0  # seconds `ccsup start` waits for a detached supervisor to answer
 STDERR_FILE = "ccsup.stderr"
@@ -73,7 +73,7 @@ def start(
         from ..plain_asyncio import import_asyncio_without_tls
 
         import_asyncio_without_tls()  # before the daemon's imports: see supervisor.plain_asyncio
-        from ..daemon import serve
+        from ..daemon.main import serve
 
         ctx.exit(
             serve(
@@ -98,7 +98,7 @@ def start(
     child = _spawn_detached(argv, paths.root / STDERR_FILE)
     pid = _wait_until_answering(options, child, state_dir)
     click.echo(f"ccsup started (pid {pid}, state {state_dir})")
-    from ..containment import limits_not_enforced
+    from ..guards.containment import limits_not_enforced
 
     for sentence in limits_not_enforced(config):  # never silently ignored (status says it too)
         click.echo(f"warning: {sentence}", err=True)

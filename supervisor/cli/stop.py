@@ -11,7 +11,7 @@ from ..polling import wait_until
 from .where import where
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..client.control import Client
 
 
 @click.command()
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 @click.pass_context
 def stop(ctx: click.Context, timeout: float) -> None:
     """Stop the supervisor: every turn ended and confirmed gone first."""
-    from ..client import RemoteError
-    from ..lock_probe import lock_held
+    from ..client.control import RemoteError
+    from ..instance import lock_held
 
     options = where(ctx)
     with options.client() as client:

@@ -36,7 +36,7 @@ def web(ctx: click.Context, listen: str | None, exit_with_parent: bool) -> None:
     """Serve a live page of keys, holders, the queue and recent turns."""
     import asyncio
 
-    from ..web.settings import DEFAULT_LISTEN, check_exposure, parse_listen
+    from ..config.web import DEFAULT_LISTEN, check_exposure, parse_listen
 
     config = where(ctx).config()
     state_dir = where(ctx).state_dir(config)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from .. import config as cfg
-    from ..client import Client
+    from ..client.control import Client
 
 
 class Where:
@@ -42,7 +42,7 @@ class Where:
         return cfg.resolve_state_dir(self.state_dir_option, os.environ, config or self.config())
 
     def client(self, timeout: float = 5.0) -> Client:
-        from ..client import Client
+        from ..client.control import Client
 
         config = self.config()
         state_dir = self.state_dir(config)

@@ -10,7 +10,7 @@ only function that reads a file (through `files.read_text`); `find_config_path()
 State: none of its own. Loading again reads the file again (a `reload` sees the new text); a file
 that is half-written, empty or from a newer ccsup is validated like any other text: an empty file
 means every default, an unknown key is an error naming it, never silently ignored. With no file
-found, the embedded `supervisor/default.toml` serves.
+found, the embedded `supervisor/config/default.toml` serves.
 
 The modules: `schema` (Section/Key, the Checker that collects problems with their lines),
 `values` (durations, sizes, caps, strings), one module per section (`top`, `slots`, `guard`,
@@ -43,10 +43,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from ..admission_settings import AdmissionSettings
 from ..caps import Caps
-from ..web.settings import WebSettings
 from . import admission, cluster, endpoints, guard, harness, limits, logs, metrics, slots, top, web
+from .admission import AdmissionSettings
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
     EMBEDDED_SOURCE,
@@ -63,9 +62,10 @@ from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
 from .values import duration, size
+from .web import WebSettings
 
 if TYPE_CHECKING:
-    from ..cluster_settings import ClusterSettings
+    from .cluster import ClusterSettings
 
 __all__ = [
     "DEFAULT_CAP",
@@ -126,7 +126,9 @@ class Config:
     logs: LogLimits = logs.DEFAULTS  # [logs]
     metrics: MetricsSettings = MetricsSettings()
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)  # config/admission.py
-    cluster: ClusterSettings | None = None  # [cluster]: caps across machines (supervisor.cluster)
+    cluster: ClusterSettings | None = (
+        None  # [cluster]: caps across machines (supervisor.cluster.gate)
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -195,7 +197,7 @@ def default_config_text() -> str:
     """The commented default configuration that `ccsup config init` writes.
 
     Every key is explained; optional keys are shown commented out with an example value. Parsed,
-    it gives the embedded defaults (supervisor/default.toml is this very text).
+    it gives the embedded defaults (supervisor/config/default.toml is this very text).
     """
     from .template import render  # tomli-w, only for `config init` and its tests
 

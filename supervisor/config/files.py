@@ -46,13 +46,13 @@ def find_config_path(cli_path: str | None, env: Mapping[str, str]) -> Path | Non
 
 
 def embedded_text() -> str:
-    """The text of the embedded supervisor/default.toml."""
+    """The text of the embedded supervisor/config/default.toml."""
     import pkgutil  # its loader's get_data: importlib.resources imported 5 ms more (tempfile...)
 
-    data = pkgutil.get_data("supervisor", "default.toml")
+    data = pkgutil.get_data("supervisor.config", "default.toml")
     if data is None:  # a loader that cannot read its package's files
         raise ConfigError(
-            "unable to read the embedded default configuration supervisor/default.toml"
+            "unable to read the embedded default configuration supervisor/config/default.toml"
         )
     return data.decode("utf-8")
 

@@ -51,7 +51,7 @@ def parse_guard(c: Checker, top: Table) -> GuardSettings:
 
 def cgroup_setting(value: object, where: str) -> str:
     """`auto`, `off`, or an absolute path (whether that path is usable is checked where the
-    machine is looked at: `config check` and `start`, see supervisor.containment)."""
+    machine is looked at: `config check` and `start`, see supervisor.guards.containment)."""
     if not isinstance(value, str):
         raise ConfigError(f'{where}: must be "auto", "off" or an absolute path, not {value!r}')
     if value in ("auto", "off") or value.startswith("/"):

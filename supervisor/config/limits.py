@@ -1,5 +1,5 @@
 """`[limits.<key>]`: resource limits for a key's turns, written to cgroups where a controller is
-delegated (supervisor.containment); where it is not, `config check`, `start` and `status` say so
+delegated (supervisor.guards.containment); where it is not, `config check`, `start` and `status` say so
 plainly: a limit is never silently ignored.
 
 `memory_max` (a size, "4GiB"), `pids_max` (a whole number >= 1), `cpu_max` ("200%": two CPUs'

@@ -1,7 +1,7 @@
 """`[logs]`: how much turn output is kept (turn_max_bytes, keep, max_bytes).
 
 The values become a `LogLimits`; what they mean (the per-turn limit while the output is written,
-pruning oldest first, never a running turn) is supervisor.retention's and supervisor.spawn's to
+pruning oldest first, never a running turn) is supervisor.output.retention's and supervisor.guards.handle's to
 say. `keep` is an age: a duration, or days and weeks ("7d", "2w").
 """
 

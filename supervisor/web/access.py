@@ -22,7 +22,7 @@ import hmac
 import secrets
 from typing import NamedTuple
 
-from .settings import Listen, is_loopback
+from ..config.web import Listen, is_loopback
 
 COOKIE = "ccsup_web"
 CSRF_HEADER = "X-Ccsup-Csrf"

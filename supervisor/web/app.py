@@ -40,14 +40,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ..client import RemoteError
+from ..client.control import RemoteError
+from ..config.web import Listen
 from ..errors import CcsupError, NotRunning
 from ..paths import TURN_ID
 from .access import COOKIE, CSRF_HEADER, Gate
 from .hub import Hub
 from .link import Link
 from .log_reader import LogReader
-from .settings import Listen
 
 log = logging.getLogger("ccsup.web")
 

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..client import Client
+from ..client.control import Client
+from ..client.subscription import Subscription
 from ..errors import CcsupError
-from ..subscription import Subscription
 
 RETRY = 1.0  # seconds between attempts to reach a supervisor that is not there
 POLL = 0.25  # seconds the reader waits for an event before it checks whether it should stop

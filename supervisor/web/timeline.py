@@ -1,7 +1,7 @@
 """Where the timeline's bars and a past turn's page come from: the history, overlaid by the bus.
 
 `recent_bars(live, since, history_bars(state_dir, since))` is what the page asks for bars: finished
-turns from the supervisor's SQLite history (`supervisor.history`, when this ccsup has it and the file
+turns from the supervisor's SQLite history (`supervisor.history.db`, when this ccsup has it and the file
 exists) since `since`, overlaid by what this web app saw on the bus (supervisor.web.live; its bar
 of a turn is the newer word). `past_turn(state_dir, id)` is a turn's page for a turn the app
 never saw, from the same history. Without a history (an older supervisor, no turn run yet, a
@@ -28,7 +28,7 @@ HISTORY_LIMIT = 5000
 
 def _history() -> ModuleType | None:
     try:
-        return importlib.import_module("supervisor.history")
+        return importlib.import_module("supervisor.history.db")
     except ImportError:
         return None
 

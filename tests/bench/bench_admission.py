@@ -29,11 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_daemon import run_daemon, stop_daemon  # noqa: E402
 
-from supervisor.admission_policy import Admission  # noqa: E402
-from supervisor.admission_settings import Rate  # noqa: E402
+from supervisor.admission.pauses import PauseBook  # noqa: E402
+from supervisor.admission.policy import Admission  # noqa: E402
+from supervisor.admission.rates import RateTable, StartWindows  # noqa: E402
 from supervisor.client import Client  # noqa: E402
-from supervisor.pauses import PauseBook  # noqa: E402
-from supervisor.rates import RateTable, StartWindows  # noqa: E402
+from supervisor.config.admission import Rate  # noqa: E402
 
 ADMISSION = """
 rates = { bench = "100000/s", slow = "5/1s" }

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from bench_daemon import run_daemon, stop_daemon  # noqa: E402
 from bigtree import cancel_while_forking  # noqa: E402

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import zmq
 
-from supervisor import protocol
 from supervisor.client import Client
+from supervisor.wire import protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 # Turn ids unique to this run: a reaper of another test on the machine ends escapees by their

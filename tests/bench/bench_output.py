@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from supervisor import protocol  # noqa: E402
-from supervisor.output import StreamSplitter  # noqa: E402
+from supervisor.output.chunks import StreamSplitter  # noqa: E402
+from supervisor.wire import protocol
 
 TEXT = ("Grüße, 世界! 😀 naïve café ½ " * 2000).encode()
 
@@ -100,9 +100,9 @@ def per_call_us(fn, n: int = 20000) -> float:
 def observers_and_index() -> dict[str, float]:
     import tempfile
 
-    from supervisor import logindex
-    from supervisor.history_writer import Recorder
-    from supervisor.metrics import Metrics
+    from supervisor.history.metrics import Metrics
+    from supervisor.history.writer import Recorder
+    from supervisor.output import line_times
 
     with tempfile.TemporaryDirectory() as tmp:
         recorder = Recorder(Path(tmp))  # not started: observe only queues
@@ -131,7 +131,7 @@ def observers_and_index() -> dict[str, float]:
             open(Path(tmp) / "x.log", "ab", buffering=0) as log,
         ):
             block = TEXT[:65536]
-            result["index_write_us"] = per_call_us(lambda: idx.write(logindex.entry(0, 1.0)))
+            result["index_write_us"] = per_call_us(lambda: idx.write(line_times.entry(0, 1.0)))
             result["log_write_64k_us"] = per_call_us(lambda: log.write(block), 2000)
     return result
 

@@ -1,7 +1,7 @@
 """Benchmark the slot gate against a bare flock loop measured in the same run; prints one JSON line.
 
 - acquire_release: try_acquire + release on one key (cap 1), cycles per second. Each cycle writes
-  the record twice (at acquire and at release), each in place (supervisor.slot_record).
+  the record twice (at acquire and at release), each in place (supervisor.slots.record).
 - bare_flock: flock(LOCK_EX|LOCK_NB) + flock(LOCK_UN) on one open fd, cycles per second
   (goal: acquire_release at most 50x slower).
 - acquire_release_cap500_held499: the same cycle on a key of cap 500 with 499 slots held by this
@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from guardd import procs  # noqa: E402
 from guardd.procs import Group  # noqa: E402
 from guardd.record import write_json  # noqa: E402
-from supervisor import slots as slots_module  # noqa: E402
 from supervisor.caps import Caps  # noqa: E402
-from supervisor.slot_record import write_slot_record  # noqa: E402
-from supervisor.slots import Holder, SlotGate  # noqa: E402
+from supervisor.slots import gate as slots_module
+from supervisor.slots.gate import Holder, SlotGate  # noqa: E402
+from supervisor.slots.record import write_slot_record  # noqa: E402
 
 
 def per_second(fn, seconds: float) -> float:

@@ -25,7 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: status_poller
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))  # status_poller
 
 from bench_daemon import (  # noqa: E402
     connected_publisher,

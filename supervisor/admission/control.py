@@ -1,0 +1,468 @@
+"""Key control: the daemon's side of admission — pauses and rate windows on the bus, their timers
+and their file, runtime deadlines, and `[pause_on.<key>]`.
+
+The decisions are supervisor.admission.policy's (pure); this module applies them in the running
+supervisor through the manager's seams: it is the manager's `Admission` (supervisor.turns.manager:
+`refusal(item, now)` for the head of each key, before the slot gate), it makes the manager's wait
+queue (`make_queue`: the fairness), and it observes the ledger's events as they are emitted
+(`attach`): a grant counts in the key's rate window before the next head is asked; `started` sets
+the runtime deadline and the stderr watch; `stderr` chunks go to the pause_on scanner; `exited`
+checks pause_on's exit codes; a finished item drops its timers. One timer wakes the grants when a
+pause ends or a waiting key's rate window opens. The daemon calls `pause`, `resume`, `restore` and
+`retune` for the control commands, the bus and a reload; `views` asks `waits_why` and `keys_view`.
+
+Events: `key.<key>.paused {key, until, reason, by, since, id, changed}` when a pause starts or
+lasts longer, and once for each new request id (the answer to a bus `request.pause`);
+`key.<key>.resumed {key, reason}` ("expired", or the reason given to resume, "resumed" by
+default); `turn.<id>.expiring {id, key, stop_at, limit, source}` before a runtime limit, then the
+turn is cancelled with reason "timeout" (its `exited` says `reason: "timeout"`).
+
+A turn whose key has a `pause_on` stderr rule is scanned off the loop (supervisor.admission.pause_on). The
+key's next grant waits until what an ended turn wrote has been scanned (`checking_output`, usually
+well under a millisecond), so a turn that prints a 429 and exits cannot hand its slot to a waiter
+before its pause lands.
+
+State: pauses go to admission.json (supervisor.admission.state) before a pause or resume is
+answered; the current rate windows with the round of grants that changed them (at the end of that
+turn of the event loop, one write for many grants; a grant's later restamp at its start waits for
+the next save or `close`), so a supervisor killed in between forgets at most that round's grants
+or a few ms of restamp. `restore` takes the file back at start. Runtime deadlines are not saved: a restarted
+supervisor does not run the old turns (their guards end with it).
+Knows timers, events and the file; nothing of slots or sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict, cast
+
+from ..config.admission import AdmissionSettings, PauseRule
+from ..filework import FileWorker
+from ..turns.fairness import Ordering, make_ordering, session_of
+from ..turns.manager import Refusal
+from ..turns.seams import LoopTimers, Timer, Timers
+from ..turns.states import Item, State, Turn
+from ..turns.waits import WaitQueue
+from ..wire.args import PauseArgs, ResumeArgs
+from ..wire.protocol import output_bytes
+from . import state as admission_state
+from .pause_on import PauseRules, StderrScanner
+from .pauses import PauseBook, PauseJSON
+from .policy import Admission, WaitReason, Why, WhyJSON, gate_why
+from .rates import RateTable, StartWindows
+from .runtime_limits import RuntimeLimits
+
+if TYPE_CHECKING:
+    from ..turns.manager import Manager
+
+# A started turn's command runs a few milliseconds after its guard started (exec, the program's
+# own start): its grant is counted from its start plus this, so the starts the commands themselves
+# see keep the rate too, unless one lags its guard by more (a machine under heavy load).
+START_SLACK = 0.05
+
+_GATE_WORDS = ("key_full", "machine_full", "low_memory", "unreadable")  # SlotGate.last_refusal
+
+log = logging.getLogger("ccsup.keyctl")
+
+
+def admission_settings(config: object) -> AdmissionSettings:
+    """The config's admission settings (`Config.admission`), else the defaults."""
+    settings = getattr(config, "admission", None)
+    return settings if isinstance(settings, AdmissionSettings) else AdmissionSettings()
+
+
+class KeyViewJSON(TypedDict):
+    key: str
+    paused: PauseJSON | None
+    next_grant: float | None  # when the rate window lets the next grant through (None: now)
+    waiting: WhyJSON | None  # why the key's head waits
+
+
+class KeyControl:
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        state_dir: Path,
+        *,
+        publish: Callable[[str, dict], None],
+        clock: Callable[[], float],
+        timers: Timers | None = None,
+    ):
+        self.settings = settings
+        self.path = admission_state.path_in(state_dir)
+        self.publish = publish  # key.* events
+        self.clock = clock
+        self.timers: Timers = (
+            timers or LoopTimers()
+        )  # a test gives its own (supervisor.turns.seams)
+        # Set by attach(manager): the manager's ledger and commands.
+        self.emit: Callable[[str, dict], None] = publish  # turn.<id>.*, in order with the ledger's
+        self.grant: Callable[[], None] = lambda: None
+        self.cancel: Callable[..., dict] = lambda item_id, reason: {}
+        self.lookup: Callable[[str], Item | None] = lambda item_id: None
+        self.queue: WaitQueue | None = None
+        self.files: FileWorker | None = None
+        self.policy = Admission(
+            PauseBook(settings.max_pause), StartWindows(RateTable(settings.rates))
+        )
+        self.limits = RuntimeLimits(settings.max_runtime, settings.expiring_notice)
+        self.rules = PauseRules(settings.pause_on)
+        self._scanner: StderrScanner | None = None
+        self._checking: Counter[str] = Counter()  # key -> ended turns whose stderr is unscanned
+        self._wake: Timer | None = None
+        self._wake_at: float | None = None
+        self._deadlines: dict[str, Timer] = {}
+        self._paused_by_turn: set[str] = set()
+        self._granted_at: dict[str, float] = {}  # rate-limited grants not yet started
+        self._dirty = False  # admission.json is behind memory (see _save_soon)
+        self._save_pending = False
+
+    def ordering(self) -> Ordering:
+        return make_ordering(self.settings.fairness)
+
+    def make_queue(self) -> WaitQueue:
+        """The manager's wait queue, ordered by `[slots] fairness`."""
+        self.queue = WaitQueue(self.ordering(), session_of=self._session_of)
+        return self.queue
+
+    def attach(self, manager: Manager) -> None:
+        """Follow the manager's ledger and use its commands (call once, before any request)."""
+        self.emit = manager.ledger.emit
+        self.grant = manager.grant_waiters
+        self.cancel = manager.cancel
+        self.lookup = manager.ledger.get
+        self.files = manager.ledger.files  # admission.json's fsyncs, off the event loop
+        manager.ledger.observers.append(self._observe)
+        manager.ledger.on_finished.append(lambda item: self._finished(item.id))
+
+    def _session_of(self, item_id: str) -> str:
+        item = self.lookup(item_id)
+        if item is None:
+            return f"i:{item_id}"
+        return session_of(item.holder.session, item.holder.pid, item_id)
+
+    # -- the manager's Admission (supervisor.turns.manager) ------------------------------------------
+
+    def refusal(self, item: Item, now: float) -> Refusal | None:
+        why = self.hold(item.key, now)
+        if why is None:
+            return None
+        if why.until is not None:
+            self._arm(why.until)  # the head is asked again when its hold ends
+        return Refusal(why.reason.value, why.until)
+
+    def _observe(self, topic: str, body: dict) -> None:
+        """Every event the ledger emits (see attach): quick, and never emits itself."""
+        parts = topic.split(".")
+        if len(parts) != 3 or parts[0] != "turn":
+            return
+        kind = parts[2]
+        if kind == "stderr":
+            if self._scanner is not None:
+                text = body.get("data")  # UTF-8 text, else the exact bytes as data_b64
+                if isinstance(text, str):
+                    self._scanner.feed(parts[1], text.encode())
+                else:
+                    self._scanner.feed(parts[1], output_bytes(body)[1])
+            return
+        if kind not in ("granted", "started", "exited"):
+            return
+        item = self.lookup(parts[1])
+        if kind == "granted" and item is not None:
+            if isinstance(body.get("reservation"), str):
+                return  # a turn binding a held reservation: that grant was counted already
+            self.granted(item.key, item.id)
+            if self.queue is not None:
+                self.queue.ordering.granted(item.id)
+        elif isinstance(item, Turn) and kind == "started":
+            self.turn_started(item)
+        elif isinstance(item, Turn):
+            self.turn_exited(item)  # before its release: the key's next grant waits for pause_on
+
+    def _finished(self, item_id: str) -> None:
+        if self.queue is not None:
+            self.queue.ordering.removed(item_id)
+        self.turn_finished(item_id)
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def pause(self, args: PauseArgs, by: str | None = None, *, refine: bool = False) -> dict:
+        now = self.clock()
+        answer = self.policy.pauses.pause(
+            args.key,
+            args.end(now),
+            now,
+            reason=args.reason,
+            by=args.by or by,
+            request_id=args.id,
+            refine=refine,
+        )
+        if answer.changed:
+            self._save()
+            log.info("key %s paused until %.3f (%s)", args.key, answer.pause.until, args.reason)
+            self._arm()
+        if answer.changed or (args.id is not None and not answer.repeat):
+            # A bus request is answered by this event (once per id), even when the key was
+            # already paused longer: it then says until when.
+            body = {**answer.pause.to_json(), "id": args.id, "changed": answer.changed}
+            self.publish(f"key.{args.key}.paused", body)
+        return {
+            **answer.pause.to_json(),
+            "changed": answer.changed,
+            "capped": answer.capped,
+            "id": args.id,
+        }
+
+    def resume(self, args: ResumeArgs) -> dict:
+        ended = self.policy.pauses.resume(args.key)
+        reason = args.reason or "resumed"
+        if ended:
+            self._save()
+            for pause in ended:
+                self.publish(f"key.{pause.key}.resumed", {"key": pause.key, "reason": reason})
+            self._arm()
+            self.grant()
+        still = self.policy.pauses.covering(args.key, self.clock())
+        return {
+            "key": args.key,
+            "resumed": [p.key for p in ended],
+            "still_paused": still.to_json() if still else None,
+        }
+
+    def restore(self) -> list[str]:
+        """Take back admission.json (call before the first grant). Returns the problems found."""
+        data, problem = admission_state.load(self.path)
+        now = self.clock()
+        problems = [problem] if problem else []
+        problems += self.policy.pauses.from_json(data["pauses"], now)
+        problems += self.policy.starts.from_json(data["starts"], now)
+        self._save()  # what ended meanwhile is gone from the file too
+        self._arm()
+        return problems
+
+    def retune(self, settings: AdmissionSettings) -> None:
+        """A reload: new rates, limits, rules, fairness and max_pause (live pauses keep their
+        ends; the waiters are ranked again, in their current order, by a new fairness)."""
+        if settings.fairness != self.settings.fairness and self.queue is not None:
+            self.queue.reorder(make_ordering(settings.fairness))
+        self.settings = settings
+        self.policy.pauses.max_pause = settings.max_pause
+        self.policy.starts.retune(RateTable(settings.rates))
+        self.limits = RuntimeLimits(settings.max_runtime, settings.expiring_notice)
+        self.rules = PauseRules(settings.pause_on)
+        self._arm()
+
+    def paused_keys(self) -> list[PauseJSON]:
+        return [p.to_json() for p in self.policy.pauses.active(self.clock())]
+
+    def keys_view(self, keys: list[str], refused: Mapping[str, Refusal]) -> list[KeyViewJSON]:
+        """Every key that is paused, rate-held or has waiters (`keys`), for ps and status;
+        `refused` is the manager's last refusal of each key's head."""
+        now = self.clock()
+        names = set(keys) | {p.key for p in self.policy.pauses.active(now)}
+        names |= {
+            k for k in self.policy.starts.to_json() if self.policy.starts.next_allowed(k, now)
+        }
+        view: list[KeyViewJSON] = []
+        for key in sorted(names):
+            pause = self.policy.pauses.covering(key, now)
+            view.append(
+                {
+                    "key": key,
+                    "paused": pause.to_json() if pause else None,
+                    "next_grant": self.policy.starts.next_allowed(key, now),
+                    "waiting": self.waits_why(key, 1, refused.get(key)) if key in keys else None,
+                }
+            )
+        return view
+
+    def close(self) -> None:
+        if self._dirty:
+            self._save()
+        if self._wake is not None:
+            self._wake.cancel()
+        for timer in self._deadlines.values():
+            timer.cancel()
+        self._deadlines.clear()
+        if self._scanner is not None:
+            self._scanner.close()
+
+    # -- hooks of the grant ----------------------------------------------------------------------
+
+    def hold(self, key: str, now: float) -> Why | None:
+        """Why the head of `key` may not be granted at `now` (None: ask the gate)."""
+        if self._checking[key]:
+            detail = "the stderr of an ended turn is being checked against pause_on"
+            return self.policy.note(key, Why(WaitReason.CHECKING_OUTPUT, None, detail))
+        return self.policy.hold(key, now)
+
+    def granted(self, key: str, item_id: str) -> None:
+        now = self.clock()
+        self.policy.granted(key, now)
+        if self.policy.starts.table.rate_for(key) is not None:
+            self._granted_at[item_id] = now
+            self._save_soon()  # the grants of the current window survive a restart
+
+    def waits_why(self, key: str, position: int | None, gate: Refusal | None) -> WhyJSON | None:
+        """Why a waiter of `key` at `position` waits; `gate` is the manager's last refusal of the
+        key's head (the gate's word, or one of this policy's holds). Changes nothing."""
+        if gate is None:
+            head = None  # not refused at the last round: it is being granted
+        elif gate.reason in _GATE_WORDS:
+            head = gate_why(gate.reason)
+        else:
+            head = self.policy.why(key)
+        if position is not None and position > 1:
+            return self.policy.behind(key, position, head).to_json()
+        return head.to_json() if head else None
+
+    # -- timers ----------------------------------------------------------------------------------
+
+    def _arm(self, hold_ends: float | None = None) -> None:
+        """One timer for the next moment something may change: a pause ends (to announce it),
+        or the hold of a refused head ends (`hold_ends`: its pause or rate window). A timer set
+        for a later moment is brought forward, never put off."""
+        now = self.clock()
+        times = [self.policy.pauses.next_expiry(), hold_ends]
+        if self._wake is not None:
+            times.append(self._wake_at)
+        at = min((t for t in times if t is not None), default=None)
+        if at == self._wake_at and self._wake is not None:
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        self._wake_at = at
+        if at is not None:
+            self._wake = self.timers.call_later(max(at - now, 0.0), self._on_wake)
+
+    def _on_wake(self) -> None:
+        self._wake = None
+        self._wake_at = None
+        ended = self.policy.pauses.expire(self.clock())
+        if ended:
+            self._save()
+            for pause in ended:
+                self.publish(f"key.{pause.key}.resumed", {"key": pause.key, "reason": "expired"})
+        self.policy.starts.forget_old(self.clock())
+        self.grant()  # a head still held is refused again, which arms its own wake
+        self._arm()
+
+    def _save_soon(self) -> None:
+        """Save at the end of this turn of the event loop: one write for a round of grants."""
+        self._dirty = True
+        if not self._save_pending:
+            self._save_pending = True
+            self.timers.call_later(0.0, self._save_if_dirty)
+
+    def _save_if_dirty(self) -> None:
+        self._save_pending = False
+        if self._dirty:
+            self._save()
+
+    def _save(self) -> None:
+        """Now (a pause is saved before it is answered: nothing acknowledged is lost)."""
+        self._dirty = False
+        try:
+            admission_state.save(
+                self.path,
+                pauses=self.policy.pauses.to_json(),
+                starts=self.policy.starts.to_json(),
+                sync=self.files is None,
+            )
+            if self.files is not None:
+                self.files.sync_soon(self.path)
+        except OSError as e:
+            log.error("unable to save %s: %s (kept in memory)", self.path, e.strerror)
+
+    # -- a turn's life ---------------------------------------------------------------------------
+
+    def turn_started(self, turn: Turn) -> None:
+        now = self.clock()
+        granted_at = self._granted_at.pop(turn.id, None)
+        if granted_at is not None:  # the rate window counts from when the work started
+            self.policy.starts.restamp(turn.key, granted_at, now + START_SLACK)
+            self._dirty = True  # saved with the next grant's save, or at close
+        deadline = self.limits.deadline(turn.key, turn.timeout, now)
+        if deadline is not None:
+
+            def warn() -> None:
+                self._expiring(turn, deadline.stop_at, deadline.limit, deadline.source)
+
+            self._deadlines[turn.id] = self.timers.call_later(
+                max(deadline.warn_at - now, 0.0), warn
+            )
+        rule = self.rules.rule_for(turn.key)
+        if rule is not None and rule.stderr is not None:
+            if self._scanner is None:
+                loop = asyncio.get_running_loop()
+                self._scanner = StderrScanner(
+                    self._stderr_matched, self._stderr_done, loop.call_soon_threadsafe
+                )
+            self._scanner.watch(turn.id, rule.stderr, (turn.key, rule))
+
+    def _expiring(self, turn: Turn, stop_at: float, limit: float, source: str) -> None:
+        if turn.state is not State.RUNNING:
+            return
+        self.emit(
+            f"turn.{turn.id}.expiring",
+            {"id": turn.id, "key": turn.key, "stop_at": stop_at, "limit": limit, "source": source},
+        )
+        self._deadlines[turn.id] = self.timers.call_later(
+            max(stop_at - self.clock(), 0.0), partial(self._time_up, turn)
+        )
+
+    def _time_up(self, turn: Turn) -> None:
+        self._deadlines.pop(turn.id, None)
+        if turn.state is State.RUNNING:
+            log.info("turn %s ran past its limit: stopping it", turn.id)
+            self.cancel(turn.id, reason="timeout")
+
+    def turn_exited(self, turn: Turn) -> None:
+        if self._scanner is not None and self._scanner.finish(turn.id):
+            self._checking[turn.key] += 1
+        rule = self.rules.rule_for(turn.key)
+        code = turn.exit["code"] if turn.exit is not None else None
+        if rule is not None and code in rule.exit_codes:
+            self._pause_for(turn.id, turn.key, rule, None, f"exit code {code}")
+
+    def turn_finished(self, item_id: str) -> None:
+        self._paused_by_turn.discard(item_id)
+        self._granted_at.pop(item_id, None)
+        timer = self._deadlines.pop(item_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _stderr_matched(
+        self, turn_id: str, context: object, seconds: float | None, refine: bool
+    ) -> None:
+        key, rule = cast(tuple[str, PauseRule], context)
+        if refine and seconds:  # the Retry-After came after the line that paused the key
+            reason = f"pause_on: stderr matched (Retry-After: {seconds:g})"
+            by = f"pause_on:{turn_id}"
+            self.pause(PauseArgs(None, key, seconds, None, reason, by), refine=True)
+        elif not refine:
+            self._pause_for(turn_id, key, rule, seconds, "stderr matched")
+
+    def _stderr_done(self, turn_id: str, context: object) -> None:
+        key, _ = cast(tuple[str, PauseRule], context)
+        self._paused_by_turn.discard(turn_id)
+        self._checking[key] -= 1
+        if self._checking[key] <= 0:
+            del self._checking[key]
+            self.grant()
+
+    def _pause_for(
+        self, turn_id: str, key: str, rule: PauseRule, seconds: float | None, what: str
+    ) -> None:
+        if turn_id in self._paused_by_turn:
+            return  # a turn pauses its key once
+        self._paused_by_turn.add(turn_id)
+        length = seconds if seconds is not None and seconds > 0 else rule.for_
+        reason = f"pause_on: {what}" + (f" (Retry-After: {seconds:g})" if seconds else "")
+        self.pause(PauseArgs(None, key, length, None, reason, f"pause_on:{turn_id}"))

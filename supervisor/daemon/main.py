@@ -1,0 +1,485 @@
+"""The daemon: wiring, the single-instance lock, signals, the periodic reaper, and shutdown.
+
+One asyncio process per state directory. `<state>/supervisor.lock` is flock'd for the daemon's
+life: a second daemon finds it taken and says who runs; the kernel frees it when this one dies,
+even by SIGKILL, so a stale lock never blocks a restart. Signals are turned into the same calls as
+the control commands (SIGTERM/SIGINT = quit, SIGHUP = reload).
+
+Start-up, in order: the sockets are bound (stale ipc socket files are replaced: we hold the
+instance lock, so nobody else uses them) and `supervisor.started` is published; the guard zygote
+starts; queue.json comes back (supervisor.turns.restore: `supervisor.restored` says what came back; a
+bad file is moved aside and each problem is a `supervisor.error` event and a log line) and the
+restored waiters are granted what is free; only then do the sockets serve requests, so no new
+request can jump what was waiting before. After that, orphaned slots the last supervisor left
+are reaped (`slot.<key>.orphaned`, `slot.<key>.reaped`; their work ends in a thread, so requests
+are served meanwhile), the turns it was running are settled as their slots come free, and
+waiters are granted again; then READY for systemd, and the periodic tick (retries, reaping).
+Stopping half-way (SIGKILL): the guards see their parent gone and end their work; the next start
+reaps whatever is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ..admission.control import KeyControl, admission_settings
+from ..cluster.wiring import cluster_wiring
+from ..config import Config, load
+from ..config.metrics import metrics_address
+from ..errors import AlreadyRunning, CcsupError, os_failure
+from ..guards import containment, fdlimit
+from ..guards.launcher import Launcher
+from ..history import metrics
+from ..history import writer as history_writer
+from ..holder import Holder
+from ..output import retention
+from ..paths import StatePaths, ipc_path
+from ..slots.gate import ORPHANED, SlotGate
+from ..turns import restore, store, views
+from ..turns.manager import RETRY_INTERVAL, Manager, Settings
+from ..wire import args as command_args
+from ..wire import protocol
+from ..wire.protocol import ProtocolError, Request
+from . import memtrim
+from .server import Server
+
+log = logging.getLogger("ccsup.daemon")
+
+
+def take_instance_lock(paths: StatePaths) -> int:
+    """Hold <state>/supervisor.lock for the daemon's life; AlreadyRunning when someone else does."""
+    try:
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise os_failure("open", paths.lock, e) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise AlreadyRunning(
+            f"a supervisor is already running on {paths.root} (pid {owner})"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+# systemd's notify socket, taken out of the environment at start so no turn inherits it.
+_notify_socket: str | None = None
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; nothing when not under systemd."""
+    address = _notify_socket
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+    except OSError as e:
+        log.warning("unable to notify systemd at %s: %s", address, e)
+
+
+def setup_logging(paths: StatePaths, foreground: bool) -> None:
+    if foreground:
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.handlers.RotatingFileHandler(paths.log, maxBytes=5 << 20, backupCount=3)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("ccsup")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        paths: StatePaths,
+        *,
+        config_path: str | None,
+        caps_override: dict | None,
+    ):
+        self.config = config
+        self.paths = paths
+        self.config_path = config_path
+        self.caps_override = caps_override or {}
+        endpoints = config.endpoints.resolve(paths.root)
+        control, bus_in, bus_out = endpoints.control, endpoints.bus_in, endpoints.bus_out
+        assert control and bus_in and bus_out  # resolve fills in every default
+        # Guards publish their hints without keys: over CURVE tcp they get a private ipc bus-in.
+        self._bus_in = bus_in if ipc_path(bus_in) is not None else paths.endpoint("guard-bus")
+        guard_bus = None if self._bus_in == bus_in else self._bus_in
+        self.server = Server(control, bus_in, bus_out, endpoints.curve, guard_bus)
+        self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
+        self.launcher = Launcher()  # guards forked by a warm zygote (pipelined), else directly
+        # Admission (pauses, start rates, runtime limits, fairness): the manager's policy and queue.
+        self.keyctl = KeyControl(
+            admission_settings(config), paths.root, publish=self.server.publish, clock=time.time
+        )
+        self.cgroups = containment.start_cgroups(config)
+        # [cluster]: a cluster slot before the local one, for the keys it names (cluster_wiring).
+        self.cluster = cluster = cluster_wiring(config, paths.root, self.server.publish)
+        self.manager = Manager(
+            paths=self.paths,
+            gate=cluster.slot_gate(self.gate) if cluster else self.gate,
+            publish=cluster.publish if cluster else self.server.publish,
+            settings=self._settings(self.config),
+            start_guard=(
+                cluster.start_guard(self.launcher.start_guard)
+                if cluster
+                else self.launcher.start_guard
+            ),
+            admission=self.keyctl,
+            queue=self.keyctl.make_queue(),
+            cgroups=self.cgroups,
+        )
+        self.keyctl.attach(self.manager)
+        self._stop = asyncio.Event()
+        self._reaping: asyncio.Task | None = None
+        self.history = history_writer.Recorder(paths.root)  # writes in a thread of its own
+        self.server.observers.append(self.history.observe)
+        self.launcher.on_truncated = self._log_truncated
+        self.launcher.log_limit = self._log_limits().turn_max_bytes
+        self._pruning: asyncio.Task | None = None
+        self.metrics = metrics.Metrics(ps=lambda: views.ps(self.manager))
+        self.server.observers.append(self.metrics.observe)
+        self.metrics_server: metrics.MetricsServer | None = None
+
+    def _settings(self, config: Config) -> Settings:
+        return Settings(
+            grace=config.grace,
+            scan=config.scan,
+            bus_in=self._bus_in,
+            config_source=config.source,
+            reservation_ttl=config.reservation_ttl,
+        )
+
+    async def run(self) -> int:
+        self.prepare_slots()  # before anything is served: a first burst only opens them
+        self.server.bind()
+        cluster = self.cluster
+        if cluster:
+            cluster.attach(self.manager)
+        self.history.start()
+        self.server.publish(
+            "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
+        )
+        log.info(
+            "started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source
+        )
+        self.launcher.start()  # before restore, which may start guards
+        self.restore_queue()  # before any request is served: nothing new can jump what was waiting
+        self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
+        self._serve_metrics()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.quit)
+        loop.add_signal_handler(signal.SIGINT, self.quit)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
+        await self.reap_orphans()
+        self._pruning = asyncio.create_task(self._prune_logs_periodically())
+        trimming = asyncio.create_task(
+            memtrim.trim_after_work()
+        )  # RSS: see supervisor.daemon.memtrim
+        sd_notify("READY=1")
+        web = _web_beside(self.config, self.paths.root, self.config_path)
+        ticker = asyncio.create_task(self._tick())
+        await self._stop.wait()
+        sd_notify("STOPPING=1")
+        self.server.publish("supervisor.stopping", {"pid": os.getpid()})
+        log.info("stopping: ending every turn")
+        self.manager.begin_stop()
+        await self.manager.wait_idle()
+        if cluster:
+            await cluster.close()  # every turn is gone: the lease and its keys may go
+        ticker.cancel()
+        self._pruning.cancel()
+        trimming.cancel()
+        if web is not None:
+            from . import page
+
+            await page.stop(web)
+        self.server.publish("supervisor.stopped", {"pid": os.getpid()})
+        # The last events get 50 ms to leave before the sockets close, spent closing the rest.
+        sockets_close_at = loop.time() + 0.05
+        self.manager.close()
+        self.keyctl.close()
+        self.launcher.close()
+        self.cgroups.close()
+        self.history.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        await asyncio.sleep(max(0.0, sockets_close_at - loop.time()))
+        self.server.close()
+        log.info("stopped")
+        return 0
+
+    def prepare_slots(self) -> None:
+        """The configured keys' slot files made ahead (SlotGate.prepare); a failure is only logged:
+        a grant makes what is missing, and reports what it cannot make."""
+        me = self.manager.me
+        try:
+            made = self.gate.prepare(Holder().held_by(me.pid, me.start))
+        except (OSError, CcsupError) as e:
+            log.warning("unable to make slot files ahead: %s", e)
+        else:
+            if made:
+                log.info("made the files of %d slots ahead", made)
+
+    def restore_queue(self) -> None:
+        saved, problem = store.load(self.paths.queue)
+        problems = [problem] if problem else []
+        problems += self.keyctl.restore()  # pauses first: nothing restored is granted past one
+        problems += restore.restore(self.manager, saved, self.gate.inspect_all())
+        for text in problems:
+            log.error("%s", text)
+            self.server.publish(
+                "supervisor.error", {"message": text, "path": str(self.paths.queue)}
+            )
+        restored = {
+            "waiting": len(self.manager.queue),
+            "reservations": len(self.manager.reservations),
+            "lost": len(self.manager.ledger.lost_running),
+            "problems": len(problems),
+        }
+        self.server.publish("supervisor.restored", restored)
+        log.info("restored %s", restored)
+        self.manager.grant_waiters()
+
+    def quit(self) -> None:
+        self._stop.set()
+
+    def _serve_metrics(self) -> None:
+        """[metrics] listen: serve /metrics (off unless configured; an address it cannot take is
+        logged and the supervisor runs on without it)."""
+        listen = getattr(getattr(self.config, "metrics", None), "listen", None)
+        if not listen:
+            return
+        try:
+            host, port = metrics_address(listen)
+            server = metrics.MetricsServer(self.metrics, host, port)
+            server.start()
+        except CcsupError as e:
+            log.error("%s; no metrics are served", e.message)
+            return
+        self.metrics_server = server
+
+    # -- output logs -----------------------------------------------------------------------------
+
+    def _log_limits(self) -> retention.LogLimits:
+        return getattr(self.config, "logs", None) or retention.LogLimits()
+
+    def _log_truncated(self, turn_id: str, stream: str, offset: int, limit: int) -> None:
+        fields = {"id": turn_id, "stream": stream, "offset": offset, "limit": limit}
+        self.server.publish(f"turn.{turn_id}.truncated", fields)
+
+    async def _prune_logs_periodically(self) -> None:
+        """[logs] keep and max_bytes: at start, then every PRUNE_INTERVAL, in a thread."""
+        while True:
+            limits = self._log_limits()
+            running = set(self.manager.turns)
+            try:
+                pruned = await asyncio.to_thread(retention.prune, self.paths.turns, limits, running)
+            except OSError as e:  # a bug-free prune logs its own; this is the unexpected rest
+                log.error("unable to prune turn logs in %s: %s", self.paths.turns, e)
+                pruned = []
+            if pruned:
+                log.info("pruned the logs of %d turn(s)", len(pruned))
+                self.history.mark_pruned([p["id"] for p in pruned], pruned[0]["pruned_at"])
+            if limits.keep is not None:
+                self.history.prune(time.time() - limits.keep)
+            await asyncio.sleep(retention.PRUNE_INTERVAL)
+
+    async def _tick(self) -> None:
+        elapsed = 0.0
+        while True:
+            await asyncio.sleep(RETRY_INTERVAL)
+            self.manager.tick()
+            elapsed += RETRY_INTERVAL
+            if elapsed >= self.manager.settings.scan:
+                elapsed = 0.0
+                if self._reaping is None or self._reaping.done():
+                    self._reaping = asyncio.create_task(self.reap_orphans())
+
+    async def reap_orphans(self, key: str | None = None) -> list[dict]:
+        """Find orphaned slots, end their work and release them (in a thread: it waits a grace)."""
+        views = self.gate.inspect(key) if key else self.gate.inspect_all()
+        orphans = [v for v in views if v.state == ORPHANED]
+        for view in orphans:
+            self.server.publish(f"slot.{view.key}.orphaned", view.to_json())
+        if not orphans:
+            return []
+        reaped = await asyncio.to_thread(self.gate.reap, key, grace=self.manager.settings.grace)
+        for view in reaped:
+            self.server.publish(f"slot.{view.key}.reaped", view.to_json())
+        if reaped:
+            if self.manager.ledger.lost_running:
+                restore.settle_lost(self.manager, self.gate.inspect_all())
+            self.manager.grant_waiters()
+        return [view.to_json() for view in reaped]
+
+    # -- the control socket ----------------------------------------------------------------------
+
+    async def handle_request(self, request: Request) -> dict:
+        handler = getattr(self, f"cmd_{request.cmd}")
+        try:
+            return await handler(request.args)
+        except ProtocolError:
+            raise
+        except CcsupError as e:  # a bad config on reload is a usage error: the CLI exits 2
+            raise ProtocolError(e.code, e.message) from None
+        except Exception as e:  # a bug must not take the supervisor down with it
+            log.exception("bug while answering %s", request.cmd)
+            raise ProtocolError(
+                "failed", f"internal error answering {request.cmd}: {type(e).__name__}; see the log"
+            ) from None
+
+    async def cmd_status(self, args: dict) -> dict:
+        result = views.status(self.manager)
+        if self.cluster:
+            result["cluster"] = await self.cluster.status()
+        result["caps"] = dict(self.gate.caps.caps)
+        result["default_cap"] = self.gate.caps.default_cap
+        result["bus_rejected"] = self.server.rejected_bus_messages
+        result.update(self.cgroups.describe())
+        return result
+
+    async def cmd_turn(self, args: dict) -> dict:
+        return self.manager.request_turn(command_args.parse_turn(args))
+
+    async def cmd_reserve(self, args: dict) -> dict:
+        return self.manager.reserve(command_args.parse_reserve(args))
+
+    async def cmd_cancel(self, args: dict) -> dict:
+        return self.manager.cancel(command_args.parse_cancel(args))
+
+    async def cmd_send(self, args: dict) -> dict:
+        return self.manager.send(command_args.parse_send(args))
+
+    async def cmd_ps(self, args: dict) -> dict:
+        result = views.ps(self.manager)
+        # What each running turn used so far: read from its guard record, in a worker thread.
+        running = {t.id: t.guard.record_path for t in self.manager.turns.values() if t.guard}
+        await asyncio.to_thread(containment.add_usage, result["slots"], running)
+        if self.cluster:
+            result["cluster"] = await self.cluster.view()
+        return result
+
+    async def cmd_reap(self, args: dict) -> dict:
+        return {"reaped": await self.reap_orphans(command_args.parse_reap(args))}
+
+    async def cmd_metrics(self, args: dict) -> dict:
+        return {"text": self.metrics.exposition().decode()}
+
+    async def cmd_reload(self, args: dict) -> dict:
+        return self.reload()
+
+    async def cmd_pause(self, args: dict) -> dict:
+        return self.keyctl.pause(command_args.parse_pause(args), by="control")
+
+    async def cmd_resume(self, args: dict) -> dict:
+        return self.keyctl.resume(command_args.parse_resume(args))
+
+    async def cmd_quit(self, args: dict) -> dict:
+        asyncio.get_running_loop().call_soon(self.quit)
+        return {"stopping": True}
+
+    def reload(self) -> dict:
+        config = load(self.config_path, os.environ)  # ConfigError: the old config stays
+        self.config = config
+        self.gate.caps = config.caps.with_caps(self.caps_override)
+        # A raised cap's new slot files, made in a thread; waiters are tried again once they are
+        # there (a grant that met an index being made saw it busy).
+        made = asyncio.get_running_loop().run_in_executor(None, self.prepare_slots)
+        made.add_done_callback(lambda _: self.manager.grant_waiters())
+        if self.cluster and config.cluster:
+            self.cluster.reload(config.cluster)
+        self.manager.settings = self._settings(config)
+        self.launcher.log_limit = self._log_limits().turn_max_bytes
+        self.keyctl.retune(admission_settings(config))
+        for sentence in self.cgroups.set_limits(dict(config.limits)):  # [guard] cgroup: at start
+            log.warning("%s", sentence)
+        self.server.publish("supervisor.reloaded", {"config": config.source})
+        log.info("reloaded %s", config.source)
+        self.manager.grant_waiters()  # a raised cap may admit waiters now
+        return {"config": config.source}
+
+    def _reload_from_signal(self) -> None:
+        try:
+            self.reload()
+        except CcsupError as e:
+            log.error("reload refused, the old configuration stays: %s", e.message)
+
+    # -- the bus ---------------------------------------------------------------------------------
+
+    def handle_bus(self, topic: str, body: dict) -> None:
+        if topic.startswith("guard."):
+            self.manager.on_guard_hint(topic, body)
+            return
+        kind = protocol.REQUEST_TOPICS.get(topic)
+        if kind is None:
+            return
+        req_id = body.get("id")
+        try:
+            protocol.check_id(req_id)
+            if kind == "turn":
+                self.manager.request_turn(command_args.parse_turn(body))
+            elif kind == "cancel":
+                self.manager.cancel(command_args.parse_cancel(body), reason="cancelled")
+            elif kind == "pause":
+                self.keyctl.pause(command_args.parse_pause(body), by="bus")
+            else:
+                self.manager.reserve(command_args.parse_reserve(body))
+        except (ProtocolError, CcsupError) as e:
+            if isinstance(req_id, str) and protocol.TURN_ID.match(req_id):
+                self.manager.reject(req_id, e.message)
+            else:
+                self.handle_bad_bus(topic, body, e.message)
+
+    def handle_bad_bus(self, topic: str, body: dict | None, reason: str) -> None:
+        log.warning("ignored a bad bus message on %r: %s", topic[:64], reason)
+
+
+def _web_beside(config: Config, state_dir: Path, config_path: str | None):
+    """`[web] listen`: the page's process, started beside the daemon (supervisor.daemon.page)."""
+    if config.web.listen is None:
+        return None
+    from . import page
+
+    return page.start(state_dir, config_path)
+
+
+def serve(
+    config: Config,
+    state_dir: Path,
+    *,
+    caps_override: dict | None = None,
+    foreground: bool = True,
+    config_path: str | None = None,
+) -> int:
+    """Run the daemon in this process until it is told to stop; returns the exit code."""
+    global _notify_socket
+    _notify_socket = os.environ.pop("NOTIFY_SOCKET", None)
+    paths = StatePaths(Path(state_dir))
+    paths.ensure()
+    lock_fd = take_instance_lock(paths)
+    setup_logging(paths, foreground)
+    fdlimit.raise_nofile()  # 500 turns need ~5k fds; each turn gets the old limit back
+    try:
+        daemon = Daemon(config, paths, config_path=config_path, caps_override=caps_override)
+        return asyncio.run(daemon.run())
+    finally:
+        os.close(lock_fd)

@@ -1,0 +1,453 @@
+"""Starting a turn's guard and following it: its pipes, its stdin, its exit.
+
+A guard is started one of two ways, with the same arguments and the same result: through the guard
+zygote (guardd.zygote), a warm process that forks a guard per turn in ~1-3 ms, while it runs; else
+directly (`start_guard` here), as `sys.executable -I -S -c <bootstrap>` (guardd.launch: a `python3`
+shim on PATH can cost 90 ms a start, `site` another 11-23 ms, and -I keeps a `guardd.py` in the
+turn's cwd from shadowing ours), ~25-36 ms of CPU a turn. supervisor.guards.launcher chooses; containment
+never depends on the zygote. Either way the guard is in a session of its own, so nothing of the
+supervisor's terminal reaches it, and its stdout and stderr are pipes the event loop reads: every
+read is appended to `<state>/turns/<id>/<stream>.log` (the exact bytes) and handed on as a
+`supervisor.output.chunks.Chunk`: whole characters, its byte offset in the stream, chunks tiling it.
+Beside each log, `<stream>.idx` records when each read arrived (`output.line_times`: 16 bytes a read, the
+log's bytes untouched), for `ccsup logs -t`; it is made at its stream's first read, so a silent
+stream has none (read as no times), and a turn's start creates two files fewer. With `log_limit`
+([logs] turn_max_bytes), the two logs of a turn together stop growing at that many bytes:
+`on_truncated` is called once (the daemon publishes `turn.<id>.truncated`), and the bus keeps
+streaming, offsets still counting the stream. The guard's exit is seen through a pidfd. Its status:
+a directly started guard is our child and `reap()` is the daemon's only waitpid for it, called when
+that pidfd is readable; a forked guard is the zygote's child, reaped there, and its status comes
+over the zygote's socket (`ForkedGuardProcess`): the exit callback waits for both. If the zygote
+dies first, the status is lost, and the manager learns the outcome from the guard's record (or
+calls the guard lost).
+
+State: the logs are append-only and survive restarts; a turn id is never run twice, so a log is
+never mixed. Nothing here is persisted otherwise: a restarted supervisor finds guards by records
+and starts a zygote of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from guardd import procs
+from guardd.exits import EXIT_GUARD_FAILURE
+from guardd.launch import guard_command
+from guardd.record import record_path
+
+from ..output import line_times
+from ..output.chunks import Chunk, StreamSplitter
+
+log = logging.getLogger("ccsup.spawn")
+
+STREAMS = ("stdout", "stderr")
+# A turn's log directory holds, for each stream, its bytes (.log), made before the turn starts,
+# and their arrival times (.idx), made at the stream's first read.
+LOG_FILES = tuple(f"{stream}.log" for stream in STREAMS)
+OutputCallback = Callable[[str, Chunk], None]  # stream, chunk
+TruncatedCallback = Callable[[str, str, int, int], None]  # turn id, stream, offset, limit
+# A forked guard whose zygote died before reporting its status: unknown, read as the guard's own
+# failure (the record's exit, when it has one, wins; without one the guard was lost).
+STATUS_UNKNOWN = EXIT_GUARD_FAILURE
+
+
+class _Pipes:
+    """What a GuardProcess needs of its process besides the status: pid and the three pipe ends."""
+
+    def __init__(self, pid: int, stdin: int, stdout: int, stderr: int):
+        self.pid = pid
+        self.stdio = (stdin, stdout, stderr)
+
+    def poll(self) -> int | None:
+        """Unknown here: the zygote reaps a forked guard and reports its status."""
+        return None
+
+
+def _nothing(*args: object) -> None:
+    """The callbacks of a guard not yet attached to the event loop."""
+
+
+def _open_append(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+
+
+class GuardProcess:
+    """One running guard process, as the supervisor sees it (started directly: our child).
+
+    Its pipes and logs are plain descriptors, each closed once (then dropped, or -1 for stdin):
+    a file object for each of the seven cost ~270 bytes a turn apiece."""
+
+    def __init__(
+        self,
+        turn_id: str,
+        process: subprocess.Popen[bytes] | _Pipes,
+        record_dir: Path,
+        *,
+        stdio: tuple[int, int, int],
+        pidfd: int | None = None,
+        start: int | None = None,
+    ):
+        """process: a subprocess.Popen (or, for ForkedGuardProcess, a forked guard's _Pipes);
+        stdio: our ends of its stdin, stdout and stderr pipes, ours to close from now on."""
+        self.turn_id = turn_id
+        self.popen = process
+        self._stdin = stdio[0]
+        self._pipes = {"stdout": stdio[1], "stderr": stdio[2]}
+        if start is None:
+            stat = procs.read_stat(process.pid)  # not reaped yet, so the pid is still this child's
+            start = stat.start if stat else 0
+        self.identity = procs.Identity(process.pid, start)
+        self.record_path = record_path(record_dir, self.identity)
+        self.pidfd = os.pidfd_open(process.pid) if pidfd is None else pidfd
+        self.returncode: int | None = None
+        self._on_exit: Callable[[], None] = _nothing
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._logs: dict[str, int] = {}
+        self._indexes: dict[str, int] = {}  # made at the stream's first read (-1: could not be)
+        self._log_dir = Path()
+        self.log_limit: int | None = None  # [logs] turn_max_bytes: both logs together
+        self.on_truncated: TruncatedCallback | None = None
+        self._logged = 0
+        self.truncated = False
+        self._offsets = {"stdout": 0, "stderr": 0}  # bytes read from each pipe
+        self._splitters: dict[str, StreamSplitter] = {}  # made at a stream's first read
+        self._on_output: OutputCallback = _nothing
+        self._stdin_buffer = bytearray()
+        self._stdin_eof = False
+        self.terminate_pending = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop it was attached to (a bug to ask before `attach`)."""
+        assert self._loop is not None, "the guard is not attached to an event loop"
+        return self._loop
+
+    def attach(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        log_dir: Path,
+        on_output: OutputCallback,
+        on_exit: Callable[[], None],
+    ) -> None:
+        """Start following the guard's pipes and its exit on the event loop. log_dir exists (the
+        start made it before the guard, supervisor.turns.starting); its logs are opened, or made if the
+        file thread has not made them yet."""
+        self._loop = loop
+        self._on_output = on_output
+        for stream in STREAMS:
+            pipe = self._pipes[stream]
+            os.set_blocking(pipe, False)
+            self._logs[stream] = _open_append(log_dir / f"{stream}.log")
+            loop.add_reader(pipe, self._read, stream)
+        self._log_dir = log_dir
+        os.set_blocking(self._stdin, False)
+        self._on_exit = on_exit
+        loop.add_reader(self.pidfd, self._on_pidfd)
+
+    def _on_pidfd(self) -> None:
+        """The guard has exited (its pidfd is readable)."""
+        self._on_exit()
+
+    def _read(self, stream: str) -> None:
+        try:
+            data = os.read(self._pipes[stream], 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_stream(stream)
+            return
+        self._log(stream, self._offsets[stream], data)
+        self._offsets[stream] += len(data)
+        splitter = self._splitters.get(stream)
+        if splitter is None:
+            splitter = self._splitters[stream] = StreamSplitter()
+        chunk = splitter.feed(data)
+        if chunk is not None:
+            self._on_output(stream, chunk)
+
+    def _finish(self, stream: str) -> None:
+        """Send what the stream's splitter holds back (an incomplete character, for good)."""
+        splitter = self._splitters.get(stream)
+        chunk = splitter.finish() if splitter is not None else None
+        if chunk is not None:
+            self._on_output(stream, chunk)
+
+    def drain(self) -> None:
+        """Read what the pipes hold now, so output comes before the events that follow it.
+
+        Called when CMD's outcome is known: a character still incomplete then is sent as it is
+        (bytes, `data_b64`), since the turn's end may be published before the pipes close (its
+        work confirmed gone while the guard itself still holds them). Bytes that complete it
+        later (a descendant's) follow as a chunk of their own; offsets still tile the stream.
+        """
+        for stream in STREAMS:
+            while stream in self._logs and stream in self._pipes:
+                before = self._offsets[stream]
+                self._read(stream)
+                if self._offsets[stream] == before:
+                    break
+            self._finish(stream)
+
+    def _log(self, stream: str, offset: int, data: bytes) -> None:
+        """Append a read to its log (and its arrival to the index), up to the turn's log limit."""
+        if self.truncated:
+            return
+        room = len(data) if self.log_limit is None else self.log_limit - self._logged
+        piece = data if room >= len(data) else data[: max(room, 0)]
+        if piece:
+            index = self._indexes.get(stream)
+            if index is None:
+                index = self._indexes[stream] = self._open_index(stream)
+            if index >= 0:
+                os.write(index, line_times.entry(offset, time.time()))
+            os.write(self._logs[stream], piece)
+            self._logged += len(piece)
+        if len(piece) < len(data):
+            self.truncated = True
+            if self.on_truncated is not None:
+                self.on_truncated(self.turn_id, stream, offset + len(piece), self.log_limit or 0)
+
+    def _open_index(self, stream: str) -> int:
+        """The stream's index, made now; -1 when it cannot be (its log is what must not fail)."""
+        path = self._log_dir / f"{stream}.idx"
+        try:
+            return _open_append(path)
+        except OSError as e:
+            log.warning("unable to make %s, its log goes on without times: %s", path, e.strerror)
+            return -1
+
+    def _close_stream(self, stream: str) -> None:
+        pipe = self._pipes.pop(stream, None)
+        if pipe is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(pipe)
+            os.close(pipe)
+        index = self._indexes.pop(stream, None)
+        if index is not None and index >= 0:
+            os.close(index)
+        log = self._logs.pop(stream, None)
+        if log is not None:
+            os.close(log)
+            self._finish(stream)
+
+    @property
+    def stdin_pending(self) -> int:
+        """Bytes sent to CMD's stdin that the pipe has not taken yet (a writer's back-pressure)."""
+        return len(self._stdin_buffer)
+
+    def write_stdin(self, data: bytes, eof: bool = False) -> int:
+        """Queue data for CMD's stdin (written as the pipe takes it); eof closes it after."""
+        if self._stdin_eof or self._stdin < 0:
+            raise BrokenPipeError("the turn's stdin is closed")
+        self._stdin_buffer += data
+        self._stdin_eof = eof
+        self._flush_stdin()
+        return len(data)
+
+    def _flush_stdin(self) -> None:
+        fd = self._stdin
+        if fd < 0:
+            return
+        try:
+            while self._stdin_buffer:
+                n = os.write(fd, self._stdin_buffer)
+                del self._stdin_buffer[:n]
+        except BlockingIOError:
+            self.loop.add_writer(fd, self._on_stdin_writable)
+            return
+        except OSError:
+            self._stdin_buffer.clear()
+            self._stdin_eof = True
+        if self._stdin_eof:
+            self._close_stdin()
+
+    def _on_stdin_writable(self) -> None:
+        self.loop.remove_writer(self._stdin)
+        self._flush_stdin()
+
+    def _close_stdin(self) -> None:
+        fd, self._stdin = self._stdin, -1
+        if fd >= 0:
+            if self._loop is not None:
+                self._loop.remove_writer(fd)
+            os.close(fd)
+
+    def terminate(self) -> bool:
+        """Ask the guard to end the turn (it sends SIGTERM, waits its grace, then SIGKILL).
+
+        Until the guard has written its record it may not have its handlers yet, and SIGTERM
+        would kill it outright: then the request stays pending and `terminate_if_pending`
+        (called on every tick) sends it once the record is there.
+        """
+        if not self.record_path.exists():
+            self.terminate_pending = True
+            return False
+        self.terminate_pending = False
+        if self.pidfd < 0:
+            return procs.signal_process(self.identity, signal.SIGTERM)
+        try:  # the pidfd is this very process: no identity check (a /proc read) needed
+            signal.pidfd_send_signal(self.pidfd, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def terminate_if_pending(self) -> None:
+        if self.terminate_pending and self.returncode is None:
+            self.terminate()
+
+    def reap(self) -> int | None:
+        """The daemon's one waitpid for this guard; returns its status once it has exited."""
+        if self.returncode is None:
+            self.returncode = self.popen.poll()
+        return self.returncode
+
+    def close(self) -> None:
+        """After the guard is reaped: stop watching, read what is left, close everything."""
+        if self._loop is not None:
+            self._loop.remove_reader(self.pidfd)
+        self.drain()
+        for stream in STREAMS:
+            self._close_stream(stream)
+        self._close_stdin()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+def _seconds(value: float) -> str:
+    """Seconds as the duration grammar reads them: positional, never an exponent (1e-05)."""
+    from decimal import Decimal
+
+    return format(Decimal(repr(value)), "f")
+
+
+def guard_args(
+    turn_id: str,
+    argv: list[str],
+    *,
+    record_dir: Path,
+    grace: float,
+    scan: float,
+    bus: str | None,
+    cgroup: str | None = None,
+) -> list[str]:
+    """`ccsup-guard` arguments for one turn."""
+    args = [
+        "--record-dir",
+        str(record_dir),
+        "--grace",
+        _seconds(grace),
+        "--scan",
+        _seconds(scan),
+        "--turn",
+        turn_id,
+    ]
+    if bus:
+        args += ["--bus", bus]
+    if cgroup:
+        args += ["--cgroup", cgroup]
+    return [*args, "--", *argv]
+
+
+def guard_env(env: dict) -> dict:
+    """The supervisor's environment with the turn's added (a None value removes a variable)."""
+    full_env = dict(os.environ)
+    for name, value in env.items():
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
+    return full_env
+
+
+def start_guard(
+    turn_id: str,
+    argv: list[str],
+    *,
+    cwd: str | None,
+    env: dict,
+    record_dir: Path,
+    grace: float,
+    scan: float,
+    bus: str | None,
+    cgroup: str | None = None,
+) -> GuardProcess:
+    """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
+
+    OSError when it cannot be started (bad cwd...)."""
+    args = guard_args(
+        turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
+    )
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
+    try:
+        popen = subprocess.Popen(
+            guard_command(args),  # python -I -S: see guardd.launch
+            cwd=cwd,
+            env=guard_env(env),
+            stdin=stdin_r,
+            stdout=stdout_w,
+            stderr=stderr_w,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except BaseException:
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (stdin_r, stdout_w, stderr_w):  # the guard's ends: it has its own copies
+            os.close(fd)
+    return GuardProcess(turn_id, popen, record_dir, stdio=(stdin_w, stdout_r, stderr_r))
+
+
+class ForkedGuardProcess(GuardProcess):
+    """A guard the zygote forked: the zygote reaps it and reports its status over its socket.
+
+    Its pidfd may turn readable before the report comes: the exit callback then waits for the
+    report (`status_reported`), or, once the zygote is known gone, goes without (STATUS_UNKNOWN).
+    """
+
+    def __init__(self, turn_id: str, pipes: _Pipes, record_dir: Path, *, pidfd: int, start: int):
+        super().__init__(turn_id, pipes, record_dir, stdio=pipes.stdio, pidfd=pidfd, start=start)
+        self.reported: int | None = None
+        self.orphaned = False  # its zygote is gone: no status will come
+        self._exited = False
+
+    def _on_pidfd(self) -> None:
+        self._exited = True
+        if self.reap() is None:
+            self.loop.remove_reader(self.pidfd)  # level-triggered: wait for the report instead
+            return
+        self._on_exit()
+
+    def reap(self) -> int | None:
+        if self.returncode is None:
+            if self.reported is not None:
+                self.returncode = self.reported
+            elif self.orphaned and self._exited:
+                self.returncode = STATUS_UNKNOWN
+        return self.returncode
+
+    def status_reported(self, returncode: int | None) -> None:
+        """From the launcher: the zygote reaped it (returncode), or the zygote is gone (None)."""
+        if returncode is None:
+            self.orphaned = True
+        else:
+            self.reported = returncode
+        if self._exited and self.pidfd >= 0 and self.reap() is not None:
+            self._on_exit()

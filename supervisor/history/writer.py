@@ -1,0 +1,256 @@
+"""The history of turns, written: the supervisor's Recorder, one writer thread for the SQLite file.
+
+Design note. The daemon hands every event it publishes to `Recorder.observe`, which keeps the
+lifecycle ones (never output) and queues them for a writer thread. So the event loop pays one dict
+check and a queue put per event; the SQLite work (one transaction per batch of events) happens off
+it. One writer: the supervisor (the only process that holds the instance lock). Usage figures
+come generically: every field of `turn.<id>.exited` that is not the outcome (code, signal, reason)
+or the envelope is kept in `usage` (the containment work adds wall_s, wait_s, cpu_user_s,
+cpu_system_s, peak_rss_bytes, processes).
+
+What it knows: which events are kept (`LIFECYCLE`), how an event changes a row (`apply_event`),
+opening the file for writing (`open_writer`: schema made, a corrupt file moved aside), the writer
+thread and its queue, pruning. What it does not know: the file's form and outcomes (taken from
+supervisor.history.db, which also does every read), the bus, the manager.
+
+State question. Runs again: rows are keyed by turn id and each event only fills columns, so an
+event seen twice changes nothing. Stops half-way (SIGKILL): SQLite's transactions (WAL) keep the
+file whole; events still queued are lost, and a turn whose terminal event was lost stays
+`running` in the history until a restarted supervisor's restore publishes its end. Empty or
+missing file: created with the schema. Corrupt file: moved aside to `history.sqlite.corrupt-<time>`
+(logged) and started afresh. A newer version (`PRAGMA user_version` > ours): left untouched and
+not written (logged). Restart: the file is kept; old turns are pruned with the logs (`prune`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import CcsupError
+from .db import SCHEMA, SCHEMA_VERSION, history_path, outcome_of
+
+log = logging.getLogger("ccsup.history")
+
+LIFECYCLE = frozenset(
+    {
+        "queued",
+        "granted",
+        "started",
+        "exited",
+        "stopping",
+        "gone",
+        "released",
+        "cancelled",
+        "rejected",
+        "truncated",  # the turn's logs reached [logs] turn_max_bytes (kept as an event only)
+    }
+)
+# Fields of an exited event that are not usage figures.
+_EXIT_FIELDS = frozenset(
+    {"v", "ts", "seq", "turn_seq", "id", "key", "code", "signal", "reason", "reservation"}
+)
+
+
+def open_writer(path: Path) -> sqlite3.Connection | None:
+    """The writer's connection, the schema made; a corrupt file is moved aside first. None when
+    the file is a newer version (it is left alone and nothing is written)."""
+    for attempt in (1, 2):
+        try:
+            db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL: a crash loses at most the last batch
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                log.error(
+                    "history %s is version %d, written by a newer ccsup: it is left as it is and "
+                    "no history is written",
+                    path,
+                    version,
+                )
+                db.close()
+                return None
+            db.executescript(SCHEMA)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return db
+        except sqlite3.DatabaseError as e:
+            if attempt == 2:
+                raise CcsupError(f"unable to open history {path}: {e}") from None
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            log.error("history %s is unreadable (%s): moved to %s, starting afresh", path, e, aside)
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+                except FileNotFoundError:
+                    pass
+    return None
+
+
+def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
+    """Apply one lifecycle event (inside the caller's transaction)."""
+    turn_id, _, kind = topic[5:].rpartition(".")
+    ts = float(body.get("ts") or time.time())
+    key = body.get("key") or ""
+    db.execute(
+        "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?)",
+        (turn_id, body.get("turn_seq"), kind, ts, json.dumps(body, separators=(",", ":"))),
+    )
+    if kind == "truncated":
+        return  # an event of the turn's story, not a change of its state
+    db.execute(
+        "INSERT OR IGNORE INTO turns (id, key, state, queued_at) VALUES (?, ?, ?, ?)",
+        (turn_id, key, kind, ts if kind in ("queued", "rejected") else None),
+    )
+    sets: dict[str, Any] = {"state": kind}
+    if kind == "queued":
+        sets["holder"] = json.dumps(body.get("holder") or {}, separators=(",", ":"))
+    elif kind == "granted":
+        sets["granted_at"] = ts
+        sets["slot_index"] = body.get("index")
+    elif kind == "started":
+        sets["started_at"] = ts
+        sets["guard_pid"] = (body.get("guard") or {}).get("pid")
+    elif kind == "stopping":
+        sets["reason"] = body.get("reason")
+    elif kind == "exited":
+        sets["exited_at"] = ts
+        sets["exit_code"] = body.get("code")
+        sets["signal"] = body.get("signal")
+        usage = {k: v for k, v in body.items() if k not in _EXIT_FIELDS}
+        sets["usage"] = json.dumps(usage, separators=(",", ":"))
+        if body.get("reason") is not None:
+            sets["reason"] = body.get("reason")
+    elif kind in ("released", "cancelled", "rejected"):
+        sets["ended_at"] = ts
+        row = db.execute(
+            "SELECT exit_code, signal, reason, usage, exited_at FROM turns WHERE id = ?",
+            (turn_id,),
+        ).fetchone()
+        stopped = db.execute(
+            "SELECT body FROM events WHERE turn_id = ? AND kind = 'stopping'", (turn_id,)
+        ).fetchone()
+        stop_reason = json.loads(stopped[0]).get("reason") if stopped else None
+        exit_info = None
+        if row is not None and row[4] is not None:
+            exit_info = {"code": row[0], "signal": row[1], "reason": row[2]}
+            exit_info.update(json.loads(row[3] or "{}"))
+        if kind != "released":
+            sets["reason"] = body.get("reason")
+            stop_reason = stop_reason or body.get("reason")
+        sets["outcome"] = outcome_of(kind, exit_info, stop_reason)
+    columns = ", ".join(f"{name} = ?" for name in sets)
+    db.execute(f"UPDATE turns SET {columns} WHERE id = ?", [*sets.values(), turn_id])
+
+
+class Recorder:
+    """The supervisor's writer: `observe(topic, body)` on the event loop, SQLite in a thread.
+
+    `observe` keeps only lifecycle events of turns (not reservations, not output) and costs a
+    queue put. `close()` writes what is queued and stops the thread. `mark_pruned` and `prune`
+    go through the same queue, so the thread is the file's only writer.
+    """
+
+    BATCH = 500
+    GATHER = 0.05  # seconds
+
+    def __init__(self, state_dir: Path):
+        self.path = history_path(state_dir)
+        self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.written = 0  # events written (for tests and metrics)
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closing = threading.Event()  # set by close(): what is queued is written at once
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="history", daemon=True)
+        self._thread.start()
+
+    def observe(self, topic: str, body: dict) -> None:
+        if not topic.startswith("turn."):
+            return
+        kind = topic[topic.rfind(".") + 1 :]
+        if kind not in LIFECYCLE or body.get("reservation") is True:
+            return
+        self._idle.clear()
+        self._queue.put((topic, body))
+
+    def mark_pruned(self, turn_ids: list[str], at: float) -> None:
+        self._idle.clear()
+        self._queue.put(("prune-logs", (turn_ids, at)))
+
+    def prune(self, before: float) -> None:
+        """Forget turns that ended before `before` (epoch seconds)."""
+        self._idle.clear()
+        self._queue.put(("prune", before))
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything queued so far is written (tests; shutdown)."""
+        return self._idle.wait(timeout)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._closing.set()
+            self._queue.put(None)
+            self._thread.join(10)
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            db = open_writer(self.path)
+        except CcsupError as e:
+            log.error("%s: no history is written", e.message)
+            db = None
+        stop = False
+        while not stop:
+            items = [self._queue.get()]
+            # Gather what comes in the next moment into the same transaction: fewer commits,
+            # and fewer times this thread takes the GIL from the event loop. Not once closing:
+            # the supervisor's stop waits for this thread.
+            self._closing.wait(self.GATHER)
+            while len(items) < self.BATCH:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if None in items:
+                stop = True
+                items = [i for i in items if i is not None]
+            if db is not None and items:
+                self._write(db, items)
+            if self._queue.empty():
+                self._idle.set()
+        if db is not None:
+            db.close()
+
+    def _write(self, db: sqlite3.Connection, items: list) -> None:
+        try:
+            db.execute("BEGIN")
+            for topic, value in items:
+                if topic == "prune-logs":
+                    ids, at = value
+                    db.executemany(
+                        "UPDATE turns SET log_pruned_at = ? WHERE id = ?", [(at, i) for i in ids]
+                    )
+                elif topic == "prune":
+                    old = "SELECT id FROM turns WHERE ended_at IS NOT NULL AND ended_at < ?"
+                    db.execute(f"DELETE FROM events WHERE turn_id IN ({old})", (value,))
+                    db.execute(
+                        "DELETE FROM turns WHERE ended_at IS NOT NULL AND ended_at < ?", (value,)
+                    )
+                else:
+                    apply_event(db, topic, value)
+                    self.written += 1
+            db.execute("COMMIT")
+        except sqlite3.Error as e:
+            log.error("unable to write %d history event(s) to %s: %s", len(items), self.path, e)
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass

@@ -1,0 +1,12 @@
+"""A turn's life: its states and the one transition table (`states`), the manager that decides
+(`manager`, with the Admission protocol it asks), the ledger of unfinished turns and the order
+events leave in (`ledger`), every ending as one table (`endings`), starting a granted turn
+(`starting`), the confirmed gone (`gone`), restore after a restart (`restore`), finished ids
+(`finished`), requesters watched until gone (`requesters`), the fair wait queue and its order
+(`waits`, `fairness`), the seams to the outside world (`seams`: the slot gate, guards, time),
+what `ps` and `status` answer (`views`), and queue.json and its journal (`store`).
+
+Knows turns, waits and reservations; asks slots and guards through `seams`. Imports slots, guards,
+output, wire, config and the ground floor; never admission, cluster, history, the daemon, the CLI
+or the page (admission implements `manager.Admission`; the daemon wires it in).
+"""

@@ -1,0 +1,92 @@
+"""Finished ids: which turns and reservations ended, and how, remembered ten minutes.
+
+A retried request with a finished id is answered with its terminal state, never run twice. The
+ids live in memory, in the order they ended, and in `finished.log` (supervisor.turns.store: one line
+appended per ending, compacted at start and when it has grown to twice what it should hold).
+
+The state question: a crash between an append and queue.json's save ends nothing twice (an id in
+the log wins over the same id in queue.json's `running`); a torn last line is skipped and counted;
+ids older than ten minutes are dropped at load and by `expire`. Knows ids, times and the log;
+nothing of turns' logic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from ..filework import FileWorker
+from . import store
+
+log = logging.getLogger("ccsup.finished")
+
+FINISHED_MEMORY = 600.0  # seconds a finished id is remembered
+
+
+class FinishedIds:
+    def __init__(
+        self, path: Path, clock: Callable[[], float], files: FileWorker | None = None
+    ) -> None:
+        self.path = path
+        self.clock = clock
+        self.files = files  # fsyncs each append soon, off the caller (else each is fsynced here)
+        self._ids: dict[str, tuple[str, float]] = {}  # id -> (terminal state, epoch), oldest first
+        self._appended = 0  # lines appended since the log was last compacted
+
+    def __contains__(self, item_id: str) -> bool:
+        return item_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def state_of(self, item_id: str) -> str | None:
+        entry = self._ids.get(item_id)
+        return entry[0] if entry else None
+
+    def remember(self, item_id: str, state: str) -> None:
+        """In memory and appended to finished.log, before the terminal event is published."""
+        at = self.clock()
+        self._ids[item_id] = (state, at)
+        self._appended += 1
+        try:
+            store.append_finished(self.path, item_id, state, at, self.files)
+        except OSError as e:
+            log.error("unable to append to %s: %s", self.path, e.strerror)
+
+    def load(self, legacy: Mapping[str, object]) -> list[str]:
+        """Take finished.log back (and `finished` of an older queue.json); returns problems."""
+        problems: list[str] = []
+        finished, skipped = store.load_finished(self.path)
+        if skipped:
+            problems.append(f"{self.path}: {skipped} unreadable lines skipped")
+        for item_id, entry in legacy.items():
+            try:
+                finished.setdefault(item_id, (str(entry[0]), float(entry[1])))  # type: ignore[index]
+            except (TypeError, ValueError, IndexError, KeyError):
+                problems.append(f"finished entry {item_id!r} is malformed")
+        now = self.clock()
+        self._ids = {
+            i: (state, at)
+            for i, (state, at) in sorted(finished.items(), key=lambda kv: kv[1][1])
+            if now - at < FINISHED_MEMORY
+        }
+        self.compact()
+        return problems
+
+    def expire(self) -> None:
+        """Forget ids older than ten minutes; compact the log when it has doubled."""
+        now = self.clock()
+        for item_id, (_, at) in list(self._ids.items()):
+            if now - at <= FINISHED_MEMORY:
+                break  # kept in the order they ended: the rest are younger
+            del self._ids[item_id]
+        if self._appended > 2 * len(self._ids) + 1000:
+            self.compact()
+
+    def compact(self) -> None:
+        self._appended = 0
+        try:
+            store.rewrite_finished(self.path, self._ids)
+        except OSError as e:
+            log.error("unable to rewrite %s: %s", self.path, e.strerror)

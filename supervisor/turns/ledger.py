@@ -1,0 +1,201 @@
+"""The ledger: every unfinished turn and reservation, the wait queue, and the order events leave in.
+
+Design note. Everything that happens to an item ends in `Ledger.apply`, which advances it through
+the transition table (supervisor.turns.states), and, when the event changes what queue.json must hold,
+saves the file *before* the event is published: a crash can lose an announcement, never make a
+restarted supervisor run or announce something twice. `batch()` groups several changes into one
+save followed by their events in order. `apply(..., replay=True)` advances without publishing:
+restore uses it to bring a saved item to the state its events already told the world.
+
+`_finish` is the one place an item reaches its terminal event (released, cancelled, rejected):
+it is dropped from every index, unwatched, and its id remembered as finished; then `on_finished`
+hooks run (history and metrics belong there).
+
+Knows items, the queue, timers and queue.json; nothing of slots' locks, guards or sockets (it
+publishes through a callable and schedules through `Timers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..filework import FileWorker
+from . import store
+from .finished import FinishedIds
+from .seams import Timer, Timers
+from .states import Event, Item, Reservation, State, Turn
+from .waits import Queue, WaitQueue
+
+log = logging.getLogger("ccsup.ledger")
+
+# Events after which queue.json must change: the file is saved before they are published.
+PERSISTED = frozenset(
+    {Event.QUEUED, Event.GRANTED, Event.CANCELLED, Event.RELEASED, Event.REJECTED}
+)
+
+Publish = Callable[[str, dict[str, Any]], None]
+
+
+class Ledger:
+    def __init__(
+        self,
+        *,
+        queue_path: Path,
+        publish: Publish,
+        finished: FinishedIds,
+        timers: Timers,
+        clock: Callable[[], float],
+        queue: Queue | None = None,
+        files: FileWorker | None = None,
+    ):
+        self.queue_path = queue_path
+        self.queue_file = store.QueueFile(queue_path, files)  # queue.json + its journal
+        self.files = self.queue_file.files  # fsyncs and removals off the event loop
+        self.publish = publish
+        self.finished = finished
+        self.timers = timers
+        self.clock = clock
+        self.queue: Queue = queue if queue is not None else WaitQueue()
+        self.turns: dict[str, Turn] = {}
+        self.reservations: dict[str, Reservation] = {}
+        self.holders: dict[tuple[str | None, str | None, str], str] = {}  # -> reservation id
+        self.deadlines: dict[str, float] = {}  # wait deadlines (epoch), for queue.json
+        self.lost_running: list[dict[str, str]] = []  # a dead supervisor's turns not yet gone
+        self.on_finished: list[Callable[[Item], None]] = []
+        # Called with every event as it is emitted (before the batch is saved and published), so
+        # an observer (supervisor.admission.control: rate windows, runtime limits, pause_on) sees a grant
+        # before the next head is considered. An observer must be quick and must not emit.
+        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._timers: dict[str, Timer] = {}
+        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._must_save = False
+        self._dirty: set[str] = set()  # ids whose queue.json entry may have changed since the save
+        self._batch_depth = 0
+
+    def get(self, item_id: str) -> Item | None:
+        return self.turns.get(item_id) or self.reservations.get(item_id)
+
+    def add(self, item: Item) -> None:
+        if isinstance(item, Reservation):
+            self.reservations[item.id] = item
+            if item.holder_key:
+                self.holders[item.holder_key] = item.id
+        else:
+            self.turns[item.id] = item
+        self.idle.clear()
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def apply(self, item: Item, event: Event, *, replay: bool = False, **fields: Any) -> None:
+        """The one place an item changes state: advance, save if needed, publish (unless replay)."""
+        item.advance(event)
+        if replay:
+            return
+        if item.state.terminal:
+            self._finish(item)
+        self._dirty.add(item.id)
+        self._must_save |= event in PERSISTED
+        self.emit(f"turn.{item.id}.{event.value}", {**item.fields(), **fields})
+
+    def emit(self, topic: str, body: dict[str, Any]) -> None:
+        self._pending.append((topic, body))
+        for observe in self.observers:
+            observe(topic, body)
+        if not self._batch_depth:
+            self._flush()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Several changes, one save, then their events in order."""
+        self._batch_depth += 1
+        try:
+            yield
+        finally:
+            self._batch_depth -= 1
+            if not self._batch_depth:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._must_save:
+            self._must_save = False
+            self.save()
+        pending, self._pending = self._pending, []
+        for topic, body in pending:
+            self.publish(topic, body)
+
+    def _finish(self, item: Item) -> None:
+        self.turns.pop(item.id, None)
+        if isinstance(item, Reservation) and self.reservations.pop(item.id, None) is not None:
+            if item.holder_key and self.holders.get(item.holder_key) == item.id:
+                del self.holders[item.holder_key]
+        self.queue.remove(item.id)
+        self.cancel_timer(item.id)
+        self.deadlines.pop(item.id, None)
+        self.finished.remember(item.id, item.state.value)
+        for hook in self.on_finished:
+            hook(item)
+        if not self.turns and not self.reservations:
+            self.idle.set()
+
+    # -- timers ----------------------------------------------------------------------------------
+
+    def call_later(self, item_id: str, delay: float, callback: Callable[[str], None]) -> None:
+        """One timer per item (a new one replaces the old); dropped when the item finishes."""
+        self.cancel_timer(item_id)
+
+        def fire() -> None:
+            self._timers.pop(item_id, None)
+            callback(item_id)
+
+        self._timers[item_id] = self.timers.call_later(max(delay, 0.0), fire)
+
+    def cancel_timer(self, item_id: str) -> None:
+        timer = self._timers.pop(item_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    # -- queue.json ------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Persist what changed since the last save: one journal append (see supervisor.turns.store)."""
+        dirty, self._dirty = self._dirty, set()
+        try:
+            self.queue_file.update({item_id: self._entry(item_id) for item_id in dirty})
+        except OSError as e:
+            self._dirty |= dirty  # tried again at the next save
+            log.error(
+                "unable to save %s: %s (what waits is kept in memory)", self.queue_path, e.strerror
+            )
+
+    def save_all(self) -> None:
+        """Persist everything acknowledged and unfinished, whole (a compaction: restore's end)."""
+        self._dirty.clear()
+        ids = [*self.turns, *self.reservations, *(entry["id"] for entry in self.lost_running)]
+        try:
+            self.queue_file.replace({i: e for i in ids if (e := self._entry(i)) is not None})
+        except OSError as e:
+            log.error(
+                "unable to save %s: %s (what waits is kept in memory)", self.queue_path, e.strerror
+            )
+
+    def _entry(self, item_id: str) -> store.Entry | None:
+        """What queue.json holds for this id now: (section, item), or None when nothing."""
+        turn = self.turns.get(item_id)
+        if turn is not None:
+            if turn.state is State.QUEUED:
+                return "waiting", turn.to_json(self.deadlines.get(turn.id))
+            return "running", {"id": turn.id, "key": turn.key}
+        reservation = self.reservations.get(item_id)
+        if reservation is not None:
+            return "reservations", reservation.to_json(self.deadlines.get(item_id))
+        for entry in self.lost_running:
+            if entry["id"] == item_id:
+                return "running", entry
+        return None

@@ -1,0 +1,459 @@
+"""The manager decides: requests come in here, and waiters are granted here, fairly.
+
+Design note. The manager is honcho's manager: it takes requests (turn, reserve, cancel, send),
+answers them, and grants the head of each key's queue when a slot is free. Everything else is a
+collaborator with one job (ledger, starter, endings, requesters, finished; restore drives them
+after a restart), made in the constructor, where a test replaces the outside world
+(supervisor.turns.seams).
+
+Grants: keys are taken oldest head first; for each, `Admission.refusal` may hold the head back
+(reason and until when), then the gate is asked for a slot; a new request never jumps older
+waiters of its key, and a slot freed wakes one waiter of its key (with a machine cap, possibly of
+another key). Grants are saved before any guard starts: a crash in between leaves the turn in the
+`running` list of queue.json, never back in the queue to be run a second time. Slots freed by
+other processes are noticed by `tick`, a short periodic retry while anyone waits.
+
+Reservations wait in the same queue as turns and hold a slot (state `reserved` in ps) until a turn
+binds it, it expires, or it is cancelled. A holder (session + agent) has at most one per key.
+
+Knows requests, the queue's heads and the gate's `try_acquire`; nothing of processes, records or
+sockets.
+
+Admission: the policy asked before each grant, "may this key's head be granted now?".
+
+The manager asks `Admission.refusal(item, now)` for the head of each key's queue, oldest head
+first, before it asks the slot gate; a Refusal holds that key back (its reason, and until when if
+known: None means until something changes) and the manager goes on to the next key. A refused
+head is asked again at the next grant round (every slot freed, every request, and `tick`).
+The default admits everything: the cap (the slot gate) is then the only limit. Pauses, start-rate
+windows and other policies implement this protocol; nothing else in the grant path changes.
+
+Knows nothing: a policy gets the waiting item and the time, and answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+from guardd import procs
+
+from ..errors import CcsupError
+from ..filework import FileWorker
+from ..guards import containment
+from ..guards import handle as spawn
+from ..paths import StatePaths
+from ..wire.args import ReserveArgs, SendArgs, TurnArgs
+from ..wire.protocol import ProtocolError
+from .endings import Endings, What
+from .finished import FinishedIds
+from .gone import Probe
+from .ledger import Ledger, Publish
+from .requesters import Requesters
+from .seams import Gate, LoopTimers, StartGuard, Timers
+from .starting import Starter
+from .states import Event, Item, Reservation, State, Turn
+from .waits import Queue
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a key's head may not be granted now, and until when (None: until something changes)."""
+
+    reason: str
+    until: float | None = None
+
+
+class Admission(Protocol):
+    def refusal(self, item: Item, now: float) -> Refusal | None: ...
+
+
+class AdmitAll:
+    def refusal(self, item: Item, now: float) -> Refusal | None:
+        return None
+
+
+log = logging.getLogger("ccsup.manager")
+
+RETRY_INTERVAL = 0.25  # how often waiters retry slots that other processes may have freed
+
+
+@dataclass
+class Settings:
+    grace: float
+    scan: float
+    bus_in: str | None
+    config_source: str
+    reservation_ttl: float = 60.0
+
+
+class Manager:
+    def __init__(
+        self,
+        *,
+        paths: StatePaths,
+        gate: Gate,
+        publish: Publish,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        start_guard: StartGuard = spawn.start_guard,
+        timers: Timers | None = None,
+        requesters: Callable[[Callable[[str], None]], Requesters] = Requesters,
+        probe: Probe | None = None,
+        admission: Admission | None = None,
+        queue: Queue | None = None,
+        me: procs.Identity | None = None,
+        cgroups: containment.Cgroups | None = None,
+    ):
+        self.paths = paths
+        self.gate = gate
+        self.settings = settings
+        self.clock = clock
+        self.admission: Admission = admission or AdmitAll()
+        self.refused: dict[str, Refusal] = {}  # key -> why its head was last held back
+        self.stopping = False
+        self.started_at = clock()
+        me = me or procs.identity_of(os.getpid())
+        if me is None:
+            raise CcsupError(f"unable to read the start time of this process ({os.getpid()})")
+        self.me: procs.Identity = me
+        files = FileWorker()  # fsyncs and removals off the event loop
+        self.finished = FinishedIds(paths.finished, clock, files)
+        self.ledger = Ledger(
+            files=files,
+            queue_path=paths.queue,
+            publish=publish,
+            finished=self.finished,
+            timers=timers or LoopTimers(),
+            clock=clock,
+            queue=queue,
+        )
+        self.endings = Endings(
+            self.ledger,
+            settings=lambda: self.settings,
+            on_capacity=self.grant_waiters,
+            probe=probe or Probe(paths.guards),
+        )
+        self.starter = Starter(
+            self.ledger,
+            paths=paths,
+            start_guard=start_guard,
+            settings=lambda: self.settings,
+            happen=self.endings.happen,
+            on_running=self.endings.running,
+            cgroups=cgroups,
+        )
+        self.requesters = requesters(
+            partial(self.endings.happen_to, what=What.CANCEL, reason="requester_gone")
+        )
+        self.ledger.on_finished.append(
+            lambda item: self.requesters.unwatch(item.requester, item.id)
+        )
+        self.queue = self.ledger.queue
+        self.turns = self.ledger.turns
+        self.reservations = self.ledger.reservations
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def request_turn(self, args: TurnArgs) -> dict[str, Any]:
+        turn_id = args.id or uuid.uuid4().hex
+        known = self._known(turn_id, args.key)
+        if known is not None:
+            return known
+        if self.stopping:
+            raise ProtocolError("stopping", "the supervisor is stopping and takes no new turns")
+        if args.cwd is not None and not os.path.isdir(args.cwd):
+            raise ProtocolError("bad_request", f"'cwd' {args.cwd[:200]!r} is not a directory")
+        reservation = self.reservations.get(args.reservation) if args.reservation else None
+        if reservation is not None:
+            self._check_binding(reservation, args)
+        requester = self.requesters.identify(args.holder)
+        turn = Turn(
+            id=turn_id,
+            key=args.key,
+            argv=args.argv,
+            cwd=args.cwd,
+            env=args.env,
+            holder=args.holder,
+            requested_at=self.clock(),
+            wait_timeout=args.wait_timeout,
+            reservation=args.reservation,
+            timeout=args.timeout,
+        )
+        self.ledger.add(turn)
+        if reservation is not None and reservation.state is State.GRANTED:
+            self._bind_held(turn, reservation)
+        else:
+            with self.ledger.batch():
+                if reservation is not None:  # still waiting: the turn takes its place in the queue
+                    turn.requested_at = reservation.requested_at
+                    self.queue.replace(reservation.id, turn.id)
+                    self.ledger.apply(reservation, Event.CANCELLED, reason="bound", turn=turn.id)
+                else:
+                    self.queue.add(turn.key, turn_id, turn.requested_at)
+                self.wait_limit(turn)  # before the save, so queue.json has the deadline
+                self.ledger.apply(
+                    turn,
+                    Event.QUEUED,
+                    position=self.queue.position(turn_id),
+                    holder=turn.holder.to_json(),
+                )
+        if requester is not None:
+            self.watch_requester(requester, turn)
+        self.grant_waiters()
+        if turn.state is State.QUEUED:
+            self.starter.prepare(turn)
+        return self._answer(turn)
+
+    def _check_binding(self, reservation: Reservation, args: TurnArgs) -> None:
+        if reservation.key != args.key:
+            raise ProtocolError(
+                "conflict",
+                f"reservation {reservation.id} is for key {reservation.key}, not {args.key}",
+            )
+        mine = (reservation.holder.session, reservation.holder.agent)
+        if mine != (None, None) and mine != (args.holder.session, args.holder.agent):
+            raise ProtocolError(
+                "conflict",
+                f"reservation {reservation.id} belongs to session {mine[0]!r} agent {mine[1]!r}",
+            )
+
+    def _bind_held(self, turn: Turn, reservation: Reservation) -> None:
+        """The turn takes the reservation's slot at once: no wait, no new grant."""
+        slot, reservation.slot = reservation.slot, None
+        assert slot is not None
+        self.ledger.cancel_timer(reservation.id)
+        slot.bind(turn=turn.id, reservation=None)
+        turn.slot = slot
+        with self.ledger.batch():
+            self.ledger.apply(turn, Event.QUEUED, position=None, holder=turn.holder.to_json())
+            self.ledger.apply(
+                reservation, Event.RELEASED, reason="bound", turn=turn.id, index=slot.index
+            )
+            self.ledger.apply(turn, Event.GRANTED, index=slot.index, reservation=reservation.id)
+        self.starter.start(turn)
+
+    def wait_limit(self, item: Item) -> None:
+        """A waiter with a deadline is cancelled (reason timeout) when it is still waiting then."""
+        if item.wait_timeout is not None:
+            self.ledger.deadlines.setdefault(item.id, item.requested_at + item.wait_timeout)
+        deadline = self.ledger.deadlines.get(item.id)
+        if deadline is not None:
+            timed_out = partial(self.endings.happen_to, what=What.WAIT_TIMEOUT, reason="timeout")
+            self.ledger.call_later(item.id, deadline - self.clock(), timed_out)
+
+    def _answer(self, turn: Turn) -> dict[str, Any]:
+        return {"id": turn.id, "state": turn.state.value, "position": self.queue.position(turn.id)}
+
+    def _known(self, item_id: str, key: str) -> dict[str, Any] | None:
+        """A request with an id already seen is answered, never run twice."""
+        item = self.ledger.get(item_id)
+        if item is not None:
+            if item.key != key or isinstance(item, Reservation):
+                raise ProtocolError("conflict", f"id {item_id} is already used for another request")
+            return self._answer(item)
+        if item_id in self.finished:
+            return {"id": item_id, "state": self.finished.state_of(item_id), "position": None}
+        return None
+
+    def reject(self, item_id: str, reason: str) -> None:
+        """A bad request that came on the bus: its answer is a rejected event."""
+        if self.ledger.get(item_id) is not None or item_id in self.finished:
+            return  # a garbled retry of a known id changes nothing
+        self.ledger.emit(f"turn.{item_id}.rejected", {"id": item_id, "reason": reason})
+
+    def reserve(self, args: ReserveArgs) -> dict[str, Any]:
+        res_id = args.id or uuid.uuid4().hex
+        existing = self.reservations.get(res_id)
+        if existing is not None:
+            if existing.key != args.key:
+                raise ProtocolError("conflict", f"id {res_id} is already used for another request")
+            return self._reservation_answer(existing)
+        if res_id in self.turns:
+            raise ProtocolError("conflict", f"id {res_id} is already used for another request")
+        if res_id in self.finished:
+            return {
+                "reservation": res_id,
+                "key": args.key,
+                "state": self.finished.state_of(res_id),
+                "until": None,
+                "position": None,
+            }
+        reservation = Reservation(
+            res_id, args.key, args.holder, requested_at=self.clock(), wait_timeout=args.wait_timeout
+        )
+        holder_key = reservation.holder_key
+        same_holder = self.ledger.holders.get(holder_key) if holder_key else None
+        if same_holder is not None:  # one per holder and key; asking again never extends it
+            return self._reservation_answer(self.reservations[same_holder])
+        if self.stopping:
+            raise ProtocolError(
+                "stopping", "the supervisor is stopping and takes no new reservations"
+            )
+        requester = self.requesters.identify(args.holder)
+        self.ledger.add(reservation)
+        self.queue.add(reservation.key, reservation.id, reservation.requested_at)
+        self.wait_limit(reservation)  # before the save, so queue.json has the deadline
+        self.ledger.apply(
+            reservation,
+            Event.QUEUED,
+            position=self.queue.position(reservation.id),
+            holder=reservation.holder.to_json(),
+        )
+        if requester is not None:
+            self.watch_requester(requester, reservation)
+        self.grant_waiters()
+        return self._reservation_answer(reservation)
+
+    def _reservation_answer(self, reservation: Reservation) -> dict[str, Any]:
+        state = {State.GRANTED: "held"}.get(reservation.state, reservation.state.value)
+        return {
+            "reservation": reservation.id,
+            "key": reservation.key,
+            "state": state,
+            "until": reservation.until,
+            "position": self.queue.position(reservation.id),
+        }
+
+    def cancel(self, item_id: str, reason: str = "cancelled") -> dict[str, Any]:
+        item = self.ledger.get(item_id)
+        if item is None:
+            if item_id in self.finished:
+                return {"id": item_id, "state": self.finished.state_of(item_id)}
+            raise ProtocolError("not_found", f"no turn or reservation {item_id}")
+        self.endings.happen(item, What.CANCEL, reason=reason)
+        return {"id": item_id, "state": item.state.value}
+
+    def send(self, args: SendArgs) -> dict[str, Any]:
+        turn = self.turns.get(args.id)
+        if turn is None:
+            raise ProtocolError("not_found", f"no turn {args.id}")
+        if turn.state is State.GRANTED and turn.guard is None:  # its guard is being started
+            if turn.early_eof:
+                raise ProtocolError("failed", f"the stdin of turn {args.id} is closed")
+            turn.early_stdin += args.data
+            turn.early_eof = args.eof
+            return {"id": args.id, "written": len(args.data), "pending": len(turn.early_stdin)}
+        if turn.guard is None or turn.state is not State.RUNNING:
+            raise ProtocolError(
+                "failed", f"turn {args.id} is {turn.state.value}, not running: nothing to write to"
+            )
+        try:
+            written = turn.guard.write_stdin(args.data, args.eof)
+        except OSError as e:
+            raise ProtocolError(
+                "failed", f"unable to write to the stdin of turn {args.id}: {e}"
+            ) from None
+        # `pending`: what the turn's pipe has not taken yet, so a writer can hold back
+        return {"id": args.id, "written": written, "pending": turn.guard.stdin_pending}
+
+    def on_guard_hint(self, topic: str, body: dict[str, Any]) -> None:
+        parts = topic.split(".")
+        if len(parts) == 3:
+            self.endings.on_hint(parts[1], parts[2])
+
+    # -- requesters ------------------------------------------------------------------------------
+
+    def watch_requester(self, ident: procs.Identity, item: Item) -> None:
+        if self.requesters.watch(ident, item.id):
+            item.requester = ident
+        else:
+            self.cancel(item.id, reason="requester_gone")
+
+    # -- grants ----------------------------------------------------------------------------------
+
+    def grant_waiters(self) -> None:
+        """Grant the head of every key's queue while slots are free, oldest head first."""
+        if self.stopping:
+            return
+        granted: list[Turn] = []
+        with self.ledger.batch():
+            for key in self.queue.keys_by_age():
+                while (head := self.queue.head(key)) is not None:
+                    item = self.ledger.get(head)
+                    assert item is not None, head
+                    refusal = self.admission.refusal(item, self.clock())
+                    if refusal is not None:
+                        self.refused[key] = refusal  # what ps can say of the key's waiters
+                        break
+                    self.refused.pop(key, None)
+                    if not self._grant(item):
+                        # the gate's word ("key_full", "machine_full", ...) for why the key waits
+                        self.refused[key] = Refusal(
+                            getattr(self.gate, "last_refusal", None) or "key_full"
+                        )
+                        break
+                    if isinstance(item, Turn):
+                        granted.append(item)
+        for turn in granted:  # their grants are saved: a crash now cannot run them twice
+            self.starter.start(turn)
+
+    def _grant(self, item: Item) -> bool:
+        """Take a slot for the head of its queue (False when none is free); publish the grant."""
+        holder = item.holder.held_by(self.me.pid, self.me.start)
+        if isinstance(item, Reservation):
+            until = self.clock() + self.settings.reservation_ttl
+            slot = self.gate.try_acquire(
+                item.key, holder, reservation={"id": item.id, "until": until}
+            )
+        else:
+            slot = self.gate.try_acquire(item.key, holder, turn=item.id)
+        if slot is None:
+            return False
+        self.queue.remove(item.id)
+        self.ledger.cancel_timer(item.id)
+        self.ledger.deadlines.pop(item.id, None)
+        item.slot = slot
+        if slot.took_over is not None:
+            self.ledger.emit(f"slot.{slot.key}.reaped", {"key": slot.key, "index": slot.index})
+        if isinstance(item, Reservation):
+            self.hold(item, until)
+        else:
+            self.ledger.apply(item, Event.GRANTED, index=slot.index)
+        return True
+
+    def hold(self, reservation: Reservation, until: float, *, replay: bool = False) -> None:
+        """The reservation holds its slot until `until` (replay: restored, already announced)."""
+        assert reservation.slot is not None
+        slot = reservation.slot
+        log.info(
+            "reservation %s holds %s#%d until %.3f", reservation.id, slot.key, slot.index, until
+        )
+        reservation.until = until
+        self.ledger.apply(
+            reservation, Event.GRANTED, replay=replay, index=reservation.slot.index, until=until
+        )
+        expired = partial(self.endings.happen_to, what=What.EXPIRED, reason="expired")
+        self.ledger.call_later(reservation.id, until - self.clock(), expired)
+
+    # -- periodic, views, stopping ---------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.finished.expire()
+        if self.queue:
+            self.grant_waiters()
+        self.endings.tick()
+
+    def begin_stop(self) -> None:
+        """No new grants; every waiter cancelled, every reservation released, every turn stopped."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for item_id in [w.id for w in self.queue.all()]:
+            self.cancel(item_id, reason="shutdown")
+        for item in list(self.reservations.values()) + list(self.turns.values()):
+            if item.state in (State.GRANTED, State.RUNNING, State.EXITED, State.STOPPING):
+                self.cancel(item.id, reason="shutdown")
+
+    async def wait_idle(self) -> None:
+        await self.ledger.idle.wait()
+
+    def close(self) -> None:
+        self.requesters.close()
+        self.ledger.files.stop()

@@ -1,0 +1,112 @@
+"""The outside world as the turn logic sees it: the slot gate, guards, and time.
+
+The manager, the ledger, the starter and the endings take each of these in their constructors,
+with the real one as the default (supervisor.slots.gate.SlotGate, supervisor.guards.handle's guards, the event
+loop's timers, supervisor.turns.gone.Probe), so tests replay histories against fakes without a process,
+a lock or a sleep (tests/test_manager_logic.py). Only the methods named here are used.
+
+Knows interfaces; nothing of how they are implemented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from guardd.procs import Identity
+
+from ..output.chunks import Chunk
+from ..slots.gate import Slot, SlotView
+
+
+class Gate(Protocol):
+    """What the manager uses of the slot gate (supervisor.slots.gate.SlotGate; a fake in tests)."""
+
+    def try_acquire(
+        self,
+        key: str,
+        holder: Any,
+        *,
+        turn: str | None = None,
+        reservation: dict[str, Any] | None = None,
+    ) -> Slot | None: ...
+    def inspect_all(self) -> list[SlotView]: ...
+
+
+class Guard(Protocol):
+    """What the starter and the endings use of a guard (spawn.GuardProcess; a fake in tests)."""
+
+    identity: Identity
+    record_path: Path
+    returncode: int | None
+
+    def attach(
+        self,
+        loop: Any,
+        log_dir: Path,
+        on_output: Callable[[str, Chunk], None],
+        on_exit: Callable[[], None],
+    ) -> None: ...
+    def terminate(self) -> bool: ...
+    def terminate_if_pending(self) -> None: ...
+    def reap(self) -> int | None: ...
+    def close(self) -> None: ...
+    def drain(self) -> None: ...
+    def write_stdin(self, data: bytes, eof: bool = False) -> int: ...
+    @property
+    def stdin_pending(self) -> int: ...
+
+
+@runtime_checkable
+class PendingStart(Protocol):
+    """A guard asked for and not started yet (supervisor.guards.launcher.PendingGuard): `then` calls
+    back once, from the event loop, with the Guard or the OSError that kept it from starting."""
+
+    def then(self, callback: Callable[[Any], None]) -> None: ...
+
+
+class StartGuard(Protocol):
+    """Starts a turn's guard (supervisor.guards.handle.start_guard, or the Launcher's, which may answer
+    later: PendingStart); OSError if it cannot."""
+
+    def __call__(
+        self,
+        turn_id: str,
+        argv: list[str],
+        *,
+        cwd: str | None,
+        env: dict[str, str | None],
+        record_dir: Path,
+        grace: float,
+        scan: float,
+        bus: str | None,
+        cgroup: str | None = None,
+    ) -> Guard | PendingStart: ...
+
+
+class GuardSettings(Protocol):
+    """The settings a guard is started with (read at each start: a reload changes them)."""
+
+    @property
+    def grace(self) -> float: ...
+    @property
+    def scan(self) -> float: ...
+    @property
+    def bus_in(self) -> str | None: ...
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Timers(Protocol):
+    """When to call back: the event loop in the daemon, a scripted clock in tests."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...
+
+
+class LoopTimers:
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        return asyncio.get_running_loop().call_later(delay, callback)

@@ -1,0 +1,67 @@
+"""What `ps` and `status` answer: the slots as the gate reads them, the waiters in order, counts.
+
+Knows the manager's items and queue and the gate's views; changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..wire import requester as requester_names
+from .states import Reservation, State
+
+if TYPE_CHECKING:
+    from .manager import Manager
+
+
+def ps(manager: Manager) -> dict[str, Any]:
+    slots = [view.to_json() for view in manager.gate.inspect_all()]
+    for slot in slots:  # who asked for the turn, beside the lock holder (the supervisor)
+        asking = manager.ledger.get(slot.get("turn") or "")
+        slot["requester"] = requester_names.requester(asking.holder.pid) if asking else None
+    waits = []
+    for waiter in manager.queue.all():
+        item = manager.ledger.get(waiter.id)
+        assert item is not None
+        waits.append(
+            {
+                "id": waiter.id,
+                "key": waiter.key,
+                "position": manager.queue.position(waiter.id),
+                "since": waiter.requested_at,
+                "holder": item.holder.to_json(),
+                "requester": requester_names.requester(item.holder.pid),
+                "reservation": isinstance(item, Reservation),
+                "why": _why(manager, waiter.key, manager.queue.position(waiter.id)),
+            }
+        )
+    return {"slots": slots, "waits": waits, "keys": _keys(manager)}
+
+
+def _why(manager: Manager, key: str, position: int | None) -> Any:
+    """Why a waiter waits (supervisor.admission.control), when the manager's admission can say."""
+    waits_why = getattr(manager.admission, "waits_why", None)
+    return waits_why(key, position, manager.refused.get(key)) if waits_why else None
+
+
+def _keys(manager: Manager) -> list[Any]:
+    """Paused keys, rate windows and why each key's head waits (supervisor.admission.control)."""
+    keys_view = getattr(manager.admission, "keys_view", None)
+    return keys_view(manager.queue.keys_by_age(), manager.refused) if keys_view else []
+
+
+def status(manager: Manager) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "version": __version__,
+        "state_dir": str(manager.paths.root),
+        "started_at": manager.started_at,
+        "config": manager.settings.config_source,
+        "turns": sum(1 for t in manager.turns.values() if t.state is not State.QUEUED),
+        "waits": len(manager.queue),
+        "reservations": sum(1 for r in manager.reservations.values() if r.state is State.GRANTED),
+        "stopping": manager.stopping,
+        "keys": _keys(manager),
+    }

@@ -1,0 +1,274 @@
+"""The arguments of each command, checked and typed: `parse_<cmd>(args) -> <Cmd>Args`.
+
+A control request's `args` (protocol.decode_request leaves them a plain object) and a bus
+request's body (`request.turn|reserve|cancel|pause`, the same fields plus the envelope's "v" and
+"ts") come here, one pure function per command: it refuses an unknown field, a wrong type or a
+value out of its limit (MAX_ARGV, MAX_WAIT_TIMEOUT, MAX_TIMEOUT, MAX_PAUSE_ASKED) with a
+protocol.ProtocolError `bad_request` whose message names the field, and returns a frozen
+dataclass (TurnArgs, ReserveArgs, SendArgs, PauseArgs, ResumeArgs) or a plain id or key. The
+same parse checks a turn restored from queue.json (restore.py), so what was saved runs only if it
+would be accepted today.
+
+Knows the fields and their limits, the id grammar and the cap-key grammar (protocol.check_id,
+caps.check_key); nothing of the envelope's framing, sockets, the queue or whether an id or key
+exists: that is the manager's to answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..caps import check_key
+from ..errors import UsageError
+from ..holder import LABELS as HOLDER_LABELS
+from ..holder import Holder
+from .protocol import bad_request, check_id, check_version, data_field
+
+MAX_ARGV = 4096
+MAX_WAIT_TIMEOUT = 7 * 24 * 3600.0
+MAX_TIMEOUT = 366 * 24 * 3600.0  # a turn's runtime limit
+MAX_PAUSE_ASKED = 366 * 24 * 3600.0  # a pause asked for longer is refused (max_pause caps less)
+
+
+def _opt_str(args: dict, name: str, limit: int = 4096) -> str | None:
+    value = args.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise bad_request(f"'{name}' must be a string of at most {limit} characters")
+    return value
+
+
+def _opt_int(args: dict, name: str, low: int, high: int) -> int | None:
+    value = args.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise bad_request(f"'{name}' must be a whole number from {low} to {high}")
+    return value
+
+
+def _key(value: Any) -> str:
+    """A request's cap key (caps.check_key), refused as a bad_request."""
+    try:
+        return check_key(value, name="'key'")
+    except UsageError as e:
+        raise bad_request(e.message) from None
+
+
+def parse_holder(value: Any) -> Holder:
+    if value is None:
+        return Holder()
+    if not isinstance(value, dict):
+        raise bad_request("'holder' must be an object")
+    unknown = set(value) - set(HOLDER_LABELS) - {"pid", "start"}
+    if unknown:
+        raise bad_request(f"'holder' has unknown field {sorted(unknown)[0][:64]!r}")
+    labels = {name: _opt_str(value, name, 256) for name in HOLDER_LABELS}
+    pid = _opt_int(value, "pid", 1, 1 << 22)
+    start = _opt_int(value, "start", 0, 1 << 62)
+    return Holder(**labels, pid=pid, start=start)
+
+
+def _wait_timeout(args: dict) -> float | None:
+    value = args.get("wait_timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request("'wait_timeout' must be a number of seconds")
+    if not 0 < value <= MAX_WAIT_TIMEOUT:
+        raise bad_request(
+            f"'wait_timeout' must be above 0 and at most {MAX_WAIT_TIMEOUT:.0f} seconds"
+        )
+    return float(value)
+
+
+@dataclass(frozen=True)
+class TurnArgs:
+    id: str | None
+    key: str
+    argv: list[str]
+    cwd: str | None = None
+    env: dict = field(default_factory=dict)  # name -> str | None (None removes)
+    holder: Holder = Holder()
+    reservation: str | None = None
+    wait_timeout: float | None = None
+    timeout: float | None = None  # the turn's runtime limit (seconds)
+
+
+_TURN_FIELDS = {
+    "timeout",
+    "id",
+    "key",
+    "argv",
+    "cwd",
+    "env",
+    "holder",
+    "reservation",
+    "wait_timeout",
+    "v",
+    "ts",
+}
+
+
+def _reject_unknown(args: dict, known: set[str], what: str) -> None:
+    unknown = set(args) - known
+    if unknown:
+        raise bad_request(f"{what} has unknown field {sorted(map(str, unknown))[0][:64]!r}")
+    # A bus body carries the envelope's "v" and "ts": a newer version is not run on a guess.
+    if "v" in args and "v" in known:
+        check_version(args["v"])
+    if "ts" in args and "ts" in known:
+        ts = args["ts"]
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            raise bad_request("'ts' must be a number of epoch seconds")
+
+
+def parse_turn(args: dict) -> TurnArgs:
+    _reject_unknown(args, _TURN_FIELDS, "a turn request")
+    turn_id = None if args.get("id") is None else check_id(args["id"])
+    key = _key(args.get("key"))
+    argv = args.get("argv")
+    if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGV:
+        raise bad_request(f"'argv' must be a non-empty list of at most {MAX_ARGV} strings")
+    if not all(isinstance(a, str) and "\0" not in a for a in argv):
+        raise bad_request("'argv' must hold only strings without NUL characters")
+    cwd = _opt_str(args, "cwd")
+    if cwd is not None and (not cwd.startswith("/") or "\0" in cwd):
+        raise bad_request("'cwd' must be an absolute path")
+    env = args.get("env")
+    if env is None:  # absent; but false, 0, "" or [] are wrong types, not "no env"
+        env = {}
+    if not isinstance(env, dict):
+        raise bad_request("'env' must be an object of name: string or null")
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or len(name) > 1024:
+            raise bad_request(f"'env' has a bad variable name {name[:64]!r}")
+        if value is not None and (not isinstance(value, str) or "\0" in value):
+            raise bad_request(f"'env' value of {name[:64]!r} must be a string or null")
+    reservation = (
+        None if args.get("reservation") is None else check_id(args["reservation"], "reservation")
+    )
+    return TurnArgs(
+        id=turn_id,
+        key=key,
+        argv=list(argv),
+        cwd=cwd,
+        env=dict(env),
+        holder=parse_holder(args.get("holder")),
+        reservation=reservation,
+        wait_timeout=_wait_timeout(args),
+        timeout=_seconds(args, "timeout", MAX_TIMEOUT),
+    )
+
+
+@dataclass(frozen=True)
+class ReserveArgs:
+    id: str | None
+    key: str
+    holder: Holder
+    wait_timeout: float | None = None
+
+
+def parse_reserve(args: dict) -> ReserveArgs:
+    _reject_unknown(args, {"id", "key", "holder", "wait_timeout", "v", "ts"}, "a reserve request")
+    res_id = None if args.get("id") is None else check_id(args["id"])
+    return ReserveArgs(
+        res_id, _key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args)
+    )
+
+
+def parse_cancel(args: dict) -> str:
+    _reject_unknown(args, {"id", "v", "ts"}, "a cancel request")
+    return check_id(args.get("id"))
+
+
+@dataclass(frozen=True)
+class SendArgs:
+    id: str
+    data: bytes
+    eof: bool
+
+
+def parse_send(args: dict) -> SendArgs:
+    """'data' (text, written as UTF-8) or 'data_b64' (any bytes, base64), and 'eof'."""
+    _reject_unknown(args, {"id", "data", "data_b64", "eof"}, "a send request")
+    data = data_field(args, "a send request")
+    eof = args.get("eof", False)
+    if not isinstance(eof, bool):
+        raise bad_request("'eof' must be true or false")
+    return SendArgs(check_id(args.get("id")), data, eof)
+
+
+def parse_reap(args: dict) -> str | None:
+    _reject_unknown(args, {"key"}, "a reap request")
+    key = args.get("key")
+    return None if key is None else _key(key)
+
+
+def _seconds(args: dict, name: str, limit: float) -> float | None:
+    """An optional number of seconds above 0 and at most `limit`."""
+    value = args.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"'{name}' must be a number of seconds")
+    if not 0 < value <= limit:
+        raise bad_request(f"'{name}' must be above 0 and at most {limit:.0f} seconds")
+    return float(value)
+
+
+# -- admission: pause and resume ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseArgs:
+    """`pause {id?, key, for | until, reason?, by?}`; `for` in seconds, `until` in epoch seconds."""
+
+    id: str | None
+    key: str
+    for_: float | None
+    until: float | None
+    reason: str | None
+    by: str | None
+
+    def end(self, now: float) -> float:
+        return self.until if self.until is not None else now + (self.for_ or 0.0)
+
+
+def parse_pause(args: dict) -> PauseArgs:
+    known = {"id", "key", "for", "until", "reason", "by", "v", "ts"}
+    _reject_unknown(args, known, "a pause request")
+    pause_id = None if args.get("id") is None else check_id(args["id"])
+    key = _key(args.get("key"))
+    for_ = _seconds(args, "for", MAX_PAUSE_ASKED)
+    until = args.get("until")
+    if until is not None and (
+        isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until)
+    ):
+        raise bad_request("'until' must be a time in epoch seconds")
+    if (for_ is None) == (until is None):
+        raise bad_request(
+            "a pause takes exactly one of 'for' (seconds) and 'until' (epoch seconds)"
+        )
+    return PauseArgs(
+        pause_id,
+        key,
+        for_,
+        None if until is None else float(until),
+        _opt_str(args, "reason", 1024),
+        _opt_str(args, "by", 256),
+    )
+
+
+@dataclass(frozen=True)
+class ResumeArgs:
+    key: str
+    reason: str | None
+
+
+def parse_resume(args: dict) -> ResumeArgs:
+    _reject_unknown(args, {"key", "reason"}, "a resume request")
+    return ResumeArgs(_key(args.get("key")), _opt_str(args, "reason", 1024))

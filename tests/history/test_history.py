@@ -1,0 +1,290 @@
+"""The history of turns (supervisor.history.db): what it records, how it is read, its state.
+
+Unit tests feed the Recorder the events a supervisor publishes; the end-to-end test runs real
+turns of every outcome under a real supervisor, restarts it, and reads the history back.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+from conftest import wait_until
+
+from supervisor.history import db as history
+from supervisor.history.db import HistoryError, outcome_of, query, show
+from supervisor.history.writer import Recorder
+from supervisor.wire import protocol
+
+
+def feed(state_dir, events):
+    recorder = Recorder(state_dir)
+    recorder.start()
+    for topic, body in events:
+        recorder.observe(topic, body)
+    assert recorder.flush()
+    recorder.close()
+
+
+def story(turn_id, key, *steps, t0=1000.0):
+    """[(kind, fields)] -> published (topic, body) pairs, one second apart."""
+    out = []
+    for n, (kind, fields) in enumerate(steps, 1):
+        body = protocol.event_body(
+            {"id": turn_id, "key": key, **fields}, seq=n, ts=t0 + n, counters={"turn_seq": n}
+        )
+        out.append((f"turn.{turn_id}.{kind}", body))
+    return out
+
+
+def ran(turn_id, key="codex", exit_fields=None, t0=1000.0, stop=None):
+    steps = [
+        ("queued", {"position": 0, "holder": {"session": "s1", "agent": "a"}}),
+        ("granted", {"index": 0}),
+        ("started", {"guard": {"pid": 42, "start": 7}}),
+    ]
+    if stop:
+        steps.append(("stopping", {"reason": stop}))
+    steps += [
+        ("stdout", {"offset": 0, "data": "never kept"}),
+        ("exited", exit_fields or {"code": 0, "signal": None, "reason": None}),
+        ("gone", {}),
+        ("released", {"index": 0}),
+    ]
+    return story(turn_id, key, *steps, t0=t0)
+
+
+@pytest.mark.parametrize(
+    "state, exit_info, stop, outcome",
+    [
+        ("released", {"code": 0, "signal": None, "reason": None}, None, "ok"),
+        ("released", {"code": 3, "signal": None, "reason": None}, None, "exit"),
+        ("released", {"code": 137, "signal": 9, "reason": None}, None, "signal"),
+        ("released", {"code": 143, "signal": 15, "reason": None}, "cancelled", "cancelled"),
+        ("released", {"code": 143, "signal": 15, "reason": None}, "shutdown", "cancelled"),
+        ("released", {"code": 124, "signal": None, "reason": "timeout"}, "timeout", "timeout"),
+        ("released", {"code": None, "signal": None, "reason": "guard_lost"}, None, "guard_lost"),
+        ("released", {"code": 137, "signal": 9, "reason": None, "oom": True}, None, "oom"),
+        (
+            "released",
+            {"code": None, "reason": "supervisor_restarted"},
+            None,
+            "supervisor_restarted",
+        ),
+        ("released", {"code": None, "signal": None, "reason": "unable to start"}, None, "error"),
+        ("cancelled", None, "cancelled", "cancelled"),
+        ("cancelled", None, "timeout", "timeout"),
+        ("rejected", None, None, "rejected"),
+    ],
+)
+def test_outcome_of_every_ending(state, exit_info, stop, outcome):
+    assert outcome_of(state, exit_info, stop) == outcome
+
+
+def test_recorded_turns_are_queried_by_key_time_and_outcome_newest_first(state_dir):
+    usage = {"wall_s": 2.5, "cpu_user_s": 0.25, "peak_rss_bytes": 1 << 20, "processes": 3}
+    feed(
+        state_dir,
+        ran("a", t0=1000)
+        + ran(
+            "b",
+            key="opencode:xai",
+            exit_fields={"code": 2, "signal": None, "reason": None, **usage},
+            t0=2000,
+        )
+        + story(
+            "c", "codex", ("queued", {"position": 1}), ("cancelled", {"reason": "timeout"}), t0=3000
+        )
+        + story("d", "codex", ("rejected", {"reason": "bad 'key'"}), t0=4000)
+        + story("r", "codex", ("queued", {"reservation": True}), t0=4500)  # not a turn
+        + story("e", "codex", ("queued", {"position": 0}), ("granted", {"index": 1}), t0=5000),
+    )
+    assert [r["id"] for r in query(state_dir)] == ["d", "c", "b", "a"]  # finished only
+    assert [r["id"] for r in query(state_dir, finished=False)] == ["e", "d", "c", "b", "a"]
+    assert [r["id"] for r in query(state_dir, key="codex")] == ["d", "c", "a"]
+    assert [r["id"] for r in query(state_dir, since=2500)] == ["d", "c"]
+    assert [r["id"] for r in query(state_dir, outcomes=["ok", "exit"])] == ["b", "a"]
+    a, b = query(state_dir, outcomes=["ok"])[0], query(state_dir, outcomes=["exit"])[0]
+    assert a == a | {
+        "key": "codex",
+        "holder": {"session": "s1", "agent": "a"},
+        "state": "released",
+        "outcome": "ok",
+        "exit_code": 0,
+        "queued_at": 1001,
+        "granted_at": 1002,
+        "started_at": 1003,
+        "exited_at": 1005,
+        "ended_at": 1007,
+        "wait_s": 1,
+        "run_s": 2,
+        "slot_index": 0,
+        "guard_pid": 42,
+        "usage": {},
+    }
+    assert b["usage"] == usage and b["exit_code"] == 2
+    c = query(state_dir, outcomes=["timeout"])[0]
+    assert (c["id"], c["reason"], c["started_at"]) == ("c", "timeout", None)
+    with pytest.raises(HistoryError, match="unknown outcome 'fine'"):
+        query(state_dir, outcomes=["fine"])
+
+
+def test_show_gives_the_whole_record_with_its_events_running_or_finished(state_dir):
+    feed(state_dir, ran("a") + story("e", "codex", ("queued", {"position": 0}), t0=5000))
+    done = show(state_dir, "a")
+    assert [e["kind"] for e in done["events"]] == [
+        "queued",
+        "granted",
+        "started",
+        "exited",
+        "gone",
+        "released",
+    ]  # output is never kept
+    assert [e["turn_seq"] for e in done["events"]] == [1, 2, 3, 5, 6, 7]
+    running = show(state_dir, "e")
+    assert (running["state"], running["outcome"], running["ended_at"]) == ("queued", None, None)
+    assert show(state_dir, "nope") is None
+
+
+def test_events_seen_twice_change_nothing(state_dir):
+    events = ran("a")
+    feed(state_dir, events + events)
+    assert len(show(state_dir, "a")["events"]) == 6
+    assert len(query(state_dir)) == 1
+
+
+def test_no_history_a_corrupt_file_and_a_newer_version(state_dir, caplog):
+    with pytest.raises(HistoryError, match="no history"):
+        query(state_dir)
+    path = history.history_path(state_dir)
+    path.write_bytes(b"this is not a database" * 100)
+    feed(state_dir, ran("a"))
+    assert [r["id"] for r in query(state_dir)] == ["a"]  # started afresh
+    assert len(list(state_dir.glob("history.sqlite.corrupt-*"))) == 1
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.commit()
+    db.close()
+    with pytest.raises(HistoryError, match="version 99, written by a newer ccsup"):
+        query(state_dir)
+    feed(state_dir, ran("b"))  # not written: the file is left as it is
+    db = sqlite3.connect(path)
+    assert [r[0] for r in db.execute("SELECT id FROM turns")] == ["a"]
+    db.close()
+
+
+def test_prune_forgets_turns_that_ended_before_a_time_and_marks_pruned_logs(state_dir):
+    feed(state_dir, ran("old", t0=1000) + ran("new", t0=9000))
+    recorder = Recorder(state_dir)
+    recorder.start()
+    recorder.mark_pruned(["new"], 9500.0)
+    recorder.prune(5000.0)
+    assert recorder.flush()
+    recorder.close()
+    assert [(r["id"], r["log_pruned_at"]) for r in query(state_dir)] == [("new", 9500.0)]
+    assert show(state_dir, "old") is None
+
+
+@pytest.mark.timeout(60)
+def test_a_real_supervisor_records_every_outcome_and_keeps_it_across_a_restart(daemon, state_dir):
+    d = daemon(caps="codex = 1")
+    with d.client() as client:
+        list(client.run_turn("codex", ["true"], id="fine"))
+        list(client.run_turn("codex", ["sh", "-c", "exit 3"], id="three"))
+        list(client.run_turn("codex", ["sh", "-c", "kill -9 $$"], id="killed"))
+        with client.subscribe(["turn.long."]) as sub:
+            client.turn("codex", ["sleep", "30"], id="long")
+            client.turn("codex", ["true"], id="waiting")
+            for topic, _ in sub.until_terminal(idle_check=client.check_running):
+                if topic.endswith(".started"):
+                    # a running turn is in the history too, as far as it has come
+                    running = wait_until(
+                        lambda: (
+                            (show(state_dir, "long") or {}).get("state") == "started"
+                            and show(state_dir, "long")
+                        ),
+                        what="the running turn in the history",
+                    )
+                    assert running["outcome"] is None and running["guard_pid"] > 0
+                    client.cancel("waiting")
+                    client.cancel("long")
+        sub = client.publish_request("turn", {"id": "bad", "key": "no/such", "argv": ["x"]})
+        sub.close()
+
+    def outcomes():
+        try:
+            return {r["id"]: r["outcome"] for r in query(state_dir)}
+        except HistoryError:
+            return {}
+
+    expected = {
+        "fine": "ok",
+        "three": "exit",
+        "killed": "signal",
+        "long": "cancelled",
+        "waiting": "cancelled",
+        "bad": "rejected",
+    }
+    wait_until(lambda: outcomes() == expected, what=f"history {expected}, have {outcomes()}")
+    three = show(state_dir, "three")
+    assert three["exit_code"] == 3 and three["run_s"] >= 0 and three["wait_s"] >= 0
+    assert query(state_dir, outcomes=["signal"])[0]["signal"] == 9
+    d.stop()
+    d2 = daemon(caps="codex = 1")
+    with d2.client() as client:
+        list(client.run_turn("codex", ["true"], id="after"))
+    wait_until(lambda: outcomes() == {**expected, "after": "ok"}, what="history after a restart")
+
+
+def ccsup(state_dir, *args):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_ccsup_history_and_show_read_the_file_without_a_supervisor(state_dir):
+    usage = {"cpu_user_s": 1.5, "peak_rss_bytes": 3 << 20}
+    feed(
+        state_dir,
+        ran("a", t0=time.time() - 7200)
+        + ran("b", exit_fields={"code": 3, "signal": None, "reason": None, **usage}, t0=time.time())
+        + story("e", "codex", ("queued", {"position": 0}), t0=time.time()),
+    )
+    listed = ccsup(state_dir, "history", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["id"] for r in json.loads(listed.stdout)] == ["b", "a"]
+    recent = ccsup(state_dir, "history", "--since", "1h")
+    assert recent.returncode == 0 and recent.stdout.splitlines()[0].split()[:4] == [
+        "ID",
+        "KEY",
+        "HOLDER",
+        "OUTCOME",
+    ]
+    assert "CPU USER" in recent.stdout and "PEAK RSS" in recent.stdout  # shown once present
+    (row,) = recent.stdout.splitlines()[1:]
+    assert row.split()[:5] == ["b", "codex", "s1/a", "exit", "3"] and "3.0MiB" in row
+    assert ccsup(state_dir, "history", "--outcome", "ok").stdout.splitlines()[1].split()[0] == "a"
+    bad = ccsup(state_dir, "history", "--outcome", "fine")
+    assert bad.returncode == 2 and "'fine'; known: ok, exit" in bad.stderr
+    shown = ccsup(state_dir, "show", "b")
+    assert shown.returncode == 0, shown.stderr
+    assert "  outcome    exit 3" in shown.stdout and "  cpu_user_s 1.5" in shown.stdout
+    assert [line.split()[2] for line in shown.stdout.splitlines() if line.startswith("    ")] == [
+        "queued",
+        "granted",
+        "started",
+        "exited",
+        "gone",
+        "released",
+    ]
+    assert json.loads(ccsup(state_dir, "show", "e", "--json").stdout)["state"] == "queued"
+    missing = ccsup(state_dir, "show", "nope")
+    assert missing.returncode == 1 and "no turn nope in the history" in missing.stderr
