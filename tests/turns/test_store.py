@@ -124,7 +124,7 @@ WRITER = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
-from supervisor import store
+from supervisor.turns import store
 q = store.QueueFile(Path(sys.argv[1]))
 q.replace({{}})
 i = 0
