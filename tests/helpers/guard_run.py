@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -57,6 +58,7 @@ class GuardRun:
             (launcher or []) + argv, stdout=subprocess.PIPE, env=env, stdin=stdin
         )
         self.ident = None
+        self.seen: list[procs.Identity] = []  # every process the CMD announced
         self._buf = b""
 
     def line(self, timeout: float = 10.0) -> list[str]:
@@ -76,13 +78,24 @@ class GuardRun:
     def announced(self, role: str) -> tuple[procs.Identity, int]:
         words = self.line()
         assert words[0] == role, words
-        return procs.Identity(int(words[1]), int(words[2])), int(words[3])
+        ident = procs.Identity(int(words[1]), int(words[2]))
+        self.seen.append(ident)
+        return ident, int(words[3])
 
     def wait(self, timeout: float = 15.0) -> int:
         rc = self.proc.wait(timeout)
         self.elapsed = time.monotonic() - self.started
         self.proc.stdout.close()
         return rc
+
+    def close(self) -> None:
+        """After a failed test: the guard SIGKILLed and reaped, then every process its CMD
+        announced (a guard killed outright leaves its setsid children), by pid and start."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        for ident in self.seen:
+            procs.signal_process(ident, signal.SIGKILL)
 
     def record_path(self) -> Path:
         (path,) = self.record_dir.glob("*.json")
