@@ -13,6 +13,14 @@ another key). Grants are saved before any guard starts: a crash in between leave
 `running` list of queue.json, never back in the queue to be run a second time. Slots freed by
 other processes are noticed by `tick`, a short periodic retry while anyone waits.
 
+A grant pass is all or nothing per item, and a failing key touches no other: when the gate raises
+for a key (a lock that is a symlink, a record that a full disk will not take), that key's head
+stays queued, its waiters read `unreadable` in ps, one `supervisor.error` event (with `key`) and
+one log line say why (again only when the error changes), and the pass goes on with the other
+keys; turns granted earlier in the pass are started whatever happens later in it. A request is
+therefore answered with what it became (queued), never with an internal error for a turn that
+was queued all the same; `tick` retries the key until the gate works again.
+
 Reservations wait in the same queue as turns and hold a slot (state `reserved` in ps) until a turn
 binds it, it expires, or it is cancelled. A holder (session + agent) has at most one per key.
 
@@ -44,7 +52,7 @@ from typing import Any, Protocol
 
 from guardd import procs
 
-from ..errors import CcsupError
+from ..errors import CcsupError, os_failure
 from ..filework import FileWorker
 from ..guards import containment
 from ..guards import handle as spawn
@@ -80,6 +88,14 @@ class AdmitAll:
 
 
 log = logging.getLogger("ccsup.manager")
+
+
+class _GateFailed(Exception):
+    """The slot gate raised for a key (its lock or record cannot be used): nothing was taken."""
+
+    def __init__(self, error: OSError | CcsupError):
+        self.error = error
+
 
 RETRY_INTERVAL = 0.25  # how often waiters retry slots that other processes may have freed
 
@@ -117,6 +133,7 @@ class Manager:
         self.clock = clock
         self.admission: Admission = admission or AdmitAll()
         self.refused: dict[str, Refusal] = {}  # key -> why its head was last held back
+        self.gate_errors: dict[str, str] = {}  # key -> the gate's last error for it, said once
         self.stopping = False
         self.started_at = clock()
         me = me or procs.identity_of(os.getpid())
@@ -369,41 +386,73 @@ class Manager:
     # -- grants ----------------------------------------------------------------------------------
 
     def grant_waiters(self) -> None:
-        """Grant the head of every key's queue while slots are free, oldest head first."""
+        """Grant the head of every key's queue while slots are free, oldest head first.
+
+        All or nothing per item, and per key: a gate that fails for one key (a lock that cannot
+        be opened, a record that cannot be written) leaves that key's head waiting, reported as
+        `unreadable` and by one `supervisor.error` event, and the pass goes on with the other
+        keys; what was granted before it in the pass is started all the same.
+        """
         if self.stopping:
             return
         granted: list[Turn] = []
-        with self.ledger.batch():
-            for key in self.queue.keys_by_age():
-                while (head := self.queue.head(key)) is not None:
-                    item = self.ledger.get(head)
-                    assert item is not None, head
-                    refusal = self.admission.refusal(item, self.clock())
-                    if refusal is not None:
-                        self.refused[key] = refusal  # what ps can say of the key's waiters
-                        break
-                    self.refused.pop(key, None)
-                    if not self._grant(item):
-                        # the gate's word ("key_full", "machine_full", ...) for why the key waits
-                        self.refused[key] = Refusal(
-                            getattr(self.gate, "last_refusal", None) or "key_full"
-                        )
-                        break
-                    if isinstance(item, Turn):
-                        granted.append(item)
-        for turn in granted:  # their grants are saved: a crash now cannot run them twice
-            self.starter.start(turn)
+        try:
+            with self.ledger.batch():
+                for key in self.queue.keys_by_age():
+                    self._grant_key(key, granted)
+        finally:
+            for turn in granted:  # their grants are saved: a crash now cannot run them twice
+                self.starter.start(turn)
+
+    def _grant_key(self, key: str, granted: list[Turn]) -> None:
+        while (head := self.queue.head(key)) is not None:
+            item = self.ledger.get(head)
+            assert item is not None, head
+            refusal = self.admission.refusal(item, self.clock())
+            if refusal is not None:
+                self.refused[key] = refusal  # what ps can say of the key's waiters
+                return
+            self.refused.pop(key, None)
+            try:
+                taken = self._grant(item)
+            except _GateFailed as failed:
+                self._gate_failed(key, failed.error)
+                return
+            if not taken:
+                # the gate's word ("key_full", "machine_full", ...) for why the key waits
+                self.refused[key] = Refusal(getattr(self.gate, "last_refusal", None) or "key_full")
+                return
+            self.gate_errors.pop(key, None)
+            if isinstance(item, Turn):
+                granted.append(item)
+
+    def _gate_failed(self, key: str, error: OSError | CcsupError) -> None:
+        """The gate failed for key: its head waits (`unreadable`), said once per distinct error."""
+        if isinstance(error, CcsupError):
+            message = error.message
+        else:
+            message = os_failure("take a slot of key", key, error).message
+            if error.filename is not None:
+                message = f"{message} ({error.filename})"
+        self.refused[key] = Refusal("unreadable")
+        if self.gate_errors.get(key) == message:
+            return  # retried at every tick: one log line and one event, not four a second
+        self.gate_errors[key] = message
+        log.error("%s: key %s waits until it is repaired", message, key)
+        self.ledger.emit("supervisor.error", {"message": message, "key": key})
 
     def _grant(self, item: Item) -> bool:
         """Take a slot for the head of its queue (False when none is free); publish the grant."""
         holder = item.holder.held_by(self.me.pid, self.me.start)
-        if isinstance(item, Reservation):
-            until = self.clock() + self.settings.reservation_ttl
-            slot = self.gate.try_acquire(
-                item.key, holder, reservation={"id": item.id, "until": until}
-            )
-        else:
-            slot = self.gate.try_acquire(item.key, holder, turn=item.id)
+        until = self.clock() + self.settings.reservation_ttl
+        try:  # the gate undoes its own half-taken slot when it raises: nothing is held then
+            if isinstance(item, Reservation):
+                reservation = {"id": item.id, "until": until}
+                slot = self.gate.try_acquire(item.key, holder, reservation=reservation)
+            else:
+                slot = self.gate.try_acquire(item.key, holder, turn=item.id)
+        except (OSError, CcsupError) as e:
+            raise _GateFailed(e) from e
         if slot is None:
             return False
         self.queue.remove(item.id)

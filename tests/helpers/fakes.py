@@ -103,8 +103,11 @@ class FakeGate:
         self.held: dict[tuple[str, int], FakeSlot] = {}
         self.record_work_error: Exception | None = None
         self.holders: list[Holder] = []
+        self.failing: dict[str, Exception] = {}  # key -> what try_acquire raises for it
 
     def try_acquire(self, key, holder, *, turn=None, reservation=None):
+        if key in self.failing:
+            raise self.failing[key]
         for index in range(self.caps.get(key, 1)):
             if (key, index) not in self.held:
                 self.holders.append(holder)

@@ -138,3 +138,47 @@ async def test_the_slot_record_names_the_supervisor_with_the_requesters_labels(h
     h.requesters.alive.add(4242)
     h.turn("t1", holder={"session": "s", "agent": "a", "pid": 4242})
     assert h.gate.holders == [Holder(os.getpid(), 1, session="s", agent="a")]
+
+
+# -- a gate that fails for one key (issue 27, B2) ------------------------------------------------
+
+
+def _errors(h) -> list[dict]:
+    return [b for t, b in h.published if t == "supervisor.error"]
+
+
+@scenario(caps={"a": 1, "b": 1})
+async def test_a_gate_error_for_one_key_strands_no_grant_of_the_pass_and_the_request_waits(h):
+    h.turn("a1", key="a")
+    assert h.turn("a2", key="a")["state"] == "queued"
+    h.gate.failing["b"] = OSError(40, "Too many levels of symbolic links", "/s/slots/b/slot-0.lock")
+    assert h.turn("b1", key="b") == {"id": "b1", "state": "queued", "position": 1}
+    (error,) = _errors(h)
+    assert error["key"] == "b" and "/s/slots/b/slot-0.lock" in error["message"], error
+    assert h.manager.refused["b"].reason == "unreadable"
+    # a1 ends: the pass grants a2 (key a is older) and then meets b's error: a2 is started.
+    await h.end("a1", 0)
+    assert h.events("a2") == RUN
+    assert h.held() == {"a": ["a2"]}
+    h.manager.tick()
+    h.manager.tick()
+    assert len(_errors(h)) == 1  # said once, not at every retry
+    assert h.events("b1") == ["queued"]
+    del h.gate.failing["b"]
+    h.manager.tick()  # repaired: the periodic retry grants it
+    assert h.events("b1") == RUN
+    assert "b" not in h.manager.gate_errors
+
+
+@scenario(caps={"a": 1, "b": 1})
+async def test_a_full_disk_under_a_new_keys_first_record_leaves_it_waiting_and_other_keys_run(h):
+    from supervisor.errors import os_failure
+
+    h.gate.failing["b"] = os_failure(
+        "write slot record", "/s/slots/b/slot-0.json", OSError(28, "No space left on device")
+    )
+    assert h.turn("b1", key="b")["state"] == "queued"
+    assert h.turn("a1", key="a")["state"] == "running"  # the next pass meets b first, then a
+    assert "No space left on device" in _errors(h)[0]["message"]
+    h.manager.begin_stop()  # nothing stranded: a stop cancels the waiter and ends a1
+    assert h.events("b1") == ["queued", "cancelled"]
