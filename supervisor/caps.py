@@ -127,3 +127,35 @@ class Caps:
         if self.machine_cap is not None:
             keys.append(MACHINE_KEY)
         return keys
+
+
+# Where a key's cap comes from, as `ccsup status` names it.
+CAP_SOURCES = ("--caps", "config", "harness default", "default")
+
+
+def cap_sources(
+    file_caps: Caps, override: Mapping[str, int], keys: list[str]
+) -> list[dict[str, object]]:
+    """For each of `keys`: `{"key", "cap", "source", "from"}`, the cap in force and the rule that
+    gave it (`source` one of CAP_SOURCES; `from` the name of the matching entry: the key, or its
+    bare harness). `file_caps` are the config file's caps, `override` the --caps of `ccsup
+    start`, which win over the file's (the order of Caps.cap_for)."""
+    in_force = file_caps.with_caps(override)
+    out: list[dict[str, object]] = []
+    for key in keys:
+        if key == MACHINE_KEY:
+            continue
+        harness, sep, _ = key.partition(":")
+        source, origin = "default", "default_cap"
+        for name in (key, harness) if sep else (key,):
+            if name in override:
+                source, origin = "--caps", name
+                break
+            if name in file_caps.caps:
+                source, origin = "config", name
+                break
+        else:
+            if harness in file_caps.harness_default:
+                source, origin = "harness default", f"harness.{harness}.default_cap"
+        out.append({"key": key, "cap": in_force.cap_for(key), "source": source, "from": origin})
+    return out

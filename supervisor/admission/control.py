@@ -215,6 +215,7 @@ class KeyControl:
             **answer.pause.to_json(),
             "changed": answer.changed,
             "capped": answer.capped,
+            "max_pause": self.settings.max_pause,
             "id": args.id,
         }
 

@@ -47,3 +47,35 @@ def format_why(why: dict | None, now: float) -> str:
         return "-"
     until = f" until {clock_time(why['until'])}" if why.get("until") else ""
     return f"{why['reason']}{until}"
+
+
+def format_in_force(result: dict) -> list[str]:
+    """`status`'s lines on what is in force: each known key's cap and its source (the config
+    file, --caps, a harness's default_cap, the default; a cluster cap beside it), the rates and
+    max_pause."""
+    from .formats import format_age
+
+    lines = []
+    for entry in result.get("caps_in_force") or []:
+        origin = entry.get("from")
+        source = entry["source"]
+        if source == "harness default" or (origin not in (None, entry["key"], "default_cap")):
+            source += f": {origin}"
+        cluster = f", cluster cap {entry['cluster_cap']}" if "cluster_cap" in entry else ""
+        lines.append(f"cap     {entry['key']} = {entry['cap']} ({source}{cluster})")
+    if "default_cap" in result and "caps_in_force" in result:
+        lines.append(f"cap     any other key = {result['default_cap']} (default_cap)")
+    for key, rate in sorted((result.get("rates") or {}).items()):
+        lines.append(f"rate    {key} = {rate}")
+    if result.get("max_pause") is not None:
+        lines.append(f"pauses  at most {format_age(result['max_pause'])} ([slots] max_pause)")
+    return lines
+
+
+def known_key(key: str, result: dict) -> bool:
+    """Whether `status` knows `key`: configured, ever run here (slot files), waiting, or a bare
+    harness name of such a key or with a [harness.X] default_cap."""
+    known = {e["key"] for e in result.get("caps_in_force") or []}
+    known |= {str(k) for k in result.get("caps") or {}}
+    harnesses = {k.partition(":")[0] for k in known} | set(result.get("harness_default_caps") or {})
+    return key in known or (":" not in key and key in harnesses)

@@ -35,8 +35,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for key, entry in sorted((result.get("limits") or {}).items()):
         for name, why in sorted(entry.get("not_enforced", {}).items()):
             click.echo(f"limits  {key}.{name}: not enforced: {why}")
-    from .keys import format_keys
+    from .keys import format_in_force, format_keys
 
+    for line in format_in_force(result):  # caps and where each comes from, rates, max_pause
+        click.echo(line)
     for line in format_keys(result):  # paused keys and rate windows
         click.echo(f"keys    {line}")
     if "cluster" in result:  # [cluster]: health, this machine's lease and its deadline

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from ..admission.control import KeyControl, admission_settings
+from ..caps import cap_sources
 from ..cluster.wiring import cluster_wiring
 from ..config import Config, load
 from ..config.metrics import metrics_address
@@ -49,7 +50,7 @@ from ..turns.manager import RETRY_INTERVAL, Manager, Settings
 from ..wire import args as command_args
 from ..wire import protocol
 from ..wire.protocol import ProtocolError, Request
-from . import memtrim
+from . import in_force, memtrim
 from .server import Server
 
 log = logging.getLogger("ccsup.daemon")
@@ -353,9 +354,31 @@ class Daemon:
             result["cluster"] = await self.cluster.status()
         result["caps"] = dict(self.gate.caps.caps)
         result["default_cap"] = self.gate.caps.default_cap
+        result.update(self._in_force())
         result["bus_rejected"] = self.server.rejected_bus_messages
         result.update(self.cgroups.describe())
         return result
+
+    def _in_force(self) -> dict:
+        """Each known key's cap and where it comes from, the rates and max_pause (for status)."""
+        try:
+            keys = set(self.gate.keys())  # configured, or with slot files: ever run here
+        except CcsupError as e:
+            log.warning("%s", e.message)
+            keys = set(self.gate.caps.configured_keys())
+        keys |= set(self.manager.queue.keys_by_age())
+        cluster_caps = self.config.cluster.caps if self.config.cluster else {}
+        caps = cap_sources(self.config.caps, self.caps_override, sorted(keys | set(cluster_caps)))
+        for entry in caps:
+            if entry["key"] in cluster_caps:  # capped across machines too, the local cap under it
+                entry["cluster_cap"] = cluster_caps[str(entry["key"])]
+        settings = admission_settings(self.config)
+        return {
+            "caps_in_force": caps,
+            "harness_default_caps": dict(self.gate.caps.harness_default),
+            "rates": {key: str(rate) for key, rate in settings.rates.items()},
+            "max_pause": settings.max_pause,
+        }
 
     async def cmd_turn(self, args: dict) -> dict:
         return self.manager.request_turn(command_args.parse_turn(args))
@@ -399,6 +422,7 @@ class Daemon:
 
     def reload(self) -> dict:
         config = load(self.config_path, os.environ)  # ConfigError: the old config stays
+        before = in_force.settings(self.config, self.caps_override)
         self.config = config
         self.gate.caps = config.caps.with_caps(self.caps_override)
         # A raised cap's new slot files, made in a thread; waiters are tried again once they are
@@ -412,10 +436,11 @@ class Daemon:
         self.keyctl.retune(admission_settings(config))
         for sentence in self.cgroups.set_limits(dict(config.limits)):  # [guard] cgroup: at start
             log.warning("%s", sentence)
-        self.server.publish("supervisor.reloaded", {"config": config.source})
-        log.info("reloaded %s", config.source)
+        changed = in_force.changes(before, in_force.settings(config, self.caps_override))
+        self.server.publish("supervisor.reloaded", {"config": config.source, "changed": changed})
+        log.info("reloaded %s (%d changes)", config.source, len(changed))
         self.manager.grant_waiters()  # a raised cap may admit waiters now
-        return {"config": config.source}
+        return {"config": config.source, "changed": changed}
 
     def _reload_from_signal(self) -> None:
         try:

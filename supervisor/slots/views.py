@@ -120,11 +120,12 @@ class SlotReader:
         """Every key configured or with a directory under <state>/slots, `_machine` first."""
         locks = LazyLocks()
         views = []
-        for key in self._keys():
+        for key in self.keys():
             views.extend(self._inspect_key(key, locks))
         return views
 
-    def _keys(self) -> list[str]:
+    def keys(self) -> list[str]:
+        """Every key configured or with a directory under <state>/slots, `_machine` first."""
         keys = set(self.caps.configured_keys())
         try:
             names = os.listdir(self.root)
@@ -222,7 +223,7 @@ class SlotReader:
         Returns the slots reaped, as they were seen orphaned. Slots whose work could not be
         confirmed gone stay orphaned and are listed in self.reap_failures with an error.
         """
-        keys = [check_key(key, reserved_ok=True)] if key is not None else self._keys()
+        keys = [check_key(key, reserved_ok=True)] if key is not None else self.keys()
         locks = held_locks()
         # Unreadable with a readable slot record: only the guard record is unreadable.
         # Every candidate is found before any is reaped: ending a key slot's work also ends its

@@ -342,7 +342,8 @@ class Manager:
         item = self.ledger.get(item_id)
         if item is None:
             if item_id in self.finished:
-                return {"id": item_id, "state": self.finished.state_of(item_id)}
+                # Nothing to do: said so (`finished`), so `ccsup cancel` does not claim it acted.
+                return {"id": item_id, "state": self.finished.state_of(item_id), "finished": True}
             raise ProtocolError("not_found", f"no turn or reservation {item_id}")
         self.endings.happen(item, What.CANCEL, reason=reason)
         return {"id": item_id, "state": item.state.value}

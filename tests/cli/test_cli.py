@@ -755,6 +755,9 @@ def test_reload_of_a_broken_config_exits_2_and_the_old_one_stays(daemon, tmp_pat
     assert json.loads(status.stdout)["caps"] == {"t": 2, "one": 1}
     config.write_text(FAST_CONFIG.replace("t = 2", "t = 3"))
     fixed = subprocess.run([*CCSUP, "reload"], env=env, capture_output=True, timeout=10)
-    assert (fixed.returncode, fixed.stdout.decode()) == (0, f"reloaded ({config})\n")
+    assert (fixed.returncode, fixed.stdout.decode()) == (
+        0,
+        f"reloaded {config}: 1 change\n  slots.caps.t: 2 -> 3\n",
+    )
     status = json.loads(ccsup("status", "--json", state_dir=state_dir, timeout=10).stdout)
     assert status["caps"] == {"t": 3, "one": 1}

@@ -66,7 +66,7 @@ async def test_cancel_of_a_finished_or_unknown_id(h):
     h.turn("t1")
     await h.end("t1")
     before = list(h.published)
-    assert h.manager.cancel("t1") == {"id": "t1", "state": "released"}
+    assert h.manager.cancel("t1") == {"id": "t1", "state": "released", "finished": True}
     assert h.published == before
     with pytest.raises(ProtocolError) as caught:
         h.manager.cancel("nope")
