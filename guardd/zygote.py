@@ -75,12 +75,15 @@ import socket
 import sys
 
 from guardd import linux, procs
+from guardd.durations import parse_duration
 from guardd.exits import EXIT_GUARD_FAILURE
+from guardd.strays import Strays
 from guardd.zygote_wire import Inbox, send
 
 SPARES = 2  # children forked ahead while idle (see Spares above)
 _SET_UP = b"ok"  # a child's report when it is set up (a failure is marshalled, never this)
 SPARE_AFTER = 0.005  # seconds with nothing to read before a spare is forked
+DEFAULT_GRACE = 5.0  # a guard's grace when its arguments do not say (guardd.__main__'s default)
 
 
 def _ignore(signum, frame):
@@ -92,7 +95,9 @@ class _Zygote:
         self.sock = sock
         self.parent_fd = parent_fd
         self.inbox = Inbox()
-        self.spawned: set[int] = set()  # children announced to the supervisor, not yet reaped
+        # Children announced to the supervisor, not yet reaped -> their guard's grace.
+        self.spawned: dict[int, float] = {}
+        self.strays = Strays(os.getpid(), self._own_children)
         self.spares: list[_Spare] = []  # forked ahead, oldest first
         self.spare_failed = False  # a spare's fork failed: no more tries until the next request
         # What a fresh interpreter has, so that each child gets it back (we change SIGCHLD only).
@@ -113,9 +118,17 @@ class _Zygote:
         while True:
             wanted = len(self.spares) < SPARES and not self.spare_failed
             idle_ms = int(SPARE_AFTER * 1000) if wanted else -1
+            look = self.strays.timeout()
+            if look == 0:
+                self._report(self.strays.look())  # due even while requests keep us busy
+                continue
+            if look is not None:
+                look_ms = int(look * 1000) + 1
+                idle_ms = min(idle_ms, look_ms) if idle_ms >= 0 else look_ms
             ready = {fd for fd, _ in poller.poll(idle_ms)}
             if not ready:
-                self._fork_spare()
+                if wanted and self.strays.timeout() != 0:
+                    self._fork_spare()
                 continue
             if self.parent_fd in ready:
                 return 0  # the supervisor is gone: its guards watch it too and end their turns
@@ -143,11 +156,21 @@ class _Zygote:
             if pid == 0:
                 return
             if pid in self.spawned:  # a child that failed its set-up was never announced
-                self.spawned.discard(pid)
-                send(self.sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+                grace = self.spawned.pop(pid)
+                code = os.waitstatus_to_exitcode(status)
+                self._report(self.strays.guard_ended(pid, code, grace))
+                continue
             for spare in [spare for spare in self.spares if spare.pid == pid]:
                 self.spares.remove(spare)  # died unused: nobody was told of it
                 spare.close()
+
+    def _report(self, exits: list[tuple[int, int]]) -> None:
+        for pid, code in exits:
+            send(self.sock, ("exited", pid, code))
+
+    def _own_children(self) -> set[int]:
+        """Our children that are not strays: the guards not reaped yet, and the spares."""
+        return {*self.spawned, *(spare.pid for spare in self.spares)}
 
     def _spawn(self, args: list[str], cwd: str | None, env: dict, stdio: list[int]) -> None:
         child = self._hand_to_spare(("spawn", args, cwd, env), stdio)
@@ -175,7 +198,7 @@ class _Zygote:
         finally:
             if pidfd >= 0:
                 os.close(pidfd)
-        self.spawned.add(pid)
+        self.spawned[pid] = _grace(args)
         try:
             os.write(go_w, b"g")
         except BrokenPipeError:
@@ -362,6 +385,14 @@ def _wait_for_request(sock: socket.socket) -> tuple | None:
             return None
 
 
+def _grace(args: list[str]) -> float:
+    """The guard's --grace (what its strays get between SIGTERM and SIGKILL), else its default."""
+    try:
+        return parse_duration(args[args.index("--grace") + 1])
+    except (ValueError, IndexError):
+        return DEFAULT_GRACE
+
+
 def _read_report(fd: int) -> bytes:
     """A child's report, to its end: _SET_UP, its failure (marshalled), or nothing (it died)."""
     report = b""
@@ -458,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     parent_fd = linux.open_parent_pidfd()
     if parent_fd is None:
         return 0  # the supervisor is already gone
+    linux.register_subreaper()  # a lost guard's strays come to us (guardd.strays)
     warm()
     zygote = _Zygote(sock, parent_fd)
     try:
@@ -465,5 +497,6 @@ def main(argv: list[str] | None = None) -> int:
     except (BrokenPipeError, ConnectionResetError):
         return 0  # the supervisor went away while we answered
     finally:
+        zygote.strays.end_all()
         for spare in zygote.spares:  # each exits at EOF: reaped here, not left to init
             spare.close(wait=1.0)

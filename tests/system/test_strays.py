@@ -1,0 +1,114 @@
+"""Without cgroups, a lost guard's strays never escape (issue 27, B1): a descendant that left the
+turn's group and session and dropped its marker, whose guard then died before its next scan, is
+reparented to the guard zygote, ended there, and the slot is released only once it is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+from conftest import PYTHON, wait_until
+
+from guardd import procs, scan
+
+
+def processes_named(token: str) -> list[int]:
+    """Live processes named token (their argv[0] after `sh -c`), with all their descendants."""
+    found: set[int] = set()
+    for pid in procs.all_pids():
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if cmdline.split(b"\0")[3:4] == [token.encode()]:
+            found.add(pid)
+            found.update(scan.descendants(pid))
+    return [p for p in found if (s := procs.read_stat(p)) is not None and not s.zombie]
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        ident = procs.identity_of(pid)
+        if ident is not None:
+            procs.signal_process(ident, signal.SIGKILL)
+
+
+def without_cgroups(d):
+    """The daemon started with `[guard] cgroup = "off"` (the config's last table is [guard])."""
+    d.config.write_text(d.config.read_text() + 'cgroup = "off"\n')
+    return d.start()
+
+
+def started_turns(log) -> list[str]:
+    return [t.split(".")[1] for t in log.topics("turn.") if t.endswith(".started")]
+
+
+def test_the_issues_escapee_that_kills_its_own_guard_is_ended_before_the_next_turn(
+    daemon, event_log, state_dir
+):
+    d = without_cgroups(daemon(start=False, caps="adv = 1", grace="300ms", scan="2s"))
+    log = event_log(d)
+    token = f"ESC{uuid.uuid4().hex[:8]}"
+    # The issue's command, exactly, with its escapee's name made unique.
+    command = f"setsid env -i sh -c 'sleep 30; :' {token} & sleep 0.1; kill -9 $PPID; sleep 30"
+    run = subprocess.Popen(
+        [PYTHON, "-m", "supervisor", "--state-dir", str(state_dir)]
+        + ["run", "--key", "adv", "--", "sh", "-c", command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        (first,) = wait_until(lambda: started_turns(log), what="the first turn started")
+        with d.client() as client:
+            client.turn("adv", ["sh", "-c", "echo second"], id="t2")
+            log.wait_for("turn.t2.started")
+            beside = processes_named(token)  # what runs beside the cap-1 second turn
+            assert beside == [], f"the escapee runs beside the next turn: {beside}"
+            exited = log.wait_for(f"turn.{first}.exited")
+            assert exited["code"] is None and exited["reason"] == "guard_lost"
+            assert run.wait(15) == 125
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        kill_all(processes_named(token))
+    assert d.stop() == 0
+    assert processes_named(token) == []
+
+
+def test_an_outside_sigkill_of_the_guard_holds_the_slot_until_its_stubborn_stray_is_gone(
+    daemon, event_log, state_dir
+):
+    # No scan of the guard sees the stray before the kill.
+    d = without_cgroups(daemon(start=False, caps="adv = 1", grace="1s", scan="30s"))
+    log = event_log(d)
+    pidfile = state_dir / "stray.pid"
+    token = f"ESC{uuid.uuid4().hex[:8]}"
+    escapee = (
+        f"setsid env -i sh -c 'trap \"\" TERM; echo $$ > {pidfile}; sleep 30; :' {token} & "
+        "exec sleep 30"
+    )
+    try:
+        with d.client() as client:
+            client.turn("adv", ["sh", "-c", escapee], id="t1")
+            started = log.wait_for("turn.t1.started")
+            stray = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip()))
+            stray_ident = procs.identity_of(stray)
+            assert stray_ident is not None
+            client.turn("adv", ["sh", "-c", "echo second"], id="t2")
+            killed_at = time.monotonic()
+            os.kill(started["guard"]["pid"], signal.SIGKILL)
+            log.wait_for("turn.t2.started")
+            # It ignores SIGTERM: only the SIGKILL after the grace ended it, and only then the slot
+            # went to the second turn.
+            assert not procs.process_running(stray_ident), "the stray runs beside the next turn"
+            assert log.time_of("turn.t2.started") - killed_at >= 1.0
+            assert log.wait_for("turn.t1.exited")["reason"] == "guard_lost"
+    finally:
+        kill_all(processes_named(token))
+    assert d.stop() == 0
+    assert processes_named(token) == []
