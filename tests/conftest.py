@@ -150,14 +150,14 @@ class RunningDaemon:
         self.config = config
         self.proc = None
         self.stderr_path = state_dir / "daemon.stderr"
+        self.program = ["-m", "supervisor"]  # what PYTHON runs (a test helper may wrap ccsup)
 
     def start(self, *extra: str, timeout: float = 15.0) -> RunningDaemon:
         import subprocess
 
         command = [
             PYTHON,
-            "-m",
-            "supervisor",
+            *self.program,
             "--state-dir",
             str(self.state_dir),
             "--config",

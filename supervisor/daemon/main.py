@@ -13,7 +13,15 @@ restored waiters are granted what is free; only then do the sockets serve reques
 request can jump what was waiting before. After that, orphaned slots the last supervisor left
 are reaped (`slot.<key>.orphaned`, `slot.<key>.reaped`; their work ends in a thread, so requests
 are served meanwhile), the turns it was running are settled as their slots come free, and
-waiters are granted again; then READY for systemd, and the periodic tick (retries, reaping).
+waiters are granted again; then READY for systemd, and the periodic duties.
+
+Periodic duties (`run_duty`): every RETRY_INTERVAL the manager's (expire_finished, grant,
+confirm_ends), every scan interval a reap (in a task), every PRUNE_INTERVAL prune_logs, every
+TRIM_INTERVAL trim_memory. Each run is on its own: whatever it raises is logged ("unable to
+<operation> <object> (periodic duty <name>): <reason>", with the traceback) and counted in
+`ccsup_periodic_errors_total{task}`, and the duty runs again at its next time; one failing duty
+never keeps another from running. (Before, the first exception ended the tick for good: nothing
+retried grants, reaped orphans or confirmed ends until the supervisor restarted.)
 Stopping half-way (SIGKILL): the guards see their parent gone and end their work; the next start
 reaps whatever is left.
 """
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import inspect
 import logging
 import logging.handlers
 import os
@@ -29,6 +38,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..admission.control import KeyControl, admission_settings
@@ -155,10 +165,14 @@ class Daemon:
         self.server.observers.append(self.history.observe)
         self.launcher.on_truncated = self._log_truncated
         self.launcher.log_limit = self._log_limits().turn_max_bytes
-        self._pruning: asyncio.Task | None = None
         self.metrics = metrics.Metrics(ps=lambda: views.ps(self.manager))
         self.server.observers.append(self.metrics.observe)
         self.metrics_server: metrics.MetricsServer | None = None
+        self.trimmer = memtrim.Trimmer()  # RSS: see supervisor.daemon.memtrim
+        # The periodic duties by name (a test may wrap one to make it fail): see run_duty.
+        self.duties = self._periodic_duties()
+        for name in self.duties:
+            self.metrics.periodic_errors.inc((name,), 0)
 
     def _settings(self, config: Config) -> Settings:
         return Settings(
@@ -191,13 +205,13 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self.quit)
         loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
         await self.reap_orphans()
-        self._pruning = asyncio.create_task(self._prune_logs_periodically())
-        trimming = asyncio.create_task(
-            memtrim.trim_after_work()
-        )  # RSS: see supervisor.daemon.memtrim
         sd_notify("READY=1")
         web = _web_beside(self.config, self.paths.root, self.config_path)
-        ticker = asyncio.create_task(self._tick())
+        periodic = [
+            asyncio.create_task(self._tick()),
+            asyncio.create_task(self._every(lambda: retention.PRUNE_INTERVAL, ("prune_logs",))),
+            asyncio.create_task(self._every(lambda: memtrim.TRIM_INTERVAL, ("trim_memory",))),
+        ]
         await self._stop.wait()
         sd_notify("STOPPING=1")
         self.server.publish("supervisor.stopping", {"pid": os.getpid()})
@@ -206,9 +220,8 @@ class Daemon:
         await self.manager.wait_idle()
         if cluster:
             await cluster.close()  # every turn is gone: the lease and its keys may go
-        ticker.cancel()
-        self._pruning.cancel()
-        trimming.cancel()
+        for task in periodic:
+            task.cancel()
         if web is not None:
             from . import page
 
@@ -287,33 +300,76 @@ class Daemon:
         fields = {"id": turn_id, "stream": stream, "offset": offset, "limit": limit}
         self.server.publish(f"turn.{turn_id}.truncated", fields)
 
-    async def _prune_logs_periodically(self) -> None:
-        """[logs] keep and max_bytes: at start, then every PRUNE_INTERVAL, in a thread."""
+    async def prune_logs(self) -> None:
+        """[logs] keep and max_bytes (a periodic duty: at start, then every PRUNE_INTERVAL)."""
+        limits = self._log_limits()
+        running = set(self.manager.turns)
+        pruned = await asyncio.to_thread(retention.prune, self.paths.turns, limits, running)
+        if pruned:
+            log.info("pruned the logs of %d turn(s)", len(pruned))
+            self.history.mark_pruned([p["id"] for p in pruned], pruned[0]["pruned_at"])
+        if limits.keep is not None:
+            self.history.prune(time.time() - limits.keep)
+
+    # -- periodic duties -------------------------------------------------------------------------
+
+    def _periodic_duties(self) -> dict[str, tuple[str, Callable[[], object]]]:
+        """name -> (what it does, for the log line; the duty, plain or async)."""
+        duties: dict[str, tuple[str, Callable[[], object]]] = {
+            name: (what, duty)
+            for (name, duty), what in zip(
+                self.manager.periodic_duties(),
+                (
+                    f"expire the finished ids of {self.paths.finished}",
+                    "grant the waiters",
+                    "look again at the turns' ends",
+                ),
+                strict=True,
+            )
+        }
+        duties["reap"] = (f"reap the orphaned slots of {self.gate.root}", self.reap_orphans)
+        duties["prune_logs"] = (f"prune the turn logs in {self.paths.turns}", self.prune_logs)
+        duties["trim_memory"] = ("give freed memory back to the kernel", self.trimmer.step)
+        return duties
+
+    async def run_duty(self, name: str) -> None:
+        """One run of a periodic duty. Whatever it raises is logged (its operation and object, the
+        traceback) and counted (ccsup_periodic_errors_total{task}); it runs again at its next time."""
+        what, duty = self.duties[name]
+        try:
+            result = duty()
+            if inspect.isawaitable(result):
+                await result
+        except Exception as e:  # noqa: BLE001 -- a periodic duty must outlive any bug or fault
+            self.metrics.periodic_errors.inc((name,))
+            log.error(
+                "unable to %s (periodic duty %s): %s; it runs again at its next time",
+                what,
+                name,
+                e,
+                exc_info=True,
+            )
+
+    async def _every(self, interval: Callable[[], float], names: tuple[str, ...]) -> None:
+        """Run these duties now, then every interval, each on its own."""
         while True:
-            limits = self._log_limits()
-            running = set(self.manager.turns)
-            try:
-                pruned = await asyncio.to_thread(retention.prune, self.paths.turns, limits, running)
-            except OSError as e:  # a bug-free prune logs its own; this is the unexpected rest
-                log.error("unable to prune turn logs in %s: %s", self.paths.turns, e)
-                pruned = []
-            if pruned:
-                log.info("pruned the logs of %d turn(s)", len(pruned))
-                self.history.mark_pruned([p["id"] for p in pruned], pruned[0]["pruned_at"])
-            if limits.keep is not None:
-                self.history.prune(time.time() - limits.keep)
-            await asyncio.sleep(retention.PRUNE_INTERVAL)
+            for name in names:
+                await self.run_duty(name)
+            await asyncio.sleep(interval())
 
     async def _tick(self) -> None:
+        """Every RETRY_INTERVAL the manager's duties; every scan interval a reap, in a task."""
         elapsed = 0.0
+        names = [name for name, _ in self.manager.periodic_duties()]
         while True:
             await asyncio.sleep(RETRY_INTERVAL)
-            self.manager.tick()
+            for name in names:
+                await self.run_duty(name)
             elapsed += RETRY_INTERVAL
             if elapsed >= self.manager.settings.scan:
                 elapsed = 0.0
                 if self._reaping is None or self._reaping.done():
-                    self._reaping = asyncio.create_task(self.reap_orphans())
+                    self._reaping = asyncio.create_task(self.run_duty("reap"))
 
     async def reap_orphans(self, key: str | None = None) -> list[dict]:
         """Find orphaned slots, end their work and release them (in a thread: it waits a grace)."""

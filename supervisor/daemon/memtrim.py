@@ -42,6 +42,27 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+class Trimmer:
+    """One look at a time (`step`): trim when the process worked since the last trim."""
+
+    def __init__(
+        self,
+        *,
+        after_cpu: float = TRIM_AFTER_CPU,
+        trim: Callable[[int], int] | None = None,
+        cpu: Callable[[], float] = time.process_time,
+    ):
+        self.trim = trim or _malloc_trim()
+        self.after_cpu = after_cpu
+        self.cpu = cpu
+        self.trimmed_at = cpu()
+
+    async def step(self) -> None:
+        if self.trim is not None and self.cpu() - self.trimmed_at >= self.after_cpu:
+            await asyncio.to_thread(self.trim, 0)
+            self.trimmed_at = self.cpu()
+
+
 async def trim_after_work(
     *,
     interval: float = TRIM_INTERVAL,
@@ -50,12 +71,9 @@ async def trim_after_work(
     cpu: Callable[[], float] = time.process_time,
 ) -> None:
     """Run for the supervisor's life (a task): trim whenever the process has worked."""
-    trim = trim or _malloc_trim()
-    if trim is None:
+    trimmer = Trimmer(after_cpu=after_cpu, trim=trim, cpu=cpu)
+    if trimmer.trim is None:
         return
-    trimmed_at = cpu()
     while True:
         await asyncio.sleep(interval)
-        if cpu() - trimmed_at >= after_cpu:
-            await asyncio.to_thread(trim, 0)
-            trimmed_at = cpu()
+        await trimmer.step()

@@ -24,7 +24,9 @@ scrape); turns_ended_total{key,outcome} (outcomes of supervisor.history.db.OUTCO
 turn_wait_seconds{key} and turn_run_seconds{key} (histograms: queued to granted, started to
 exited); cpu_seconds_total{key,mode} (user/system, from the exited event's usage figures when the
 containment work provides them); guards_lost_total{key}; orphans_reaped_total{key};
-bus_events_total{family} (events the supervisor published: turn, supervisor, slot); output_bytes_total{key,stream}
+bus_events_total{family} (events the supervisor published: turn, supervisor, slot);
+periodic_errors_total{task} (exceptions a periodic duty raised and survived: expire_finished,
+grant, confirm_ends, reap, prune_logs, trim_memory; see supervisor.daemon.main); output_bytes_total{key,stream}
 is not kept (it would cost a decode per chunk); start_time_seconds.
 
 State: none on disk; the figures start from zero with each supervisor (Prometheus handles
@@ -198,6 +200,12 @@ class Metrics:
         )
         for family in ("turn", "supervisor", "slot"):
             self.bus_events.inc((family,), 0)
+        # Fed by the daemon (supervisor.daemon.main.run_duty), which names each duty at 0 first.
+        self.periodic_errors = _Counter(
+            "ccsup_periodic_errors",
+            "Exceptions raised by the supervisor's periodic duties, by duty.",
+            ("task",),
+        )
         self._live: dict[str, _Live] = {}
 
     # -- fed by every published event (on the event loop) -----------------------------------------
@@ -263,6 +271,7 @@ class Metrics:
             yield self.guards_lost.family(use_created)
             yield self.orphans_reaped.family(use_created)
             yield self.bus_events.family(use_created)
+            yield self.periodic_errors.family(use_created)
             yield GaugeMetricFamily(
                 "ccsup_start_time_seconds", "When this supervisor started.", value=self.started_at
             )

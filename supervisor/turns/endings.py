@@ -450,11 +450,23 @@ class Endings:
             self.happen(turn, What.GONE_HINT, record=record)
 
     def tick(self) -> None:
-        """Periodic: pending terminations, unfollowed guards' ends, unconfirmed ends looked at again."""
+        """Periodic: pending terminations, unfollowed guards' ends, unconfirmed ends looked at again.
+
+        One turn that raises does not keep the others from being looked at: the first error is
+        raised once every turn was (the daemon logs and counts it, and calls again next time)."""
+        failure: Exception | None = None
         for turn in list(self.ledger.turns.values()):
-            guard = turn.guard
-            if guard is None:
-                continue
+            try:
+                self._look_again(turn)
+            except Exception as e:  # noqa: BLE001 -- raised after the others were looked at
+                log.error("unable to look again at the end of turn %s: %r", turn.id, e)
+                failure = failure or e
+        if failure is not None:
+            raise failure
+
+    def _look_again(self, turn: Turn) -> None:
+        guard = turn.guard
+        if guard is not None:
             guard.terminate_if_pending()
             if not turn.followed and guard.returncode is None:
                 if not procs.process_running(guard.identity):

@@ -485,10 +485,23 @@ class Manager:
     # -- periodic, views, stopping ---------------------------------------------------------------
 
     def tick(self) -> None:
-        self.finished.expire()
+        """The periodic duties, in order (the daemon runs each on its own: supervisor.daemon.main)."""
+        for _, duty in self.periodic_duties():
+            duty()
+
+    def periodic_duties(self) -> list[tuple[str, Callable[[], None]]]:
+        """(name, duty) of what `tick` does: forget old finished ids, retry grants, look again at
+        ends. Each may raise; a caller that runs them on a timer isolates each from the others."""
+        return [
+            ("expire_finished", self.finished.expire),
+            ("grant", self.retry_grants),
+            ("confirm_ends", self.endings.tick),
+        ]
+
+    def retry_grants(self) -> None:
+        """Slots freed by other processes (or a repaired key) are seen here: waiters try again."""
         if self.queue:
             self.grant_waiters()
-        self.endings.tick()
 
     def begin_stop(self) -> None:
         """No new grants; every waiter cancelled, every reservation released, every turn stopped."""

@@ -137,6 +137,12 @@ def test_the_text_is_what_prometheus_clients_own_counters_and_histograms_would_p
     )
     for family in ("turn", "supervisor", "slot"):
         bus.labels(family)
+    periodic = Counter(
+        "ccsup_periodic_errors",
+        "Exceptions raised by the supervisor's periodic duties, by duty.",
+        ["task"],
+        registry=r,
+    )
     Gauge("ccsup_start_time_seconds", "When this supervisor started.", registry=r).set(1234.5)
 
     for topic, body in [
@@ -173,6 +179,10 @@ def test_the_text_is_what_prometheus_clients_own_counters_and_histograms_would_p
     reaped.labels("codex").inc()
     bus.labels("turn").inc(10)
     bus.labels("slot").inc()
+    m.periodic_errors.inc(("grant",), 0)
+    m.periodic_errors.inc(("reap",))
+    periodic.labels("grant")
+    periodic.labels("reap").inc()
     ours = m.exposition().decode()
     theirs = generate_latest(r).decode()
     assert ours.startswith(theirs)  # then the slot gauges, read at scrape

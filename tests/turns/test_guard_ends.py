@@ -3,6 +3,7 @@ the slot is released."""
 
 from __future__ import annotations
 
+import pytest
 from fakes import (
     END,
     NO_USAGE,
@@ -135,3 +136,20 @@ async def test_a_guard_that_ended_its_own_work_is_not_swept_for_escapees(h):
     await h.end("t1", 0, state="gone")
     assert h.probe.ended == []
     assert h.events("t1") == RUN + END
+
+
+@scenario(caps={"codex": 2})
+async def test_a_turn_that_raises_in_tick_keeps_no_other_turn_from_being_looked_at(h):
+    h.turn("t1")
+    h.turn("t2")
+    looked: list[str] = []
+
+    def broken() -> None:
+        looked.append("t1")
+        raise RuntimeError("t1's guard is broken")
+
+    h.guard("t1").terminate_if_pending = broken
+    h.guard("t2").terminate_if_pending = lambda: looked.append("t2")
+    with pytest.raises(RuntimeError, match="t1's guard is broken"):  # the daemon counts it
+        h.manager.endings.tick()
+    assert sorted(looked) == ["t1", "t2"]
