@@ -84,7 +84,16 @@ class LazyGroup(click.Group):
             ctx.exit(e.exit_code)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+DOCS_EPILOG = (
+    "Docs: README.md (the contract: exit codes, decisions, limits) and docs/ (configuration,"
+    " admission, cluster, logs, web, sidecars, protocol, containment, design, performance) in"
+    " ccsup's source tree."
+)
+
+
+@click.group(
+    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=DOCS_EPILOG
+)
 @click.version_option(__version__, prog_name="ccsup", message="%(prog)s %(version)s")
 @click.option(
     "--state-dir",

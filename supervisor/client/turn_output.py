@@ -1,10 +1,10 @@
 """A turn's stdout and stderr reassembled exactly from its output events: the sidecar's helper.
 
 Each `turn.<id>.stdout|stderr` event carries the byte offset of its chunk in the stream (and its
-log), so the chunks tile each stream; see the README's "Exact output". `TurnOutput.feed` gives each
-event's new bytes in stream order, fills a hole from the turn's log when it is given a `fill`
-(Client.read_log on the supervisor's machine), and otherwise raises OutputGap: it never yields a
-stream with a hole.
+log), so the chunks tile each stream; see docs/sidecars.md, "Exact output". `TurnOutput.feed`
+gives each event's new bytes in stream order, fills a hole from the turn's log when it is given a
+`fill` (Client.read_log on the supervisor's machine), and otherwise raises OutputGap: it never
+yields a stream with a hole.
 
 Knows the output bodies (protocol.output_bytes) and offsets; nothing of sockets, subscriptions or
 where a log lives. State: the position reached in each stream, in memory only.

@@ -1,5 +1,5 @@
-"""`[cluster]`: caps across machines, kept in etcd v3 (supervisor.cluster.gate; README "Several
-machines"). Without this table nothing changes.
+"""`[cluster]`: caps across machines, kept in etcd v3 (supervisor.cluster.gate;
+docs/cluster.md). Without this table nothing changes.
 
 The section's schema, its value (`ClusterSettings`) and its checks (`parse_cluster_table`, pure
 and table-tested) live here; each problem is reported through the Checker.
@@ -227,7 +227,7 @@ if TYPE_CHECKING:
 
 SECTION = Section(
     ("cluster",),
-    "Caps across machines, kept in etcd v3 (README: Several machines). Without this table\n"
+    "Caps across machines, kept in etcd v3 (docs/cluster.md). Without this table\n"
     "every cap is this machine's alone.",
     (
         Key(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import wait_until
+from conftest import ROOT, wait_until
 
 from guardd import procs
 from supervisor import __version__
@@ -64,6 +64,13 @@ def runner(state_dir, monkeypatch):
 def test_version(runner):
     result = runner.invoke(main, ["--version"])
     assert (result.exit_code, result.stdout) == (0, f"ccsup {__version__}\n")
+
+
+def test_help_points_at_the_docs(runner):
+    result = runner.invoke(main, ["--help"])
+    text = " ".join(result.stdout.split())
+    assert "Docs: README.md" in text and "docs/" in text, result.stdout
+    assert (ROOT / "README.md").exists() and (ROOT / "docs" / "configuration.md").exists()
 
 
 def test_help_lists_every_command(runner):

@@ -1,6 +1,6 @@
 """[limits.<key>]: parsed with key and line; where a controller is not delegated, `config check`
 and `status` say so for each limit (never silently ignored). This machine delegates no controller
-to its cgroup2 hierarchy, so enforcement itself is not exercised here (see the README)."""
+to its cgroup2 hierarchy, so enforcement itself is not exercised here (see docs/containment.md)."""
 
 from __future__ import annotations
 
