@@ -86,6 +86,7 @@ class Guard:
         self.my_pgid = os.getpgrp()
         self.turn = self.opts.turn or new_turn_id()
         self.started_at = time.time()
+        self.cwd = _cwd()  # the turn's (the guard is started in it): recorded beside argv
         self.record_file = (
             record.record_file(self.opts.record_dir, self.me) if self.opts.record_dir else None
         )
@@ -445,6 +446,7 @@ class Guard:
             "guard": self.me.to_json(),
             "turn": self.turn,
             "argv": list(self.opts.argv),
+            "cwd": self.cwd,
             "own_group": self.own.to_json() if self.own else None,
             "groups": [{**g.to_json(), "seen_at": seen} for g, seen in self.groups.items()],
             "state": self.state,
@@ -466,6 +468,13 @@ class Guard:
                 # Containment matters more than the record: keep going, loudly.
                 _say(f"unable to write record {self.record_file}: {e.strerror}")
         self._tell_exit()  # after the record that holds the exit: a reader of the hint finds it
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # removed under us: the record says so by its absence
+        return None
 
 
 def _say(message: str) -> None:

@@ -27,6 +27,31 @@ def format_groups(groups) -> str:
     return str(len(groups)) if groups else "-"
 
 
+def format_command(argv, cwd=None) -> str:
+    """A turn's command as a shell would read it back; '-' when unknown."""
+    import shlex
+
+    return shlex.join(argv) if isinstance(argv, list) and argv else "-"
+
+
+def terminal_width() -> int | None:
+    """The width to cut table lines to: the terminal's when stdout is one, else None (whole)."""
+    import shutil
+    import sys
+
+    if not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size().columns  # $COLUMNS first, then the terminal's own
+
+
+def fit(lines: list[str], width: int | None) -> list[str]:
+    """Lines cut to `width` characters (the last column, COMMAND, loses its end), '…' marking
+    the cut; unchanged when width is None."""
+    if width is None:
+        return lines
+    return [line if len(line) <= width else line[: max(1, width - 1)] + "…" for line in lines]
+
+
 def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     return [
@@ -35,7 +60,7 @@ def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def format_ps(ps: dict, now: float) -> list[str]:
+def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
     from ..wire.requester import describe
     from .keys import format_keys, format_why
 
@@ -54,12 +79,12 @@ def format_ps(ps: dict, now: float) -> list[str]:
                 str(s.get("pid") or "-"),
                 format_groups(s.get("groups")),
                 age(s.get("since"), now),
+                format_command(s.get("argv")) if s.get("turn") else "-",
             ]
             for s in slots
         ]
-        lines += format_table(
-            ["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"], rows
-        )
+        header = ["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"]
+        lines += fit(format_table([*header, "COMMAND"], rows), width)
     else:
         lines.append("no slots")
     lines.append("")
@@ -72,10 +97,12 @@ def format_ps(ps: dict, now: float) -> list[str]:
                 describe(w.get("holder"), w.get("requester")),
                 age(w.get("since"), now),
                 format_why(w.get("why"), now),
+                format_command(w.get("argv")),
             ]
             for w in waits
         ]
-        lines += format_table(["POS", "ID", "KEY", "HOLDER", "WAITING", "WHY"], rows)
+        header = ["POS", "ID", "KEY", "HOLDER", "WAITING", "WHY", "COMMAND"]
+        lines += fit(format_table(header, rows), width)
     else:
         lines.append("no one waiting")
     keys = format_keys(ps, now)  # paused keys and rate windows

@@ -77,5 +77,7 @@ def history(
     if as_json:
         click.echo(json.dumps(records, ensure_ascii=False))
         return
-    for line in format_history(records):
+    from .formats import terminal_width
+
+    for line in format_history(records, terminal_width()):
         click.echo(line)

@@ -19,9 +19,9 @@ def ps(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         emit_json(result)
         return
-    from .formats import format_ps  # not for --json
+    from .formats import format_ps, terminal_width  # not for --json
 
-    lines = format_ps(result, time.time())
+    lines = format_ps(result, time.time(), terminal_width())
     if "cluster" in result:  # [cluster]: the cluster keys on every machine
         from .cluster_formats import format_cluster_ps
 

@@ -7,7 +7,7 @@ import time
 
 from ..history import db as history
 from ..wire.requester import describe
-from .formats import format_age, format_table
+from .formats import fit, format_age, format_command, format_table
 
 USAGE_COLUMNS = (  # the exited event's usage figures shown as columns, when any turn has them
     ("cpu_user_s", "CPU USER", lambda v: f"{v:.2f}s"),
@@ -44,10 +44,11 @@ def outcome_text(record: history.TurnRecord) -> str:
     return outcome
 
 
-def format_history(records: list[history.TurnRecord]) -> list[str]:
+def format_history(records: list[history.TurnRecord], width: int | None = None) -> list[str]:
     usage = [c for c in USAGE_COLUMNS if any(c[0] in r["usage"] for r in records)]
     header = ["ID", "KEY", "HOLDER", "OUTCOME", "QUEUED", "WAIT", "RUN", "ENDED"]
     header += [title for _, title, _ in usage]
+    header.append("COMMAND")
     rows = []
     for r in records:
         row = [
@@ -63,8 +64,9 @@ def format_history(records: list[history.TurnRecord]) -> list[str]:
         for name, _, fmt in usage:
             value = r["usage"].get(name)
             row.append("-" if not isinstance(value, (int, float)) else fmt(value))
+        row.append(format_command(r.get("argv")))
         rows.append(row)
-    return format_table(header, rows)
+    return fit(format_table(header, rows), width)
 
 
 def _given(fields: dict) -> dict:
@@ -76,6 +78,8 @@ def format_story(story: history.TurnStory) -> list[str]:
         f"turn {story['id']}",
         f"  key        {story['key']}",
         f"  holder     {json.dumps(_given(story['holder']), ensure_ascii=False)}",
+        f"  command    {format_command(story.get('argv'))}",
+        f"  cwd        {story.get('cwd') or '-'}",
         f"  state      {story['state']}",
         f"  outcome    {outcome_text(story) if story['outcome'] else '- (not ended)'}",
     ]

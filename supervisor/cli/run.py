@@ -115,6 +115,12 @@ def _run_epilog() -> str:
     is_flag=True,
     help="Print the turn's events as JSON lines instead of its output.",
 )
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="Say nothing of the turn itself on stderr (its id, queued, started); errors still show.",
+)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -127,6 +133,7 @@ def run(
     wait_timeout: float | None,
     timeout: float | None,
     as_json: bool,
+    quiet: bool,
     cmd: tuple[str, ...],
 ) -> None:
     """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status.
@@ -144,7 +151,7 @@ def run(
     turn_id = uuid.uuid4().hex
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
-        runner = _TurnRunner(client, turn_id, key, as_json)
+        runner = _TurnRunner(client, turn_id, key, as_json, quiet=quiet)
         runner.forward_stdin = where(ctx).client  # supervisor.cli.stdin_forward, once started
         with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
             reply = client.turn_limited(
@@ -201,8 +208,11 @@ class _sigint_queued:
 class _TurnRunner:
     """Follows one turn's events for `ccsup run` and works out its exit status."""
 
-    def __init__(self, client: Client, turn_id: str, key: str, as_json: bool):
+    def __init__(
+        self, client: Client, turn_id: str, key: str, as_json: bool, *, quiet: bool = False
+    ):
         self.client = client
+        self.quiet = quiet or as_json  # --json: the events say it all
         self.turn_id = turn_id
         self.key = key
         self.as_json = as_json
@@ -227,14 +237,17 @@ class _TurnRunner:
             self._waiting = (position, time.monotonic())
 
     def _show_waiting(self) -> None:
-        if self._waiting is None or self.granted or self.as_json:
+        if self._waiting is None or self.granted or self.quiet:
             return
         position, since = self._waiting
         if position == self._shown_position or time.monotonic() - since < WAIT_NOTICE:
             return
         self._shown_position = position
         where = f" (position {position})" if position is not None else ""
-        click.echo(f"ccsup: waiting for a slot of {self.key}{where}", err=True)
+        click.echo(
+            f"ccsup: turn {self.turn_id}: queued{where}, waiting for a slot of {self.key}",
+            err=True,
+        )
         why = self._why()
         if why and why.get("reason") != "key_full" and "slot of the key" not in why["detail"]:
             from .keys import clock_time
@@ -303,6 +316,9 @@ class _TurnRunner:
             self.waiting(body.get("position"))
         elif kind in ("granted", "started"):
             self.granted = True
+            if kind == "started" and not self.quiet and sys.stderr.isatty():
+                # on a terminal only: a script's stderr stays CMD's own (--json has the id)
+                click.echo(f"ccsup: turn {self.turn_id}: started", err=True)
             if kind == "started" and self.forward_stdin is not None:
                 from .stdin_forward import StdinForwarder
 

@@ -24,7 +24,8 @@ State question (reading; the writer's module answers for writing). Runs again: a
 nothing. Stops half-way: a reader holds a WAL snapshot and leaves nothing behind. Missing file:
 HistoryError ("no history"). Corrupt file: HistoryError naming the file and SQLite's reason (the
 writer moves it aside at its next start). A newer version (`PRAGMA user_version` > ours):
-HistoryError saying so; never read. Restart: nothing kept here.
+HistoryError saying so; never read. An older version (1: no argv, cwd) is read as it is, those
+fields None; the writer migrates it at its next start (`migrations`). Restart: nothing kept here.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ from typing import Any, TypedDict
 
 from ..errors import CcsupError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Columns each version added, for files of an older version (`migrations`): version 2, the
+# turn's command (argv as a JSON list, and cwd), from its queued event.
+ADDED_COLUMNS = {2: (("argv", "TEXT"), ("cwd", "TEXT"))}
 FILE_NAME = "history.sqlite"
 OUTCOMES = (
     "ok",
@@ -71,7 +75,9 @@ CREATE TABLE IF NOT EXISTS turns (
     slot_index INTEGER,
     guard_pid INTEGER,
     usage TEXT,               -- JSON: the exited event's usage figures, as they came
-    log_pruned_at REAL        -- when its output logs were pruned, if they were
+    log_pruned_at REAL,       -- when its output logs were pruned, if they were
+    argv TEXT,                -- JSON: the command, as asked (version 2)
+    cwd TEXT                  -- its working directory (version 2)
 );
 CREATE INDEX IF NOT EXISTS turns_key_ended ON turns(key, ended_at);
 CREATE INDEX IF NOT EXISTS turns_ended ON turns(ended_at);
@@ -112,6 +118,8 @@ class TurnRecord(TypedDict):
     guard_pid: int | None
     usage: dict[str, Any]  # the exited event's usage figures (empty until that work lands)
     log_pruned_at: float | None
+    argv: list[str] | None  # None in a turn recorded by a ccsup before version 2
+    cwd: str | None
 
 
 class TurnEvent(TypedDict):
@@ -158,6 +166,20 @@ def outcome_of(state: str, exit_info: dict | None, stop_reason: str | None) -> s
 # -- reading ---------------------------------------------------------------------------------------
 
 
+def migrations(version: int) -> list[str]:
+    """The statements that bring a file of `version` (0: new, empty) up to SCHEMA_VERSION's
+    columns; SCHEMA then makes what is missing. Adding columns only: an old row keeps its values
+    and reads NULL in the new ones."""
+    if version == 0:
+        return []
+    return [
+        f"ALTER TABLE turns ADD COLUMN {name} {kind}"
+        for v, columns in sorted(ADDED_COLUMNS.items())
+        if v > version
+        for name, kind in columns
+    ]
+
+
 def _connect_ro(state_dir: Path) -> sqlite3.Connection:
     path = history_path(state_dir)
     if not path.exists():
@@ -178,6 +200,8 @@ def _connect_ro(state_dir: Path) -> sqlite3.Connection:
 
 
 def _record(row: sqlite3.Row) -> TurnRecord:
+    keys = row.keys()  # a version-1 file (read-only: never migrated by a reader) has no argv
+
     def span(a: str, b: str) -> float | None:
         return None if row[a] is None or row[b] is None else max(0.0, row[b] - row[a])
 
@@ -201,6 +225,8 @@ def _record(row: sqlite3.Row) -> TurnRecord:
         guard_pid=row["guard_pid"],
         usage=json.loads(row["usage"] or "{}"),
         log_pruned_at=row["log_pruned_at"],
+        argv=json.loads(row["argv"]) if "argv" in keys and row["argv"] else None,
+        cwd=row["cwd"] if "cwd" in keys else None,
     )
 
 

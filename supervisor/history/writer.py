@@ -17,7 +17,8 @@ State question. Runs again: rows are keyed by turn id and each event only fills 
 event seen twice changes nothing. Stops half-way (SIGKILL): SQLite's transactions (WAL) keep the
 file whole; events still queued are lost, and a turn whose terminal event was lost stays
 `running` in the history until a restarted supervisor's restore publishes its end. Empty or
-missing file: created with the schema. Corrupt file: moved aside to `history.sqlite.corrupt-<time>`
+missing file: created with the schema. An older version (1): its new columns are added in one
+transaction (db.migrations) before anything is written; old rows read NULL there. Corrupt file: moved aside to `history.sqlite.corrupt-<time>`
 (logged) and started afresh. A newer version (`PRAGMA user_version` > ours): left untouched and
 not written (logged). Restart: the file is kept; old turns are pruned with the logs (`prune`).
 """
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CcsupError
-from .db import SCHEMA, SCHEMA_VERSION, history_path, outcome_of
+from .db import SCHEMA, SCHEMA_VERSION, history_path, migrations, outcome_of
 
 log = logging.getLogger("ccsup.history")
 
@@ -76,6 +77,12 @@ def open_writer(path: Path) -> sqlite3.Connection | None:
                 )
                 db.close()
                 return None
+            if version < SCHEMA_VERSION and _has_turns(db):
+                with db:  # one transaction: a stop half-way leaves the old version, whole
+                    db.execute("BEGIN")
+                    for statement in migrations(version or 1):
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.executescript(SCHEMA)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return db
@@ -90,6 +97,12 @@ def open_writer(path: Path) -> sqlite3.Connection | None:
                 except FileNotFoundError:
                     pass
     return None
+
+
+def _has_turns(db: sqlite3.Connection) -> bool:
+    """Is there a turns table (an older file to migrate), as opposed to a new, empty file?"""
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turns'")
+    return row.fetchone() is not None
 
 
 def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
@@ -110,6 +123,9 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
     sets: dict[str, Any] = {"state": kind}
     if kind == "queued":
         sets["holder"] = json.dumps(body.get("holder") or {}, separators=(",", ":"))
+        if body.get("argv") is not None:  # a turn's (a reservation has none)
+            sets["argv"] = json.dumps(body["argv"], separators=(",", ":"), ensure_ascii=False)
+            sets["cwd"] = body.get("cwd")
     elif kind == "granted":
         sets["granted_at"] = ts
         sets["slot_index"] = body.get("index")

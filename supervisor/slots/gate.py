@@ -182,10 +182,20 @@ class Slot:
             self.machine.name_cgroup(cgroup)
 
     def record_work(
-        self, guard: Identity, record_path: str, groups: list[Group], cgroup: str | None = None
+        self,
+        guard: Identity,
+        record_path: str,
+        groups: list[Group],
+        cgroup: str | None = None,
+        *,
+        command: dict | None = None,
     ) -> None:
-        """Record the work running under this slot: a dead holder's slot then stays taken while it lives."""
+        """Record the work running under this slot: a dead holder's slot then stays taken while it lives.
+
+        command: {"argv", "cwd"} of the turn, for readers (`ps` of an orphan); kept from the
+        previous record of the same work when not given."""
         self._check_held("record work in")
+        old = self.record.get("work") or {}
         self.record["work"] = {
             "guard": guard.to_json(),
             "record": None if record_path is None else str(record_path),
@@ -193,9 +203,14 @@ class Slot:
         }
         if cgroup is not None:
             self.record["work"]["cgroup"] = cgroup  # the turn's cgroup: the reaper ends it by that
+        for name in ("argv", "cwd"):
+            if command is not None and name in command:
+                self.record["work"][name] = command[name]
+            elif name in old:
+                self.record["work"][name] = old[name]
         self._write()
         if self.machine is not None:
-            self.machine.record_work(guard, record_path, groups, cgroup)
+            self.machine.record_work(guard, record_path, groups, cgroup, command=command)
 
     def release(self) -> None:
         """Mark the record released, then unlock (the machine slot too). Idempotent.

@@ -97,6 +97,8 @@ class SlotView:
     since: float | None = None
     error: str | None = None
     record: dict | None = None
+    argv: list[str] | None = None  # the turn's command, as its work was recorded
+    cwd: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -109,6 +111,8 @@ class SlotView:
             "pid": self.pid,
             "groups": self.groups,
             "since": self.since,
+            "argv": self.argv,
+            "cwd": self.cwd,
         }
         if self.error is not None:
             data["error"] = self.error

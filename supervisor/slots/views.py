@@ -213,6 +213,8 @@ class SlotReader:
             groups=[] if work is None else list(work.get("groups") or []),
             since=record.get("updated_at"),
             record=record,
+            argv=None if work is None else work.get("argv"),
+            cwd=None if work is None else work.get("cwd"),
         )
 
     # -- reaping

@@ -281,10 +281,11 @@ class Endings:
             since = now - self._slot_groups_at.get(turn.id, 0.0)
             if len(groups) <= SLOT_GROUPS_ALWAYS or since >= SLOT_GROUPS_EVERY:
                 self._slot_groups_at[turn.id] = now
-                cgroup = self._cgroup_of.get(turn.id)
-                extra = {"cgroup": cgroup} if cgroup is not None else {}
                 turn.slot.record_work(
-                    turn.guard.identity, str(turn.guard.record_path), groups, **extra
+                    turn.guard.identity,
+                    str(turn.guard.record_path),
+                    groups,
+                    cgroup=self._cgroup_of.get(turn.id),
                 )
             else:  # the last groups still reach the slot record, a little later
                 self.groups_hinted(turn, SLOT_GROUPS_EVERY - since)

@@ -220,6 +220,8 @@ class Manager:
                     Event.QUEUED,
                     position=self.queue.position(turn_id),
                     holder=turn.holder.to_json(),
+                    argv=turn.argv,
+                    cwd=turn.cwd,
                 )
         if requester is not None:
             self.watch_requester(requester, turn)
@@ -249,7 +251,14 @@ class Manager:
         slot.bind(turn=turn.id, reservation=None)
         turn.slot = slot
         with self.ledger.batch():
-            self.ledger.apply(turn, Event.QUEUED, position=None, holder=turn.holder.to_json())
+            self.ledger.apply(
+                turn,
+                Event.QUEUED,
+                position=None,
+                holder=turn.holder.to_json(),
+                argv=turn.argv,
+                cwd=turn.cwd,
+            )
             self.ledger.apply(
                 reservation, Event.RELEASED, reason="bound", turn=turn.id, index=slot.index
             )

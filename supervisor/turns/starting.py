@@ -152,7 +152,10 @@ class Starter:
             self._hand_over_stdin(turn, guard)
             try:
                 assert turn.slot is not None
-                turn.slot.record_work(guard.identity, str(guard.record_path), [], **extra)
+                command = {"argv": turn.argv, "cwd": turn.cwd}
+                turn.slot.record_work(
+                    guard.identity, str(guard.record_path), [], **extra, command=command
+                )
             except (OSError, CcsupError) as e:
                 problem = f"unable to record the work of turn {turn.id} in its slot: {e}"
         self.happen(turn, What.STARTED)

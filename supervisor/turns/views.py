@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..wire import requester as requester_names
-from .states import Reservation, State
+from .states import Reservation, State, Turn
 
 if TYPE_CHECKING:
     from .manager import Manager
@@ -21,6 +21,8 @@ def ps(manager: Manager) -> dict[str, Any]:
     for slot in slots:  # who asked for the turn, beside the lock holder (the supervisor)
         asking = manager.ledger.get(slot.get("turn") or "")
         slot["requester"] = requester_names.requester(asking.holder.pid) if asking else None
+        if isinstance(asking, Turn):  # the live turn's command, before its work is recorded too
+            slot["argv"], slot["cwd"] = asking.argv, asking.cwd
     waits = []
     for waiter in manager.queue.all():
         item = manager.ledger.get(waiter.id)
@@ -34,6 +36,8 @@ def ps(manager: Manager) -> dict[str, Any]:
                 "holder": item.holder.to_json(),
                 "requester": requester_names.requester(item.holder.pid),
                 "reservation": isinstance(item, Reservation),
+                "argv": item.argv if isinstance(item, Turn) else None,
+                "cwd": item.cwd if isinstance(item, Turn) else None,
                 "why": _why(manager, waiter.key, manager.queue.position(waiter.id)),
             }
         )

@@ -75,6 +75,8 @@ class HolderView(TypedDict):
     pid: int | None
     cpu_seconds: float | None
     rss_bytes: int | None
+    command: str | None  # argv as a shell reads it back (never its environment)
+    cwd: str | None
 
 
 class WaitView(TypedDict):
@@ -86,6 +88,8 @@ class WaitView(TypedDict):
     since: float | None
     reservation: bool
     why: str | None
+    command: str | None
+    cwd: str | None
 
 
 class Bar(TypedDict):
@@ -345,6 +349,8 @@ class Live:
                     pid=_int(slot.get("pid")),
                     cpu_seconds=cpu,
                     rss_bytes=rss,
+                    command=_command(slot.get("argv")),
+                    cwd=_str(slot.get("cwd")),
                 )
             )
         queue = []
@@ -360,6 +366,8 @@ class Live:
                     since=_num(wait.get("since")),
                     reservation=wait.get("reservation") is True,
                     why=_why(wait.get("why")),
+                    command=_command(wait.get("argv")),
+                    cwd=_str(wait.get("cwd")),
                 )
             )
         queue.sort(
@@ -479,3 +487,12 @@ class Live:
             # the event is the newer word.
             active=trace.ended_at is None and (active or trace.seen_at >= self.ps_at),
         )
+
+
+def _command(argv: Any) -> str | None:
+    """A turn's argv as one line a shell reads back (shlex.join); None when not a list of strings."""
+    import shlex
+
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        return None
+    return shlex.join(argv)

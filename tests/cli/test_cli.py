@@ -305,6 +305,7 @@ def test_format_ps_is_an_aligned_table():
                 "pid": 4242,
                 "groups": [{"pgid": 4243, "leader_start": 1}, {"pgid": 4250, "leader_start": None}],
                 "since": 875.0,
+                "argv": ["sh", "-c", "echo 'hi there'"],
             },
             {
                 "key": "codex",
@@ -323,20 +324,24 @@ def test_format_ps_is_an_aligned_table():
         ],
     }
     assert format_ps(ps, now) == [
-        "KEY    INDEX  CAP  STATE  TURN  HOLDER  PID   GROUPS  AGE",
-        "codex  0      2    held   t1    s1/a1   4242  2       2m05s",
-        "codex  1      2    free   -     -       -     -       -",
+        "KEY    INDEX  CAP  STATE  TURN  HOLDER  PID   GROUPS  AGE    COMMAND",
+        "codex  0      2    held   t1    s1/a1   4242  2       2m05s  sh -c 'echo '\"'\"'hi there'\"'\"''",
+        "codex  1      2    free   -     -       -     -       -      -",
         "",
-        "POS  ID  KEY    HOLDER  WAITING  WHY",
-        "1    t2  codex  pid 77  3s       -",
+        "POS  ID  KEY    HOLDER  WAITING  WHY  COMMAND",
+        "1    t2  codex  pid 77  3s       -    -",
     ]
+    assert (
+        format_ps(ps, now, 64)[1]
+        == "codex  0      2    held   t1    s1/a1   4242  2       2m05s  sh…"
+    )
 
 
 def test_format_ps_counts_groups_rather_than_listing_hundreds():
     groups = [{"pgid": 10000 + i, "leader_start": None} for i in range(800)]
     slot = {"key": "big", "index": 0, "cap": 1, "state": "held", "turn": "t", "pid": 7}
     row = format_ps({"slots": [{**slot, "groups": groups, "since": None}]}, 0.0)[1]
-    assert row.split()[-2:] == ["800", "-"]
+    assert row.split()[-3:] == ["800", "-", "-"]
 
 
 def test_output_follower_writes_exact_event_bytes_and_fills_holes_from_the_log(tmp_path):
@@ -521,6 +526,8 @@ def test_ps_json_shape(daemon):
             "groups",
             "since",
             "requester",  # who asked for the turn: {"pid","command"} (issue 12)
+            "argv",  # the turn's command and cwd (issue 26), null for a free slot
+            "cwd",
         }
         assert slot["state"] == "free"
 
@@ -556,7 +563,10 @@ def test_ps_shows_a_running_turn_and_a_waiter(daemon):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        assert second.stderr.readline() == b"ccsup: waiting for a slot of one (position 1)\n"
+        said = second.stderr.readline()
+        assert said.startswith(b"ccsup: turn ") and said.endswith(
+            b": queued (position 1), waiting for a slot of one\n"
+        )
         ps = json.loads(ccsup("ps", "--json", state_dir=state_dir).stdout)
         held = [s for s in ps["slots"] if s["key"] == "one"]
         assert [(s["state"], s["holder"]["session"]) for s in held] == [("held", "s1")]
@@ -573,6 +583,7 @@ def test_ps_shows_a_running_turn_and_a_waiter(daemon):
             "PID",
             "GROUPS",
             "AGE",
+            "COMMAND",
         ]
         assert "POS  ID" in table
         first.send_signal(signal.SIGINT)  # Ctrl-C: cancel, then wait until released

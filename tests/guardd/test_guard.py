@@ -300,6 +300,7 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
         "guard",
         "turn",
         "argv",
+        "cwd",  # the turn's working directory, where the guard was started (issue 26)
         "own_group",
         "groups",
         "state",
@@ -313,6 +314,7 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
     assert rec["guard"]["pid"] == g.proc.pid
     assert path.name == f"{rec['guard']['pid']}-{rec['guard']['start']}.json"
     assert rec["argv"] == ["sh", "-c", 'echo "turn $CCSUP_TURN $CCSUP_SECRET_FOR_TEST"']
+    assert rec["cwd"] == os.getcwd()
     assert rec["own_group"]["pgid"] != g.proc.pid
     assert rec["groups"] == [] and rec["state"] == "gone"
     assert rec["cgroup"] is None  # no --cgroup: subreaper and groups only

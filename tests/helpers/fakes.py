@@ -86,7 +86,7 @@ class FakeSlot:
     def bind(self, *, turn, reservation):
         self.turn, self.reservation = turn, reservation
 
-    def record_work(self, guard, record_path, groups):
+    def record_work(self, guard, record_path, groups, cgroup=None, *, command=None):
         if self.gate.record_work_error is not None:
             raise self.gate.record_work_error
         self.work = {"guard": guard, "groups": list(groups)}

@@ -288,3 +288,30 @@ def test_ccsup_history_and_show_read_the_file_without_a_supervisor(state_dir):
     assert json.loads(ccsup(state_dir, "show", "e", "--json").stdout)["state"] == "queued"
     missing = ccsup(state_dir, "show", "nope")
     assert missing.returncode == 1 and "no turn nope in the history" in missing.stderr
+
+
+V1_TURNS = """CREATE TABLE turns (id TEXT PRIMARY KEY, key TEXT NOT NULL, holder TEXT,
+ state TEXT NOT NULL, outcome TEXT, exit_code INTEGER, signal INTEGER, reason TEXT,
+ queued_at REAL, granted_at REAL, started_at REAL, exited_at REAL, ended_at REAL,
+ slot_index INTEGER, guard_pid INTEGER, usage TEXT, log_pruned_at REAL);
+CREATE TABLE events (turn_id TEXT NOT NULL, turn_seq INTEGER, kind TEXT NOT NULL, ts REAL NOT NULL,
+ body TEXT NOT NULL, PRIMARY KEY (turn_id, kind, ts)) WITHOUT ROWID;
+INSERT INTO turns (id, key, state, outcome, queued_at, ended_at) VALUES
+ ('old', 'codex', 'released', 'ok', 1.0, 2.0);
+PRAGMA user_version = 1;"""
+
+
+def test_a_version_1_file_is_read_as_it_is_and_migrated_by_the_writer_keeping_its_rows(state_dir):
+    db = sqlite3.connect(history.history_path(state_dir))
+    db.executescript(V1_TURNS)
+    db.close()
+    (old,) = query(state_dir)  # read-only: a reader never migrates
+    assert (old["id"], old["argv"], old["cwd"]) == ("old", None, None)
+    queued = ("queued", {"position": 0, "holder": {}, "argv": ["sh", "-c", "é"], "cwd": "/tmp"})
+    feed(state_dir, story("new", "codex", queued, ("cancelled", {"reason": "cancelled"})))
+    by_id = {r["id"]: r for r in query(state_dir)}
+    assert (by_id["new"]["argv"], by_id["new"]["cwd"]) == (["sh", "-c", "é"], "/tmp")
+    assert (by_id["old"]["outcome"], by_id["old"]["argv"]) == ("ok", None)
+    db = sqlite3.connect(history.history_path(state_dir))
+    assert db.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION == 2
+    db.close()

@@ -831,6 +831,8 @@ def test_record_fields_bind_and_work(state_dir):
         "pid": 1234,
         "groups": on_disk["work"]["groups"],
         "since": 102.0,
+        "argv": None,
+        "cwd": None,
     }
     slot.release()
     assert json.loads(path.read_text())["released"] is True

@@ -32,7 +32,7 @@ def run(env, *args, **kw) -> subprocess.CompletedProcess:
 
 
 def test_a_pipe_into_ccsup_run_behaves_like_the_bare_command(env):
-    shell = f"printf 'a\\nb\\n' | {' '.join(CCSUP)} run -- wc -l"
+    shell = f"printf 'a\\nb\\n' | {' '.join(CCSUP)} run --quiet -- wc -l"
     done = subprocess.run(shell, shell=True, env=env, capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "2", "")
 
@@ -190,7 +190,10 @@ def test_run_says_why_it_waits_when_the_key_is_paused(env):
         text=True,
     )
     try:
-        assert proc.stderr.readline() == "ccsup: waiting for a slot of codex (position 1)\n"
+        said = proc.stderr.readline()
+        assert said.startswith("ccsup: turn ") and said.endswith(
+            ": queued (position 1), waiting for a slot of codex\n"
+        )
         assert proc.stderr.readline().startswith("ccsup: codex: paused: 429 (until ")
         subprocess.run([*CCSUP, "resume", "codex"], env=env, check=True, capture_output=True)
         assert proc.wait(15) == 0

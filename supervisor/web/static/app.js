@@ -50,6 +50,11 @@
     return id ? el("a", { href: "/turn/" + encodeURIComponent(id), title: id }, id.length > 14 ? id.slice(0, 12) + "…" : id) : "–";
   }
 
+  // The whole command and its directory on hover; the cell itself is cut to the column (CSS).
+  function commandTitle(t) {
+    return t.command ? t.command + (t.cwd ? "\nin " + t.cwd : "") : "";
+  }
+
   function renderHolders() {
     const now = ccsup.now();
     const rows = state.holders.slice(0, MAX_ROWS).map((h) => el("tr", { "data-turn": h.turn || "", "data-key": h.key },
@@ -59,9 +64,10 @@
       el("td", {}, who(h.session, h.agent)),
       el("td", { title: clock(h.since) }, h.since ? age(now - h.since) : "–"),
       el("td", { class: "n" }, h.cpu_seconds === null ? "–" : h.cpu_seconds.toFixed(2) + " s"),
-      el("td", { class: "n" }, bytes(h.rss_bytes))));
+      el("td", { class: "n" }, bytes(h.rss_bytes)),
+      el("td", { class: "mono command", title: commandTitle(h) }, h.command || "–")));
     if (state.holders.length > MAX_ROWS) {
-      rows.push(el("tr", {}, el("td", { colspan: 7, class: "muted" }, `and ${state.holders.length - MAX_ROWS} more`)));
+      rows.push(el("tr", {}, el("td", { colspan: 8, class: "muted" }, `and ${state.holders.length - MAX_ROWS} more`)));
     }
     ccsup.replaceRows(document.querySelector("#holders tbody"), rows);
     document.getElementById("holders-empty").hidden = rows.length > 0;
@@ -75,9 +81,10 @@
       el("td", { class: "mono" }, turnLink(w.id), w.reservation ? el("span", { class: "badge" }, "reservation") : null),
       el("td", {}, who(w.session, w.agent)),
       el("td", { title: "since " + clock(w.since) }, w.since ? age(now - w.since) : "–"),
-      el("td", { class: "why muted" }, w.why || "")));
+      el("td", { class: "why muted" }, w.why || ""),
+      el("td", { class: "mono command", title: commandTitle(w) }, w.command || "–")));
     if (state.waits.length > MAX_ROWS) {
-      rows.push(el("tr", {}, el("td", { colspan: 6, class: "muted" }, `and ${state.waits.length - MAX_ROWS} more waiting`)));
+      rows.push(el("tr", {}, el("td", { colspan: 7, class: "muted" }, `and ${state.waits.length - MAX_ROWS} more waiting`)));
     }
     ccsup.replaceRows(document.querySelector("#queue tbody"), rows);
     document.getElementById("queue").classList.toggle("no-why", !state.waits.some((w) => w.why));
