@@ -72,6 +72,7 @@ class LazyGroup(click.Group):
         if name in COMMANDS and name not in self.commands:
             module, attribute = COMMANDS[name]
             command = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+            _take_global_options(command)
             self.add_command(command, name)
         return super().get_command(ctx, name)
 
@@ -82,6 +83,37 @@ class LazyGroup(click.Group):
             if e.message:
                 click.echo(f"ccsup: {e.message}", err=True)
             ctx.exit(e.exit_code)
+
+
+def _set_global(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:  # given after the subcommand: it wins over one given before
+        found = ctx.find_object(Where)
+        if found is not None:
+            found.set_option(str(param.name), value)
+
+
+def _take_global_options(command: click.Command) -> None:
+    """Let --state-dir and --config come after the subcommand too (`ccsup ps --state-dir X`),
+    on every command of a group as well (`ccsup config check --config F`)."""
+    names = {name for p in command.params for name in p.opts}
+    for flag, metavar, text in (
+        ("--state-dir", "DIR", "The state directory (as `ccsup --state-dir`)."),
+        ("--config", "FILE", "The TOML config (as `ccsup --config`)."),
+    ):
+        if flag not in names:
+            command.params.append(
+                click.Option(
+                    [flag],
+                    metavar=metavar,
+                    help=text,
+                    expose_value=False,
+                    is_eager=True,
+                    callback=_set_global,
+                )
+            )
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _take_global_options(sub)
 
 
 DOCS_EPILOG = (

@@ -1,8 +1,9 @@
 """`ccsup history`: finished turns, newest first, from the history file (supervisor.history.db).
 
 It reads the file directly, read-only, so it works whether or not a supervisor runs on the state
-directory (the history survives it). Exit codes: 0, 1 when the history cannot be read, 2 for
-bad options.
+directory (the history survives it). A state directory where no turn has run yet (no history
+file) gives an empty table (`[]` with --json), exit 0. Exit codes: 0, 1 when the history cannot
+be read, 2 for bad options.
 """
 
 from __future__ import annotations
@@ -14,20 +15,13 @@ import click
 
 from ..errors import CcsupError
 from ..history import db as turn_history
-from .options import optional_key_option
+from .options import DURATION, optional_key_option
 from .records import format_history
 from .where import where
 
 
-def _since_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    from ..config import duration
-
-    try:
-        return time.time() - duration(value, where="--since")
-    except CcsupError as e:
-        raise click.BadParameter(e.message.removeprefix("--since: ")) from None
+def _since_option(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    return None if value is None else time.time() - value
 
 
 def _outcome_option(
@@ -44,6 +38,7 @@ def _outcome_option(
 @click.option("--key", callback=optional_key_option, help="Only turns of this cap key.")
 @click.option(
     "--since",
+    type=DURATION,
     callback=_since_option,
     metavar="DURATION",
     help='Only turns that ended within this long ("1h", "30m").',
@@ -68,12 +63,14 @@ def history(
 ) -> None:
     """Finished turns, newest first: id, key, holder, outcome, times, what they used."""
     state_dir = where(ctx).state_dir()
-    try:
-        records = turn_history.query(
-            state_dir, key=key, since=since, outcomes=outcomes, limit=limit
-        )
-    except turn_history.HistoryError as e:
-        raise CcsupError(e.message) from None
+    records: list[turn_history.TurnRecord] = []
+    if turn_history.history_path(state_dir).exists():  # else no turn ran here: an empty table
+        try:
+            records = turn_history.query(
+                state_dir, key=key, since=since, outcomes=outcomes, limit=limit
+            )
+        except turn_history.HistoryError as e:
+            raise CcsupError(e.message) from None
     if as_json:
         click.echo(json.dumps(records, ensure_ascii=False))
         return

@@ -18,19 +18,8 @@ import click
 
 from ..errors import UsageError
 from .keys import clock_time, known_key
-from .options import key_option
+from .options import DURATION, key_option
 from .where import emit_json, where
-
-
-def _duration(ctx, param, value: str | None) -> float | None:
-    if value is None:
-        return None
-    from ..config.values import duration
-
-    try:
-        return duration(value, where="--for")
-    except UsageError as e:
-        raise click.BadParameter(e.message) from None
 
 
 def parse_until(text: str) -> float:
@@ -55,7 +44,7 @@ def _until(ctx, param, value: str | None) -> float | None:
 
 @click.command()
 @click.argument("key", callback=key_option)
-@click.option("--for", "for_", callback=_duration, metavar="D", help='How long: "90s", "5m".')
+@click.option("--for", "for_", type=DURATION, metavar="D", help='How long: "90s", "5m".')
 @click.option("--until", callback=_until, metavar="T", help="Until a local time: 2026-12-01T10:00.")
 @click.option("--reason", help="Why (shown by ps and in the key.<key>.paused event).")
 @click.option(

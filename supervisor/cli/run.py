@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .options import key_option
+from .options import DURATION, key_option
 from .output import OutputFollower
 from .where import emit_json, where
 
@@ -61,18 +61,6 @@ def run_key_option(ctx: click.Context, param: click.Parameter, value: str | None
     return key_option(ctx, param, value)
 
 
-def timeout_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    from ..config.values import duration
-    from ..errors import UsageError
-
-    try:
-        return duration(value, where="--timeout")
-    except UsageError as e:
-        raise click.BadParameter(e.message) from None
-
-
 def _run_epilog() -> str:
     from .run_exit import EXIT_CODES_HELP  # pure and tiny: no start-up cost
 
@@ -100,12 +88,12 @@ def _run_epilog() -> str:
 )
 @click.option(
     "--wait-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Give up after waiting this many seconds for a slot.",
+    type=DURATION,
+    help='Give up after waiting this long for a slot ("2s", "5m").',
 )
 @click.option(
     "--timeout",
-    callback=timeout_option,
+    type=DURATION,
     metavar="D",
     help='Stop the turn after it ran this long ("30m", "90s"); it then exits 124.',
 )

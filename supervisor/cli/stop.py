@@ -8,6 +8,7 @@ import click
 
 from ..errors import CcsupError
 from ..polling import wait_until
+from .options import DURATION
 from .where import where
 
 if TYPE_CHECKING:
@@ -17,10 +18,10 @@ if TYPE_CHECKING:
 @click.command()
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
-    default=60.0,
+    type=DURATION,
+    default="60s",
     show_default=True,
-    help="Seconds to wait.",
+    help='How long to wait for every turn to end ("5s", "2m").',
 )
 @click.pass_context
 def stop(ctx: click.Context, timeout: float) -> None:

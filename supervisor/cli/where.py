@@ -27,6 +27,14 @@ class Where:
         self.config_option = config_option
         self._config: cfg.Config | None = None
 
+    def set_option(self, name: str, value: str) -> None:
+        """--state-dir or --config given after the subcommand (supervisor.cli: either place)."""
+        if name == "state_dir":
+            self.state_dir_option = value
+        elif name == "config":
+            self.config_option = value
+            self._config = None
+
     def config(self, path: str | None = None) -> cfg.Config:
         from .. import config as cfg
 

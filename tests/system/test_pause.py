@@ -296,8 +296,10 @@ def test_ccsup_pause_and_resume_from_the_shell(daemon, state_dir):
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["key"] == "codex" and answer["reason"] == "429" and answer["changed"]
-    until = ccsup("pause", "opencode", "--until", "2099-12-01T10:00")
-    assert until.returncode == 0 and "capped by max_pause" in until.stdout
+    # opencode is neither configured nor ever run here: refused unless forced
+    assert ccsup("pause", "opencode", "--until", "2099-12-01T10:00").returncode == 2
+    until = ccsup("pause", "opencode", "--until", "2099-12-01T10:00", "--force")
+    assert until.returncode == 0 and "longer than [slots] max_pause (1h00m)" in until.stdout
     assert ccsup("pause", "codex").returncode == 2  # neither --for nor --until
     assert ccsup("pause", "codex", "--for", "soon").returncode == 2
     assert ccsup("pause", "_machine", "--for", "1s").returncode == 2
