@@ -245,9 +245,9 @@ def test_logs_without_follow_reads_the_file_even_when_nothing_runs(runner, state
     log = state_dir / "turns" / "abc" / "stdout.log"
     log.parent.mkdir(parents=True)
     log.write_bytes(b"one\n\xff\xfetwo")
-    result = runner.invoke(main, ["logs", "abc"])
+    result = runner.invoke(main, ["logs", "abc", "--stdout"])
     assert (result.exit_code, result.stdout_bytes) == (0, b"one\n\xff\xfetwo")
-    missing = runner.invoke(main, ["logs", "abd"])
+    missing = runner.invoke(main, ["logs", "abd", "--stdout"])
     assert missing.exit_code == 1 and "unable to read the stdout of turn abd" in missing.stderr
 
 
@@ -748,10 +748,10 @@ def test_logs_prints_a_finished_turns_exact_output(daemon):
     )
     assert done.returncode == 0
     turn_id = json.loads(done.stdout.splitlines()[0])["body"]["id"]
-    assert ccsup("logs", turn_id, state_dir=state_dir).stdout == b"a\xffb\n"
+    assert ccsup("logs", turn_id, "--stdout", state_dir=state_dir).stdout == b"a\xffb\n"
     assert ccsup("logs", turn_id, "--stderr", state_dir=state_dir).stdout == b"e\n"
     followed = ccsup(
-        "logs", turn_id, "-f", state_dir=state_dir, timeout=10
+        "logs", turn_id, "-f", "--stdout", state_dir=state_dir, timeout=10
     )  # finished: returns at once
     assert (followed.returncode, followed.stdout) == (0, b"a\xffb\n")
 

@@ -78,7 +78,7 @@ def test_prune_at_start_spares_nothing_old_but_a_running_turn_and_logs_says_prun
     assert b"turn ancient: its logs were pruned at " in shown.stderr and b"(keep)" in shown.stderr
     with d.client() as client:
         list(client.run_turn("codex", ["echo", "fresh"], id="fresh"))
-    assert ccsup(state_dir, "logs", "fresh").stdout == b"fresh\n"
+    assert ccsup(state_dir, "logs", "fresh", "--stdout").stdout == b"fresh\n"
 
 
 @pytest.mark.timeout(60)
@@ -97,7 +97,7 @@ def test_logs_t_prints_each_line_with_its_time_and_the_log_is_untouched(daemon, 
     assert (turn_dir / "stdout.log").read_bytes() == b"one\ntwo\nthree\n"
     entries = line_times.read_index(turn_dir / "stdout.idx")
     assert [o for o, _ in entries] == [0, 4, 11]
-    shown = ccsup(state_dir, "logs", "-t", "timed")
+    shown = ccsup(state_dir, "logs", "-t", "--stdout", "timed")
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert [line[24:] for line in lines] == [b"one", b"two", b"three"]
