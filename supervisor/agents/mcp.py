@@ -37,6 +37,7 @@ from pydantic import Field
 from .. import __version__
 from ..caps import key_problem
 from ..errors import CcsupError, UsageError
+from ..paths import TURN_ID
 from . import turns
 
 BOUND_ENV = "CCSUP_MCP_BOUND"
@@ -110,20 +111,6 @@ def holder_labels(client_name: str | None) -> dict[str, str]:
     return {"session": f"{name}:{os.getppid()}", "harness": name}
 
 
-def passed_env() -> dict[str, str]:
-    """This server's environment as a turn's env: what UTF-8 can carry (JSON on the wire)."""
-    env = {}
-    for name, value in os.environ.items():
-        try:
-            name.encode()
-            value.encode()
-        except UnicodeEncodeError:
-            continue
-        if name and "=" not in name:
-            env[name] = value
-    return env
-
-
 def _client_name(ctx: Context) -> str | None:
     try:
         params = ctx.session.client_params
@@ -141,8 +128,8 @@ def _check_key(key: str) -> str:
 
 
 def _check_id(turn_id: str) -> str:
-    if not turn_id or len(turn_id) > 128 or not all(c.isalnum() or c in "._-" for c in turn_id):
-        raise ToolError(f"bad id {turn_id[:140]!r}: an id is 1-128 letters, digits, '.', '_', '-'")
+    if not TURN_ID.match(turn_id):
+        raise ToolError(f"bad id {turn_id[:140]!r}: an id is 1 to 128 letters, digits, '_' or '-'")
     return turn_id
 
 
@@ -236,7 +223,7 @@ def build(settings: Settings) -> MCPServer:
                         timeout=timeout,
                         id=turn_id,
                         cwd=where,
-                        env=passed_env(),
+                        env=turns.passed_env(),
                         holder=holder,
                     ),
                     tick=settings.progress,

@@ -3,8 +3,10 @@
 
 What already happened is read from the history file (the supervisor records every lifecycle event
 as it publishes it); what comes next from a bus subscription made before that read, so nothing
-falls between the two. A terminal event is followed by a short wait for the history to hold the
-turn's end (the writer is a thread of the supervisor and may lag the bus by a moment).
+falls between the two. The history's writer is a thread of the supervisor and may lag the bus by a
+moment, both ways: a terminal event is followed by a short wait for the history to hold the end,
+and an end published before the subscription was live but not yet written when the history was
+read is found by reading it again after each second without an event.
 
 Knows the client, the history's read side and the output logs' paths; nothing of MCP or click.
 State: none of its own; following a turn changes nothing, so a retry (a reconnected MCP client,
@@ -13,6 +15,7 @@ State: none of its own; following a turn changes nothing, so a retry (a reconnec
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TypedDict
@@ -25,6 +28,7 @@ from ..history import db as history
 TERMINAL = ("released", "cancelled", "rejected")
 TAIL_BYTES = 4000  # of each stream, in an ended turn's answer
 HISTORY_LAG = 3.0  # seconds to wait for the history to hold an end the bus announced
+RECHECK = 1.0  # seconds without an event before the history is read again
 
 
 class TurnView(TypedDict, total=False):
@@ -41,6 +45,21 @@ class TurnView(TypedDict, total=False):
     stdout_log: str
     stderr_log: str
     session: str | None
+
+
+def passed_env() -> dict[str, str]:
+    """This process's environment as a turn's `env` (the agent's: PATH, virtualenvs, keys), less
+    what JSON cannot carry exactly (names or values that are not UTF-8)."""
+    env = {}
+    for name, value in os.environ.items():
+        try:
+            name.encode()
+            value.encode()
+        except UnicodeEncodeError:
+            continue
+        if name and "=" not in name:
+            env[name] = value
+    return env
 
 
 def _story(client: Client, turn_id: str) -> dict[str, Any] | None:
@@ -141,14 +160,22 @@ def follow(
             if view["state"] == "ended":
                 return view
         next_tick = started + tick
+        next_check = time.monotonic() + RECHECK
         ended = False
         while not ended:
             now = time.monotonic()
             if now >= deadline:
                 break
-            event = sub.recv(max(0.0, min(deadline, next_tick) - now))
+            event = sub.recv(max(0.0, min(deadline, next_tick, next_check) - now))
             if event is not None and is_terminal(event[0]):
                 ended = True
+            elif time.monotonic() >= next_check:
+                # An end published before the subscription was live, which the history had not
+                # yet written when it was read: the history has it by now.
+                next_check = time.monotonic() + RECHECK
+                client.check_running()
+                story = _story(client, turn_id)
+                ended = story is not None and story.get("state") in TERMINAL
             if on_tick is not None and time.monotonic() >= next_tick:
                 next_tick += tick
                 on_tick(time.monotonic() - started, current(client, turn_id))

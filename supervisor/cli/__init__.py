@@ -58,6 +58,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pause": ("pause", "pause"),
     "resume": ("resume", "resume"),
     "mcp": ("mcp", "mcp"),
+    "hook": ("hook", "hook"),
+    "wait": ("wait", "wait"),
 }
 
 

@@ -75,6 +75,17 @@ def _run_epilog() -> str:
 )
 @click.option("--session", help="The holder's session label.")
 @click.option("--agent", help="The holder's agent label.")
+@click.option("--harness", help="The holder's harness label (claude, codex, opencode...).")
+@click.option(
+    "--reservation",
+    metavar="ID",
+    help="Bind this reservation (`reserve`'s id): held, the turn takes its slot at once.",
+)
+@click.option(
+    "--pass-env",
+    is_flag=True,
+    help="Give the command this shell's whole environment (as --env would, variable by variable).",
+)
 @click.option(
     "--cwd", type=click.Path(file_okay=False), help="Working directory (default: this one)."
 )
@@ -116,6 +127,9 @@ def run(
     key: str,
     session: str | None,
     agent: str | None,
+    harness: str | None,
+    reservation: str | None,
+    pass_env: bool,
     cwd: str | None,
     env: dict[str, str],
     wait_timeout: float | None,
@@ -136,6 +150,12 @@ def run(
         holder["session"] = session
     if agent:
         holder["agent"] = agent
+    if harness:
+        holder["harness"] = harness
+    if pass_env:
+        from ..agents.turns import passed_env
+
+        env = {**passed_env(), **env}
     turn_id = uuid.uuid4().hex
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
@@ -150,6 +170,7 @@ def run(
                 cwd=os.path.abspath(cwd or os.getcwd()),
                 env=env or None,
                 holder=holder,
+                reservation=reservation,
                 wait_timeout=wait_timeout,
             )
             if reply.get("state") == "queued":

@@ -44,7 +44,20 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from ..caps import Caps
-from . import admission, cluster, endpoints, guard, harness, limits, logs, metrics, slots, top, web
+from . import (
+    admission,
+    cluster,
+    endpoints,
+    guard,
+    harness,
+    hooks,
+    limits,
+    logs,
+    metrics,
+    slots,
+    top,
+    web,
+)
 from .admission import AdmissionSettings
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
 from .files import (
@@ -57,6 +70,7 @@ from .files import (
 )
 from .guard import DEFAULT_GRACE, DEFAULT_SCAN
 from .harness import Harness
+from .hooks import HookSettings
 from .logs import LogLimits
 from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
@@ -107,6 +121,7 @@ SECTIONS: tuple[Section, ...] = (
     metrics.SECTION,
     admission.PAUSE_ON_SECTION,
     cluster.SECTION,
+    hooks.SECTION,
 )
 
 
@@ -129,6 +144,7 @@ class Config:
     cluster: ClusterSettings | None = (
         None  # [cluster]: caps across machines (supervisor.cluster.gate)
     )
+    hooks: HookSettings = HookSettings()  # [hooks]: supervisor.agents' shell-command hook
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -153,6 +169,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     metrics_settings = metrics.parse_metrics(c, table)
     admission_settings = admission.parse_admission(c, table)
     cluster_settings = cluster.parse_cluster(c, table, guard_settings.grace, env)
+    hook_settings = hooks.parse_hooks(c, table)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -182,6 +199,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         metrics=metrics_settings,
         admission=admission_settings,
         cluster=cluster_settings,
+        hooks=hook_settings,
     )
 
 

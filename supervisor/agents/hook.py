@@ -1,0 +1,153 @@
+"""The hook a harness runs before every shell command: `ccsup hook run <harness>`, and the fast
+form that `ccsup hook install` writes, `python -S <this file> <harness> [--key K] [--match P]...`.
+
+Its stdin is the harness's hook JSON (supervisor.agents.harnesses). A command that matches no rule
+(supervisor.agents.rules) passes untouched: empty output, exit 0, having imported only the
+standard library (`-S` skips site, whose .pth processing alone costs more than the rest). A
+matching command goes through ccsup:
+
+1. the supervisor is asked for a reservation of the key for the session (holder labels: session,
+   harness); no supervisor running: `[hooks] when_down` ("pass": the command runs as it would
+   have without ccsup, said once per session in the hook log; "refuse": the model is told);
+2. held: the command is rewritten to bind it, `<python> -m supervisor run --key K --reservation R
+   --pass-env --session S --harness H -- <bash> -c '<original>'`, each word quoted by shlex
+   (spaces, quotes, `$`, newlines and bytes that are not UTF-8 survive). The harness runs that in
+   the agent's cwd with the agent's environment; `--pass-env` hands the environment to the turn
+   (the supervisor keeps it out of records, events and history); `ccsup run` passes the output and
+   the exit status through;
+3. queued: the command is queued as a turn at once (binding the reservation's place, so it keeps
+   its age), in the call's cwd with the hook's environment, and the call is refused with "queued
+   as <id>, position N; run: ccsup wait <id>": the model runs that, which waits and exits with the
+   command's status. A hook never waits for a slot: a harness kills a hook that runs past its
+   timeout, and a killed hook lets the command run unqueued.
+
+A payload that is not JSON or not a shell call, a config that cannot be read, or any failure on
+the way leaves the command untouched and writes why to the hook log ($CCSUP_HOOK_LOG, else
+$XDG_STATE_HOME/ccsup/hook.log): a broken hook must never stop an agent from working.
+
+State: the hook log (appended, never read back) and one marker file per session that was told the
+supervisor is down (`down-<hash>` beside the log; removing it says it again). Nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:  # run by path (the fast form): find the package
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from supervisor.agents import harnesses, rules  # noqa: E402
+
+USAGE = "usage: hook <claude|codex|opencode> [--key K] [--match PATTERN]..."
+
+
+def log_path() -> str:
+    if os.environ.get("CCSUP_HOOK_LOG"):
+        return os.environ["CCSUP_HOOK_LOG"]
+    base = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "ccsup", "hook.log")
+
+
+def log(message: str) -> None:
+    import time
+
+    path = log_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a", encoding="utf-8", errors="replace") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ccsup hook[{os.getpid()}]: {message}\n")
+    except OSError:
+        pass  # nowhere to say it; the command still runs
+
+
+class Options:
+    def __init__(self, argv: list[str]):
+        if not argv or argv[0] not in harnesses.HARNESSES:
+            raise ValueError(USAGE)
+        self.harness = argv[0]
+        self.key: str | None = None
+        self.match: list[str] = []
+        rest = argv[1:]
+        while rest:
+            flag = rest.pop(0)
+            if flag in ("--key", "--match") and rest:
+                value = rest.pop(0)
+                if flag == "--key":
+                    self.key = value
+                else:
+                    self.match.append(value)
+            else:
+                raise ValueError(f"unknown argument {flag!r}; {USAGE}")
+
+
+def _settings(table: dict) -> tuple[list[str], bool, str | None, str]:
+    """(rules, defaults, key, when_down) from a `[hooks]` table, whatever it holds."""
+    extra = table.get("rules", [])
+    if not isinstance(extra, list) or not all(isinstance(r, str) for r in extra):
+        log("[hooks] rules is not a list of strings; ignored (ccsup config check says more)")
+        extra = []
+    defaults = table.get("defaults", True)
+    key = table.get("key")
+    when_down = table.get("when_down", "pass")
+    return (
+        extra,
+        defaults if isinstance(defaults, bool) else True,
+        key if isinstance(key, str) else None,
+        when_down if when_down in rules.WHEN_DOWN else "pass",
+    )
+
+
+def emit(text: str) -> None:
+    try:
+        data = text.encode("utf-8", "surrogateescape")  # bytes that came in not UTF-8 go out as-is
+    except UnicodeEncodeError:
+        data = json.dumps(json.loads(text)).encode()  # lone surrogates from \u escapes: ASCII JSON
+    sys.stdout.buffer.write(data + b"\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        options = Options(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:
+        log(str(e))
+        return 0
+    raw = sys.stdin.buffer.read()
+    try:
+        payload = json.loads(raw.decode("utf-8", "surrogateescape"))
+        call = harnesses.parse(options.harness, payload)
+    except (ValueError, harnesses.BadPayload) as e:
+        log(f"{options.harness}: passed untouched: not a hook payload ({e}): {raw[:200]!r}")
+        return 0
+    if call is None:
+        return 0
+    table, problem = rules.read_hooks_table(os.environ)
+    if problem:
+        log(problem)
+    extra, defaults, key, when_down = _settings(table)
+    try:
+        compiled = rules.compile_rules([*extra, *options.match], defaults=defaults)
+    except rules.RuleError as e:
+        log(f"{e}; using the defaults")
+        compiled = rules.compile_rules(options.match if defaults else [], defaults=True)
+    rule = rules.matching(call.command, compiled)
+    if rule is None:
+        return 0
+    from supervisor.agents.route import route  # the slow path: the client, zmq, the config
+
+    try:
+        out = route(options.harness, call, options.key or key, when_down, rule.pattern)
+    except Exception as e:  # noqa: BLE001 - a broken hook must never stop an agent: pass, say why
+        log(f"{options.harness}: passed untouched after a failure: {type(e).__name__}: {e}")
+        return 0
+    if out:
+        emit(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The hook's slow path, for a command that matched a rule: reserve, then rewrite or queue.
+
+See supervisor.agents.hook for the whole story. `route` answers the hook JSON to print (or None
+to pass untouched); it raises on a failure, which the hook logs and passes.
+
+State: a reservation or a queued turn in the supervisor (nothing here); the down-marker per
+session beside the hook log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import sys
+import uuid
+
+from supervisor.agents import harnesses
+from supervisor.agents.harnesses import Call
+from supervisor.agents.hook import log, log_path
+
+
+def _full_site() -> None:
+    """The fast form runs with -S: the dependencies (zmq, click) need site's paths now."""
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+
+
+def shell() -> str:
+    """The shell that runs the original command: bash, as the harnesses' shell tools use, else sh."""
+    return shutil.which("bash") or "/bin/sh"
+
+
+def ccsup_words() -> list[str]:
+    """How to run this ccsup: its own Python and package, whatever PATH holds."""
+    return [sys.executable, "-m", "supervisor"]
+
+
+def wait_hint(turn_id: str) -> str:
+    on_path = shutil.which("ccsup")
+    if on_path:
+        return f"ccsup wait {turn_id}"
+    return shlex.join([*ccsup_words(), "wait", turn_id])
+
+
+def rewritten(command: str, key: str, reservation: str, session: str | None, harness: str) -> str:
+    words = [*ccsup_words(), "run", "--key", key, "--reservation", reservation, "--pass-env"]
+    if session:
+        words += ["--session", session]
+    words += ["--harness", harness, "--", shell(), "-c", command]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _say_down_once(session: str | None, state_dir: object) -> bool:
+    """True the first time a session meets no supervisor (a marker beside the hook log)."""
+    name = hashlib.sha256((session or "").encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    marker = os.path.join(os.path.dirname(log_path()), f"down-{name}")
+    if os.path.exists(marker):
+        return False
+    log(f"no supervisor running on {state_dir}: commands of session {session!r} run without ccsup")
+    try:
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "w"):
+            pass
+    except OSError:
+        pass
+    return True
+
+
+def route(harness: str, call: Call, key: str | None, when_down: str, rule: str) -> str | None:
+    _full_site()
+    from supervisor import config as cfg
+    from supervisor.agents.turns import passed_env
+    from supervisor.client.control import Client
+
+    config = cfg.load(None, os.environ)
+    state_dir = cfg.resolve_state_dir(None, os.environ, config)
+    the_key = key or os.environ.get("CCSUP_KEY") or "default"
+    holder = {"harness": harness, **({"session": call.session} if call.session else {})}
+    with Client(state_dir, endpoints=config.endpoints.resolve(state_dir)) as client:
+        if not client.running():
+            told = _say_down_once(call.session, state_dir)
+            if when_down == "refuse":
+                return harnesses.refuse(
+                    harness,
+                    f"ccsup: no supervisor is running on {state_dir}, and [hooks] when_down is "
+                    f"refuse: start it with `ccsup start`, then run the command again",
+                )
+            if told and harness == "claude":
+                return (
+                    '{"systemMessage": "ccsup: no supervisor is running; heavy commands run '
+                    'without its cap until one is started (ccsup start)"}'
+                )
+            return None
+        answer = client.reserve(the_key, holder=holder)
+        reservation = str(answer["reservation"])
+        if answer.get("state") == "held":
+            new = rewritten(call.command, the_key, reservation, call.session, harness)
+            return harnesses.rewrite(
+                harness, call, new, f"ccsup: runs as a turn of {the_key} (rule {rule[-40:]!r})"
+            )
+        turn_id = uuid.uuid4().hex
+        reply = client.turn(
+            the_key,
+            [shell(), "-c", call.command],
+            id=turn_id,
+            cwd=call.cwd or os.getcwd(),
+            env=passed_env(),
+            holder=holder,
+            reservation=reservation,
+        )
+        position = reply.get("position") or answer.get("position")
+    return harnesses.refuse(
+        harness,
+        f"ccsup: the machine is busy: your command is queued as {turn_id}, position {position} "
+        f"of key {the_key}; it will run by itself. Run: {wait_hint(turn_id)} (it waits and "
+        "exits with the command's status; run it again if it times out). Do not run the command "
+        "again.",
+    )

@@ -1,0 +1,89 @@
+"""`ccsup hook install|uninstall|run|doctor <harness>`: route an agent's heavy shell commands
+through ccsup (supervisor.agents.hook, .install, .doctor), for claude, codex and opencode.
+
+`run` is the hook itself (what the harness calls with its hook JSON on stdin); `install` writes
+the fast form of it (`python -S .../hook.py`, which skips click), so `run` is for trying a payload
+by hand. Exit codes: 0 (the hook always exits 0: a broken hook never stops an agent), 1 when a
+settings file cannot be written or the doctor finds the rewrite did not take effect, 2 usage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+HARNESS = click.Choice(["claude", "codex", "opencode"])
+
+
+@click.group()
+def hook() -> None:
+    """Route an agent harness's heavy shell commands through ccsup turns."""
+
+
+def _target(value: str | None) -> Path | None:
+    return Path(value).expanduser() if value else None
+
+
+@hook.command()
+@click.argument("harness", type=HARNESS)
+@click.option(
+    "--key",
+    help="The cap key of the rewritten commands ([hooks] key, else $CCSUP_KEY, else default).",
+)
+@click.option(
+    "--match",
+    multiple=True,
+    metavar="PATTERN",
+    help="Also route commands this Python regular expression finds (repeatable).",
+)
+@click.option(
+    "--settings",
+    metavar="PATH",
+    help="The file to write (claude: settings.json, codex: hooks.json; opencode: the plugins folder).",
+)
+def install(harness: str, key: str | None, match: tuple[str, ...], settings: str | None) -> None:
+    """Write HARNESS's hook configuration so matching commands run as ccsup turns."""
+    import re
+
+    from ..agents import install as installer
+    from ..caps import check_key
+    from ..errors import UsageError
+
+    if key is not None:
+        check_key(key)
+    for pattern in match:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise UsageError(f"--match {pattern!r} is not a regular expression: {e}") from None
+    path = installer.install(harness, _target(settings), key, match)
+    click.echo(f"ccsup: {harness} hook written to {path}")
+    if harness == "codex":
+        click.echo("ccsup: Codex runs a new hook only once it is trusted: review it with /hooks")
+
+
+@hook.command()
+@click.argument("harness", type=HARNESS)
+@click.option("--settings", metavar="PATH", help="The file install wrote (as for install).")
+def uninstall(harness: str, settings: str | None) -> None:
+    """Remove exactly what `ccsup hook install HARNESS` wrote."""
+    from ..agents import install as installer
+
+    path, removed = installer.uninstall(harness, _target(settings))
+    click.echo(
+        f"ccsup: {harness} hook removed from {path}"
+        if removed
+        else f"ccsup: no ccsup hook in {path}"
+    )
+
+
+@hook.command(context_settings={"ignore_unknown_options": True})
+@click.argument("harness", type=HARNESS)
+@click.argument("flags", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run(ctx: click.Context, harness: str, flags: tuple[str, ...]) -> None:
+    """The hook: read HARNESS's hook JSON on stdin, print the answer ([--key K] [--match P]...)."""
+    from ..agents.hook import main
+
+    ctx.exit(main([harness, *flags]))

@@ -1,0 +1,73 @@
+"""`ccsup wait ID`: wait for a turn's end, print its output, exit with its status.
+
+What a model runs after the hook queued its command ("queued as <id>, position N; run: ccsup wait
+<id>"), and what a script runs for a turn another process asked for. It never runs anything: it
+follows the turn by id (supervisor.agents.turns), so running it again, or twice at once, is safe.
+The output is the turn's whole stdout and stderr logs, printed once it has ended (byte for byte).
+
+Exit codes: the command's own (128+N for a signal N), supervisor.cli.run_exit's 124 (its runtime
+limit), 69 (cancelled), 65 (rejected), 125 (guard lost); 75 when --timeout ran out first (the turn
+goes on: run `ccsup wait ID` again); 2 for an unknown id; 3 with no supervisor running.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .options import turn_id_argument
+from .where import emit_json, where
+
+FOREVER = 366 * 24 * 3600.0
+
+
+def ended_status(view: dict) -> int:
+    from .run_exit import EXIT_CANCELLED, EXIT_LOST, EXIT_REJECTED, EXIT_TIMEOUT
+
+    outcome = view.get("outcome")
+    if outcome == "rejected":
+        return EXIT_REJECTED
+    if outcome == "cancelled":
+        return EXIT_CANCELLED
+    if outcome == "timeout":
+        return EXIT_TIMEOUT
+    if view.get("signal"):
+        return 128 + int(view["signal"])
+    code = view.get("exit_code")
+    return int(code) if isinstance(code, int) else EXIT_LOST
+
+
+@click.command()
+@click.argument("turn_id", metavar="ID", callback=turn_id_argument)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Stop waiting after this many seconds (exit 75; the turn goes on).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print where the turn stands as JSON.")
+@click.pass_context
+def wait(ctx: click.Context, turn_id: str, timeout: float | None, as_json: bool) -> None:
+    """Wait for turn ID to end, print its output, and exit with its status."""
+    from ..agents import turns
+    from .run_exit import EXIT_WAIT_TIMEOUT
+
+    with where(ctx).client() as client:
+        view = turns.follow(client, turn_id, timeout or FOREVER)
+        if as_json:
+            emit_json(dict(view))
+        elif view["state"] == "ended":
+            for stream in ("stdout", "stderr"):
+                out = getattr(sys, stream).buffer
+                path = client.paths.output_log(turn_id, stream)
+                if path.exists():
+                    out.write(path.read_bytes())
+                    out.flush()
+    if view["state"] != "ended":
+        where_ = f" at position {view['position']}" if view.get("position") else ""
+        click.echo(
+            f"ccsup: turn {turn_id} is still {view['state']}{where_}; run: ccsup wait {turn_id}",
+            err=True,
+        )
+        ctx.exit(EXIT_WAIT_TIMEOUT)
+    ctx.exit(ended_status(dict(view)))
