@@ -4,7 +4,8 @@ cluster caps (`caps`), what `status` and `show` say of it (`view`), where its th
 event loop (`loop`), how it hooks into the daemon (`wiring`), and the etcd client over its JSON
 gateway (`etcd`, `transport`).
 
-Knows etcd and its own keys; asks the slot gate for the local slot. Imports slots, wire, config
-and the ground floor; never turns' internals, admission, history or the CLI. Loaded only with a
-`[cluster]` table.
+Knows etcd and its own keys; asks the slot gate for the local slot. Imports slots, guards (a
+guard's spec, to give a cluster turn's guard its deadline file), wire, config and the ground
+floor; never turns' internals, admission, history or the CLI. Loaded only with a `[cluster]`
+table.
 """

@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.cluster import ClusterSettings
 from ..errors import CcsupError
+from ..guards.handle import GuardSpec
 from ..slots.gate import Slot, SlotGate, SlotView
 from ..wire.protocol import ProtocolError
 
@@ -155,13 +157,13 @@ class ClusterWiring:
                     self.gate.leave(item_id)
         self._publish(topic, body)
 
-    def start_guard(self, start: Callable[..., Any]) -> Callable[..., Any]:
+    def start_guard(self, start: Callable[[GuardSpec], Any]) -> Callable[[GuardSpec], Any]:
         """The guard starter, giving a cluster turn's guard the dead-man deadline file."""
 
-        def start_guard(turn_id: str, argv: list[str], *, env: dict, **kwargs: Any) -> Any:
-            if turn_id in self.gate.entries:  # a cluster turn (or one bound to a reservation)
-                env = {**env, DEADLINE_ENV: str(self.deadline_file)}
-            return start(turn_id, argv, env=env, **kwargs)
+        def start_guard(spec: GuardSpec) -> Any:
+            if spec.turn_id in self.gate.entries:  # a cluster turn (or one bound to a reservation)
+                spec = replace(spec, env={**spec.env, DEADLINE_ENV: str(self.deadline_file)})
+            return start(spec)
 
         return start_guard
 

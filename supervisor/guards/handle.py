@@ -35,6 +35,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from guardd import procs
@@ -334,35 +335,43 @@ def _seconds(value: float) -> str:
     return format(Decimal(repr(value)), "f")
 
 
-def guard_args(
-    turn_id: str,
-    argv: list[str],
-    *,
-    record_dir: Path,
-    grace: float,
-    scan: float,
-    bus: str | None,
-    cgroup: str | None = None,
-) -> list[str]:
+@dataclass(frozen=True)
+class GuardSpec:
+    """What one turn's guard is started with, however it starts (directly, or forked by the
+    zygote): its command, where it runs, and how it guards it. The starter builds it once; the
+    launcher, the direct start and the cluster's wrapper pass it through."""
+
+    turn_id: str
+    argv: list[str]
+    cwd: str | None
+    env: dict[str, str | None]  # the turn's additions to the supervisor's environment
+    record_dir: Path
+    grace: float
+    scan: float
+    bus: str | None
+    cgroup: str | None = None
+
+
+def guard_args(spec: GuardSpec) -> list[str]:
     """`ccsup-guard` arguments for one turn."""
     args = [
         "--record-dir",
-        str(record_dir),
+        str(spec.record_dir),
         "--grace",
-        _seconds(grace),
+        _seconds(spec.grace),
         "--scan",
-        _seconds(scan),
+        _seconds(spec.scan),
         "--turn",
-        turn_id,
+        spec.turn_id,
     ]
-    if bus:
-        args += ["--bus", bus]
-    if cgroup:
-        args += ["--cgroup", cgroup]
-    return [*args, "--", *argv]
+    if spec.bus:
+        args += ["--bus", spec.bus]
+    if spec.cgroup:
+        args += ["--cgroup", spec.cgroup]
+    return [*args, "--", *spec.argv]
 
 
-def guard_env(env: dict) -> dict:
+def guard_env(env: dict[str, str | None]) -> dict[str, str]:
     """The supervisor's environment with the turn's added (a None value removes a variable)."""
     full_env = dict(os.environ)
     for name, value in env.items():
@@ -373,32 +382,18 @@ def guard_env(env: dict) -> dict:
     return full_env
 
 
-def start_guard(
-    turn_id: str,
-    argv: list[str],
-    *,
-    cwd: str | None,
-    env: dict,
-    record_dir: Path,
-    grace: float,
-    scan: float,
-    bus: str | None,
-    cgroup: str | None = None,
-) -> GuardProcess:
+def start_guard(spec: GuardSpec) -> GuardProcess:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
-    args = guard_args(
-        turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
-    )
     stdin_r, stdin_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
     try:
         popen = subprocess.Popen(
-            guard_command(args),  # python -I -S: see guardd.launch
-            cwd=cwd,
-            env=guard_env(env),
+            guard_command(guard_args(spec)),  # python -I -S: see guardd.launch
+            cwd=spec.cwd,
+            env=guard_env(spec.env),
             stdin=stdin_r,
             stdout=stdout_w,
             stderr=stderr_w,
@@ -412,7 +407,7 @@ def start_guard(
     finally:
         for fd in (stdin_r, stdout_w, stderr_w):  # the guard's ends: it has its own copies
             os.close(fd)
-    return GuardProcess(turn_id, popen, record_dir, stdio=(stdin_w, stdout_r, stderr_r))
+    return GuardProcess(spec.turn_id, popen, spec.record_dir, stdio=(stdin_w, stdout_r, stderr_r))
 
 
 class ForkedGuardProcess(GuardProcess):

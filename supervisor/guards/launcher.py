@@ -54,14 +54,13 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from functools import partial
-from pathlib import Path
 
 from guardd.zygote_handle import Failed, Spawned, Zygote, ZygoteGone
 
 from .handle import (
     ForkedGuardProcess,
     GuardProcess,
+    GuardSpec,
     TruncatedCallback,
     _Pipes,
     guard_args,
@@ -110,21 +109,13 @@ def _stopping() -> OSError:
 
 
 class _Request:
-    """A request sent (or queued) to the zygote: what to settle, our pipe ends, and the direct
-    start with its arguments (which also ask for the same guard again: `Launcher._ask_again`)."""
+    """A request sent (or queued) to the zygote: what to settle, our pipe ends, and the guard's
+    spec (to start it directly, or to ask for the same guard again: `Launcher._ask_again`)."""
 
-    __slots__ = ("pending", "ours", "record_dir", "cwd", "direct")
+    __slots__ = ("pending", "ours", "spec")
 
-    def __init__(
-        self,
-        pending: PendingGuard,
-        ours: tuple[int, int, int],
-        record_dir: Path,
-        cwd: str | None,
-        direct: partial[GuardProcess],
-    ):
-        self.pending, self.ours, self.record_dir, self.cwd = pending, ours, record_dir, cwd
-        self.direct = direct
+    def __init__(self, pending: PendingGuard, ours: tuple[int, int, int], spec: GuardSpec):
+        self.pending, self.ours, self.spec = pending, ours, spec
 
     def close_ours(self) -> None:
         for fd in self.ours:
@@ -132,10 +123,10 @@ class _Request:
 
 
 class Launcher:
-    """Starts guards through a guard zygote while one runs, else directly (`spawn.start_guard`).
+    """Starts guards through a guard zygote while one runs, else directly (`handle.start_guard`).
 
-    `start()` (on the running event loop) starts the zygote; `start_guard` has the arguments of
-    spawn.start_guard and returns a GuardProcess (started directly) or a PendingGuard (asked of
+    `start()` (on the running event loop) starts the zygote; `start_guard` takes a GuardSpec, as
+    handle.start_guard does, and returns a GuardProcess (started directly) or a PendingGuard (asked of
     the zygote); `close()` stops the zygote. A zygote that cannot be started, dies, or stops
     answering is logged, and another is started later (see the module's docstring).
     """
@@ -214,61 +205,36 @@ class Launcher:
             self._restart = self.loop.call_later(wait, self._launch)
         return wait
 
-    def start_guard(
-        self,
-        turn_id: str,
-        argv: list[str],
-        *,
-        cwd: str | None,
-        env: dict,
-        record_dir: Path,
-        grace: float,
-        scan: float,
-        bus: str | None,
-        cgroup: str | None = None,
-    ) -> GuardProcess | PendingGuard:
+    def start_guard(self, spec: GuardSpec) -> GuardProcess | PendingGuard:
         """A GuardProcess started directly (OSError when it cannot be), or a PendingGuard."""
-        direct = partial(
-            self._start_directly,
-            turn_id,
-            argv,
-            cwd=cwd,
-            env=env,
-            record_dir=record_dir,
-            grace=grace,
-            scan=scan,
-            bus=bus,
-            cgroup=cgroup,
-        )
         if self.zygote is None:
-            return direct()
-        args = guard_args(
-            turn_id, argv, record_dir=record_dir, grace=grace, scan=scan, bus=bus, cgroup=cgroup
-        )
+            return self._start_directly(spec)
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
         theirs, ours = (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r)
         try:
-            self.zygote.request(args, cwd=cwd, env=guard_env(env), stdio=theirs)
+            self.zygote.request(
+                guard_args(spec), cwd=spec.cwd, env=guard_env(spec.env), stdio=theirs
+            )
         except (ZygoteGone, ValueError) as e:
             for fd in (*theirs, *ours):
                 os.close(fd)
             if isinstance(e, ZygoteGone):
                 self._lost(str(e))
             else:
-                log.info("turn %s: %s; its guard is started directly", turn_id, e)
-            return direct()
+                log.info("turn %s: %s; its guard is started directly", spec.turn_id, e)
+            return self._start_directly(spec)
         if not self._waiting:
             self._progress = time.monotonic()
-        request = _Request(PendingGuard(turn_id), ours, record_dir, cwd, direct)
+        request = _Request(PendingGuard(spec.turn_id), ours, spec)
         self._waiting.append(request)
         self._flush()
         self._watch()
         return request.pending
 
-    def _start_directly(self, turn_id: str, argv: list[str], **how) -> GuardProcess:
-        return self._configured(start_guard(turn_id, argv, **how))
+    def _start_directly(self, spec: GuardSpec) -> GuardProcess:
+        return self._configured(start_guard(spec))
 
     def _configured(self, guard: GuardProcess) -> GuardProcess:
         guard.log_limit = self.log_limit
@@ -343,7 +309,7 @@ class Launcher:
                 guard = ForkedGuardProcess(
                     request.pending.turn_id,
                     _Pipes(answer.pid, *request.ours),
-                    request.record_dir,
+                    request.spec.record_dir,
                     pidfd=answer.pidfd,
                     start=answer.start,
                 )
@@ -351,7 +317,7 @@ class Launcher:
                 result = self._configured(guard)
             else:
                 request.close_ours()
-                result = answer.error(request.cwd)
+                result = answer.error(request.spec.cwd)
             self.loop.call_soon(request.pending.settle, result)
 
     def _deliver(self, zygote: Zygote) -> None:
@@ -439,7 +405,7 @@ class Launcher:
             self.loop.call_soon(self._ask_again)
         started: GuardProcess | PendingGuard | OSError
         try:
-            started = self.start_guard(*request.direct.args, **request.direct.keywords)
+            started = self.start_guard(request.spec)
         except OSError as e:
             started = e
         if isinstance(started, PendingGuard):

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from guardd.procs import Identity
 
+from ..guards.handle import GuardSpec
 from ..output.chunks import Chunk
 from ..slots.gate import Slot, SlotView
 
@@ -68,22 +69,10 @@ class PendingStart(Protocol):
 
 
 class StartGuard(Protocol):
-    """Starts a turn's guard (supervisor.guards.handle.start_guard, or the Launcher's, which may answer
-    later: PendingStart); OSError if it cannot."""
+    """Starts a turn's guard from its GuardSpec (supervisor.guards.handle.start_guard, or the
+    Launcher's, which may answer later: PendingStart); OSError if it cannot."""
 
-    def __call__(
-        self,
-        turn_id: str,
-        argv: list[str],
-        *,
-        cwd: str | None,
-        env: dict[str, str | None],
-        record_dir: Path,
-        grace: float,
-        scan: float,
-        bus: str | None,
-        cgroup: str | None = None,
-    ) -> Guard | PendingStart: ...
+    def __call__(self, spec: GuardSpec, /) -> Guard | PendingStart: ...
 
 
 class GuardSettings(Protocol):

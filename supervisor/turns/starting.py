@@ -33,7 +33,7 @@ from typing import Protocol
 
 from ..errors import CcsupError
 from ..guards import containment
-from ..guards.handle import LOG_FILES
+from ..guards.handle import LOG_FILES, GuardSpec
 from ..output.chunks import Chunk
 from ..paths import StatePaths
 from .endings import What
@@ -95,7 +95,6 @@ class Starter:
         except OSError as e:
             self.happen(turn, What.START_FAILED, reason=f"unable to set the turn's limits: {e}")
             return
-        extra = {"cgroup": cgroup} if cgroup is not None else {}
         if cgroup is not None:
             try:  # before the guard exists: see Slot.name_cgroup
                 assert turn.slot is not None
@@ -107,15 +106,17 @@ class Starter:
         started: Guard | PendingStart | OSError
         try:
             started = self.start_guard(
-                turn.id,
-                turn.argv,
-                cwd=turn.cwd,
-                env=turn.env,
-                record_dir=self.paths.guards,
-                grace=settings.grace,
-                scan=settings.scan,
-                bus=settings.bus_in,
-                **extra,
+                GuardSpec(
+                    turn.id,
+                    turn.argv,
+                    cwd=turn.cwd,
+                    env=turn.env,
+                    record_dir=self.paths.guards,
+                    grace=settings.grace,
+                    scan=settings.scan,
+                    bus=settings.bus_in,
+                    cgroup=cgroup,
+                )
             )
         except OSError as e:
             started = e

@@ -20,6 +20,7 @@ from conftest import MARKER, PYTHON, ROOT, story, wait_until, zygote_of
 from guardd import procs
 from guardd.zygote_handle import Zygote, ZygoteGone
 from supervisor.guards import handle as spawn
+from supervisor.guards.handle import GuardSpec
 from supervisor.guards.launcher import Launcher, PendingGuard
 
 READY_THEN_READ = ["sh", "-c", "echo ready; read line; exit 7"]
@@ -673,14 +674,16 @@ async def start_many(
 def ask(launcher, turn_id: str, argv: list[str], record_dir: Path, env: dict | None = None):
     """launcher.start_guard with this file's guard options: grace 0.2 s, scan 1 s, no bus."""
     return launcher.start_guard(
-        turn_id,
-        argv,
-        cwd=None,
-        env={} if env is None else env,
-        record_dir=record_dir,
-        grace=0.2,
-        scan=1.0,
-        bus=None,
+        GuardSpec(
+            turn_id,
+            argv,
+            cwd=None,
+            env={} if env is None else env,
+            record_dir=record_dir,
+            grace=0.2,
+            scan=1.0,
+            bus=None,
+        )
     )
 
 

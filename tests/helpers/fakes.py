@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from guardd.procs import Identity
+from supervisor.guards.handle import GuardSpec
 from supervisor.holder import Holder
 from supervisor.paths import StatePaths
 from supervisor.slots.gate import SlotView
@@ -223,16 +224,16 @@ class Starter:
         self.attach_error: OSError | None = None
         self.during = None  # called while the guard starts
 
-    def __call__(self, turn_id, argv, *, cwd, env, record_dir, grace, scan, bus):
+    def __call__(self, spec: GuardSpec):
         if self.error is not None:
             raise self.error
         if self.during is not None:
             self.during()
-        guard = FakeGuard(turn_id, record_dir, self.attach_error)
-        self.guards[turn_id] = guard
+        guard = FakeGuard(spec.turn_id, spec.record_dir, self.attach_error)
+        self.guards[spec.turn_id] = guard
         if self.hold:
-            self.pending[turn_id] = FakePending(guard)
-            return self.pending[turn_id]
+            self.pending[spec.turn_id] = FakePending(guard)
+            return self.pending[spec.turn_id]
         return guard
 
 
