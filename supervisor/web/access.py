@@ -1,6 +1,11 @@
 """Who may use the page: the Host check, the token (bearer or login cookie), cross-site checks.
 
 The rules, in order, for every request:
+0. Owner. Without `[web] token` (so on loopback only), the connection's client socket must be
+   this server's own uid's, read from the kernel's socket table (supervisor.web.peer): every
+   local user reaches loopback, and the page is its owner's alone, as the state directory and
+   its sockets are. Another uid gets 403, and so does a peer that cannot be named. With a token
+   set, the token is the rule and any uid holding it may use the page.
 1. Host. The Host header must name this server: on a loopback listen, `localhost`, `127.0.0.1`,
    `[::1]` or the listen address with the bound port (a page on another site that rebinds its
    name to 127.0.0.1 sends its own name as Host and is refused); on a wildcard listen any Host.
@@ -13,16 +18,19 @@ The rules, in order, for every request:
    this server never grants). A bearer-token request is a script's: browsers cannot add it
    cross-site. The session cookie is also SameSite=Strict and HttpOnly.
 
-Knows HTTP headers and secrets; nothing of the supervisor.
+Knows HTTP headers, secrets and (through supervisor.web.peer) who owns a loopback connection;
+nothing of the supervisor.
 """
 
 from __future__ import annotations
 
 import hmac
+import os
 import secrets
 from typing import NamedTuple
 
 from ..config.web import Listen, is_loopback
+from .peer import peer_uid
 
 COOKIE = "ccsup_web"
 CSRF_HEADER = "X-Ccsup-Csrf"
@@ -58,6 +66,21 @@ class Gate:
         if is_loopback(host):
             names |= {"localhost", "127.0.0.1", "[::1]"}
         return {f"{name}:{self.port}" for name in names} | (names if self.port == 80 else set())
+
+    def check_peer(self, local: tuple | None, peer: tuple | None) -> Verdict:
+        """Without a token, only this server's uid may connect (rule 0)."""
+        if self.token is not None:
+            return ALLOWED
+        owner = os.geteuid()
+        uid = peer_uid(local, peer) if local and peer else None
+        if uid == owner:
+            return ALLOWED
+        who = "an unknown user" if uid is None else f"uid {uid}"
+        return Verdict(
+            403,
+            f"this page is uid {owner}'s alone and this connection is {who}'s; "
+            "set [web] token to share it",
+        )
 
     def check_host(self, host: str | None) -> Verdict:
         if self.hosts is None or (host is not None and host.lower() in self.hosts):

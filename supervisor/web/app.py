@@ -79,7 +79,13 @@ def _error(status: int, message: str) -> web.Response:
 async def access_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     gate = request.app[GATE]
     host = request.headers.get("Host")
-    verdict = gate.check_host(host)
+    transport = request.transport
+    verdict = gate.check_peer(
+        transport.get_extra_info("sockname") if transport is not None else None,
+        transport.get_extra_info("peername") if transport is not None else None,
+    )
+    if verdict.status == 0:
+        verdict = gate.check_host(host)
     # The login page and the page's own code are public (no data); everything else needs the token.
     public = request.path == "/login" or request.path.startswith("/static/")
     if verdict.status == 0 and not public:
