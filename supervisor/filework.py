@@ -121,6 +121,6 @@ def _make(directory: str, names: tuple[str, ...]) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         for name in names:
             path = os.path.join(directory, name)
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))  # as open("ab")
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))  # the owner's
     except OSError as e:  # the start makes them again, and reports what stops it
         log.debug("unable to make %s ahead: %s", directory, e.strerror)

@@ -127,3 +127,10 @@ def check_private(path: Path) -> None:
             f"refusing state directory {path}: group or others may write to it "
             f"(mode {stat.S_IMODE(st.st_mode):o}); run `chmod 700 {path}`"
         )
+    if st.st_mode & 0o077:
+        # Its files are 0600, but their names (turn ids) and a file some tool made with the
+        # umask's mode would be another user's to read: the directory is the owner's alone.
+        raise CcsupError(
+            f"refusing state directory {path}: group or others may read or enter it "
+            f"(mode {stat.S_IMODE(st.st_mode):o}); run `chmod 700 {path}`"
+        )

@@ -9,9 +9,11 @@ Pure: the checks read only their arguments (no socket is bound, no name is resol
 address is `HOST:PORT` (`[::1]:8765` for IPv6); HOST is an IP literal or `localhost`, so whether
 it is loopback is decided here and not by a resolver that could answer otherwise later.
 
-The rule: a loopback listen may run without a token; any other address needs `[web] token`
-(the page can cancel turns, so the open network gets nothing without it). A token, once set,
-is required on every listen, loopback included: the same check runs everywhere.
+The rule: a loopback listen may run without a token, and then the page answers only its owner's
+uid (every local user reaches loopback; supervisor.web.peer names the uid of each connection's
+client socket, another gets 403); any other address needs `[web] token` (the page can cancel
+turns, so the open network gets nothing without it). A token, once set, is required on every
+listen, loopback included, and it is then the only rule: whoever holds it may use the page.
 
 Knows addresses and tokens; nothing of HTTP, the supervisor or the config file's layout.
 """

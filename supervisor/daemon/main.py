@@ -104,11 +104,32 @@ def sd_notify(message: str) -> None:
         log.warning("unable to notify systemd at %s: %s", address, e)
 
 
+def _private(path: str, flags: int) -> int:
+    """open()'s opener for the log: made 0600 whatever the umask, and narrowed if an older ccsup
+    left it wider (it names turns, keys and holders)."""
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+class _PrivateLog(logging.handlers.RotatingFileHandler):
+    """`<state>/ccsup.log`, 0600 (and each file a rotation starts)."""
+
+    def _open(self):
+        return open(  # noqa: SIM115 -- the handler keeps it open, as logging's own _open does
+            self.baseFilename,
+            self.mode,
+            encoding=self.encoding,
+            errors=self.errors,
+            opener=_private,
+        )
+
+
 def setup_logging(paths: StatePaths, foreground: bool) -> None:
     if foreground:
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
     else:
-        handler = logging.handlers.RotatingFileHandler(paths.log, maxBytes=5 << 20, backupCount=3)
+        handler = _PrivateLog(paths.log, maxBytes=5 << 20, backupCount=3)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("ccsup")
     root.handlers[:] = [handler]

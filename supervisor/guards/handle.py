@@ -76,7 +76,7 @@ def _nothing(*args: object) -> None:
 
 
 def _open_append(path: Path) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
 
 
 class GuardProcess:

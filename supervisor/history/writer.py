@@ -21,12 +21,15 @@ missing file: created with the schema. An older version (1): its new columns are
 transaction (db.migrations) before anything is written; old rows read NULL there. Corrupt file: moved aside to `history.sqlite.corrupt-<time>`
 (logged) and started afresh. A newer version (`PRAGMA user_version` > ours): left untouched and
 not written (logged). Restart: the file is kept; old turns are pruned with the logs (`prune`).
+Modes: the file is made 0600 before SQLite opens it (SQLite makes it 0644, and its -wal and -shm
+copy the file's mode); one left wider by an older ccsup is narrowed at open (`_make_private`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -63,6 +66,7 @@ def open_writer(path: Path) -> sqlite3.Connection | None:
     """The writer's connection, the schema made; a corrupt file is moved aside first. None when
     the file is a newer version (it is left alone and nothing is written)."""
     for attempt in (1, 2):
+        _make_private(path)
         try:
             db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
@@ -103,6 +107,28 @@ def _has_turns(db: sqlite3.Connection) -> bool:
     """Is there a turns table (an older file to migrate), as opposed to a new, empty file?"""
     row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'turns'")
     return row.fetchone() is not None
+
+
+def _make_private(path: Path) -> None:
+    """The history file, and its -wal and -shm where they exist, 0600 (the file made if missing):
+    the turns' lifecycle is the owner's alone, as every state file is."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise CcsupError(f"unable to open history {path}: {e.strerror}") from None
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        try:
+            os.chmod(f"{path}{suffix}", 0o600, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise CcsupError(
+                f"unable to make history {path}{suffix} private: {e.strerror}"
+            ) from None
 
 
 def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:

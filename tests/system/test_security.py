@@ -75,6 +75,9 @@ def test_the_state_directory_is_created_0700_and_its_sockets_0600_whatever_the_u
         (None, 0o770, ["group or others may write", "mode 770", "chmod 700"]),
         (None, 0o777, ["group or others may write", "mode 777", "chmod 700"]),
         (None, 0o702, ["group or others may write", "chmod 700"]),
+        (None, 0o755, ["group or others may read or enter it", "mode 755", "chmod 700"]),
+        (None, 0o750, ["group or others may read or enter it", "mode 750", "chmod 700"]),
+        (None, 0o701, ["group or others may read or enter it", "mode 701", "chmod 700"]),
     ],
 )
 @pytest.mark.parametrize("foreground", [False, True])
@@ -99,6 +102,35 @@ def test_start_refuses_a_state_directory_of_another_user_or_writable_by_others(
     )
     # nothing was made inside: no socket, no lock, no subdirectory
     assert sorted(os.listdir(unsafe)) == []
+
+
+def test_the_history_the_log_and_a_turns_output_are_made_0600_whatever_the_umask(state_dir):
+    private = state_dir / "private"
+    config = write_config(state_dir, caps="codex = 1")
+    old = os.umask(0)  # the daemon inherits it: modes must not come from a kind umask
+    try:
+        started = ccsup(private, config, "start")  # in the background: it logs to ccsup.log
+    finally:
+        os.umask(old)
+    assert started.returncode == 0, started
+    try:
+        ran = ccsup(
+            private, config, "run", "--key", "codex", "--", "sh", "-c", "echo out; echo err >&2"
+        )
+        assert ran.returncode == 0 and ran.stdout == "out\n", ran
+        (turn,) = os.listdir(private / "turns")
+        history = private / "history.sqlite"
+        wait_until(lambda: (private / "history.sqlite-wal").exists(), what="the history's WAL")
+        made = [
+            history,
+            private / "history.sqlite-wal",
+            private / "history.sqlite-shm",
+            private / "ccsup.log",
+            *(private / "turns" / turn / name for name in ("stdout.log", "stderr.log")),
+        ]
+        assert {path.name: mode(path) for path in made} == {path.name: 0o600 for path in made}
+    finally:
+        assert ccsup(private, config, "stop").returncode == 0
 
 
 # -- tcp:// endpoints -----------------------------------------------------------------------------
