@@ -35,12 +35,21 @@ def write_json(path: str | os.PathLike, data: dict, mode: int = 0o644, sync: boo
     body = encode(data)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
-        os.write(fd, body)
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            done = 0
+            while done < len(body):  # a full disk may take part of it: the rest then fails
+                done += os.write(fd, body[done:])
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)  # a full disk gets its room back; the old file stands
+        except OSError:
+            pass
+        raise
 
 
 def _read_all(path: str | os.PathLike) -> bytes:

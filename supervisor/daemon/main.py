@@ -15,8 +15,8 @@ are reaped (`slot.<key>.orphaned`, `slot.<key>.reaped`; their work ends in a thr
 are served meanwhile), the turns it was running are settled as their slots come free, and
 waiters are granted again; then READY for systemd, and the periodic duties.
 
-Periodic duties (`run_duty`): every RETRY_INTERVAL the manager's (expire_finished, grant,
-confirm_ends), every scan interval a reap (in a task), every PRUNE_INTERVAL prune_logs, every
+Periodic duties (`run_duty`): every RETRY_INTERVAL the manager's (expire_finished, save_state,
+grant, confirm_ends), every scan interval a reap (in a task), every PRUNE_INTERVAL prune_logs, every
 TRIM_INTERVAL trim_memory. Each run is on its own: whatever it raises is logged ("unable to
 <operation> <object> (periodic duty <name>): <reason>", with the traceback) and counted in
 `ccsup_periodic_errors_total{task}`, and the duty runs again at its next time; one failing duty
@@ -342,6 +342,7 @@ class Daemon:
                 self.manager.periodic_duties(),
                 (
                     f"expire the finished ids of {self.paths.finished}",
+                    f"save {self.paths.queue} and {self.paths.finished} again",
                     "grant the waiters",
                     "look again at the turns' ends",
                 ),

@@ -26,7 +26,7 @@ exited); cpu_seconds_total{key,mode} (user/system, from the exited event's usage
 containment work provides them); guards_lost_total{key}; orphans_reaped_total{key};
 bus_events_total{family} (events the supervisor published: turn, supervisor, slot);
 periodic_errors_total{task} (exceptions a periodic duty raised and survived: expire_finished,
-grant, confirm_ends, reap, prune_logs, trim_memory; see supervisor.daemon.main); output_bytes_total{key,stream}
+save_state, grant, confirm_ends, reap, prune_logs, trim_memory; see supervisor.daemon.main); output_bytes_total{key,stream}
 is not kept (it would cost a decode per chunk); start_time_seconds.
 
 State: none on disk; the figures start from zero with each supervisor (Prometheus handles

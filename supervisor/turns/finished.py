@@ -4,7 +4,10 @@ A retried request with a finished id is answered with its terminal state, never 
 ids live in memory, in the order they ended, and in `finished.log` (supervisor.turns.store: one line
 appended per ending, compacted at start and when it has grown to twice what it should hold).
 
-The state question: a crash between an append and queue.json's save ends nothing twice (an id in
+The state question: an append that fails (a full disk) is undone (no torn line) and reported to
+the ledger, which keeps the item in queue.json's `running` list until `append_again` succeeds, so a
+crash meanwhile ends it again rather than forgetting it (supervisor.turns.ledger); a crash
+between an append and queue.json's save ends nothing twice (an id in
 the log wins over the same id in queue.json's `running`); a torn last line is skipped and counted;
 ids older than ten minutes are dropped at load and by `expire`. Knows ids, times and the log;
 nothing of turns' logic.
@@ -44,15 +47,25 @@ class FinishedIds:
         entry = self._ids.get(item_id)
         return entry[0] if entry else None
 
-    def remember(self, item_id: str, state: str) -> None:
-        """In memory and appended to finished.log, before the terminal event is published."""
+    def remember(self, item_id: str, state: str) -> bool:
+        """In memory and appended to finished.log, before the terminal event is published.
+
+        False when the append failed (a full disk): the id is remembered in memory only, and the
+        caller keeps the item's end on file some other way until `append_again` succeeds."""
         at = self.clock()
         self._ids[item_id] = (state, at)
         self._appended += 1
+        return self.append_again(item_id)
+
+    def append_again(self, item_id: str) -> bool:
+        """Append the id's line (again): True once it is in finished.log."""
+        state, at = self._ids.get(item_id, ("released", self.clock()))
         try:
             store.append_finished(self.path, item_id, state, at, self.files)
         except OSError as e:
-            log.error("unable to append to %s: %s", self.path, e.strerror)
+            log.error("unable to append %s to %s: %s", item_id, self.path, e.strerror)
+            return False
+        return True
 
     def load(self, legacy: Mapping[str, object]) -> list[str]:
         """Take finished.log back (and `finished` of an older queue.json); returns problems."""

@@ -11,6 +11,18 @@ restore uses it to bring a saved item to the state its events already told the w
 it is dropped from every index, unwatched, and its id remembered as finished; then `on_finished`
 hooks run (history and metrics belong there).
 
+A full disk (issue 27, B5): nothing is acknowledged that is not on file. A new request's entry is
+written first (`save_first`), before anything of it changes or is published; when it cannot be,
+the manager refuses the request (`no_space`, naming the file) and nothing of it exists. A later
+save that fails keeps what changed in memory and says so once (`save_error`); the periodic
+`save_again` tries again, and no guard starts while its grant is not on file (the manager holds
+it, granted, until then). An end that finished.log cannot take (`FinishedIds.remember` is False)
+keeps the item in queue.json's `running` list (`unsaved_ends`) until the append succeeds, so a
+crash meanwhile ends its story again instead of forgetting it (a retried request with its id
+would run it a second time). Known limit: a waiting turn cancelled while neither queue.journal
+nor finished.log can take a line is still `waiting` on file, so a crash before either can be
+written brings it back.
+
 Knows items, the queue, timers and queue.json; nothing of slots' locks, guards or sockets (it
 publishes through a callable and schedules through `Timers`).
 """
@@ -77,6 +89,8 @@ class Ledger:
         self._pending: list[tuple[str, dict[str, Any]]] = []
         self._must_save = False
         self._dirty: set[str] = set()  # ids whose queue.json entry may have changed since the save
+        self.save_error: OSError | None = None  # the last save's failure; None once one succeeds
+        self.unsaved_ends: dict[str, str] = {}  # id -> key: finished, not yet in finished.log
         self._batch_depth = 0
 
     def get(self, item_id: str) -> Item | None:
@@ -138,7 +152,8 @@ class Ledger:
         self.queue.remove(item.id)
         self.cancel_timer(item.id)
         self.deadlines.pop(item.id, None)
-        self.finished.remember(item.id, item.state.value)
+        if not self.finished.remember(item.id, item.state.value):
+            self.unsaved_ends[item.id] = item.key  # kept in `running` until finished.log has it
         for hook in self.on_finished:
             hook(item)
         if not self.turns and not self.reservations:
@@ -163,27 +178,65 @@ class Ledger:
 
     # -- queue.json ------------------------------------------------------------------------------
 
-    def save(self) -> None:
-        """Persist what changed since the last save: one journal append (see supervisor.turns.store)."""
+    def save(self) -> bool:
+        """Persist what changed since the last save: one journal append (see supervisor.turns.store).
+
+        False when it could not be written (a full disk): what changed stays to be saved (by the
+        next save, or `save_again` from the periodic duty), and `save_error` says why."""
         dirty, self._dirty = self._dirty, set()
         try:
             self.queue_file.update({item_id: self._entry(item_id) for item_id in dirty})
         except OSError as e:
-            self._dirty |= dirty  # tried again at the next save
+            self._dirty |= dirty
+            self._failed(e)
+            return False
+        self._saved()
+        return True
+
+    def save_first(self, item_id: str, entry: store.Entry) -> None:
+        """Persist a new request's entry before anything of it is changed or published; OSError
+        (nothing changed, in the files or here) when it cannot be: the request is refused."""
+        self.queue_file.update({item_id: entry})
+
+    def save_again(self) -> None:
+        """The periodic duty: finished ids not yet in finished.log appended, unsaved changes saved."""
+        appended = False
+        for item_id in list(self.unsaved_ends):
+            if not self.finished.append_again(item_id):
+                break  # the disk is still full: the rest next time
+            del self.unsaved_ends[item_id]
+            self._dirty.add(item_id)  # its `running` entry may go now
+            appended = True
+        if self.save_error is not None or appended:
+            self.save()
+
+    def _failed(self, error: OSError) -> None:
+        if self.save_error is None or self.save_error.errno != error.errno:
             log.error(
-                "unable to save %s: %s (what waits is kept in memory)", self.queue_path, e.strerror
+                "unable to save %s: %s (kept in memory and saved again when it can be; no guard "
+                "starts until its grant is saved)",
+                error.filename or self.queue_path,
+                error.strerror,
             )
+        self.save_error = error
+
+    def _saved(self) -> None:
+        if self.save_error is not None:
+            log.info("%s is saved again", self.queue_path)
+        self.save_error = None
 
     def save_all(self) -> None:
         """Persist everything acknowledged and unfinished, whole (a compaction: restore's end)."""
-        self._dirty.clear()
         ids = [*self.turns, *self.reservations, *(entry["id"] for entry in self.lost_running)]
+        ids += self.unsaved_ends
         try:
             self.queue_file.replace({i: e for i in ids if (e := self._entry(i)) is not None})
         except OSError as e:
-            log.error(
-                "unable to save %s: %s (what waits is kept in memory)", self.queue_path, e.strerror
-            )
+            self._dirty.update(ids)  # written by the next save that can be
+            self._failed(e)
+            return
+        self._dirty.clear()
+        self._saved()
 
     def _entry(self, item_id: str) -> store.Entry | None:
         """What queue.json holds for this id now: (section, item), or None when nothing."""
@@ -198,4 +251,7 @@ class Ledger:
         for entry in self.lost_running:
             if entry["id"] == item_id:
                 return "running", entry
+        key = self.unsaved_ends.get(item_id)
+        if key is not None:  # its end is not in finished.log: a restart must end it, not forget it
+            return "running", {"id": item_id, "key": key}
         return None

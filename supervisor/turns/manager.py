@@ -41,6 +41,7 @@ Knows nothing: a policy gets the waiting item and the time, and answers.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -59,6 +60,7 @@ from ..guards import handle as spawn
 from ..paths import StatePaths
 from ..wire.args import ReserveArgs, SendArgs, TurnArgs
 from ..wire.protocol import ProtocolError
+from . import store
 from .endings import Endings, What
 from .finished import FinishedIds
 from .gone import Probe
@@ -134,6 +136,7 @@ class Manager:
         self.admission: Admission = admission or AdmitAll()
         self.refused: dict[str, Refusal] = {}  # key -> why its head was last held back
         self.gate_errors: dict[str, str] = {}  # key -> the gate's last error for it, said once
+        self.unsaved_grants: list[Turn] = []  # granted, not started until their grant is saved
         self.stopping = False
         self.started_at = clock()
         me = me or procs.identity_of(os.getpid())
@@ -191,6 +194,7 @@ class Manager:
         if reservation is not None:
             self._check_binding(reservation, args)
         requester = self.requesters.identify(args.holder)
+        held = reservation is not None and reservation.state is State.GRANTED
         turn = Turn(
             id=turn_id,
             key=args.key,
@@ -203,13 +207,18 @@ class Manager:
             reservation=args.reservation,
             timeout=args.timeout,
         )
+        if reservation is not None and not held:  # still waiting: the turn takes its place
+            turn.requested_at = reservation.requested_at
+        if held:
+            self._save_request(turn, ("running", {"id": turn.id, "key": turn.key}))
+        else:
+            self._save_request(turn, ("waiting", turn.to_json(self._deadline_of(turn))))
         self.ledger.add(turn)
-        if reservation is not None and reservation.state is State.GRANTED:
+        if reservation is not None and held:
             self._bind_held(turn, reservation)
         else:
             with self.ledger.batch():
-                if reservation is not None:  # still waiting: the turn takes its place in the queue
-                    turn.requested_at = reservation.requested_at
+                if reservation is not None:
                     self.queue.replace(reservation.id, turn.id)
                     self.ledger.apply(reservation, Event.CANCELLED, reason="bound", turn=turn.id)
                 else:
@@ -229,6 +238,25 @@ class Manager:
         if turn.state is State.QUEUED:
             self.starter.prepare(turn)
         return self._answer(turn)
+
+    def _deadline_of(self, item: Item) -> float | None:
+        """The wait deadline `wait_limit` will set for a new item (queue.json keeps it)."""
+        if item.wait_timeout is None:
+            return None
+        return item.requested_at + item.wait_timeout
+
+    def _save_request(self, item: Item, entry: store.Entry) -> None:
+        """A new request's entry on file before anything of it is changed or published: else it is
+        refused (`no_space` on a full disk), and nothing of it is queued, answered or announced."""
+        try:
+            self.ledger.save_first(item.id, entry)
+        except OSError as e:
+            what = "reservation" if isinstance(item, Reservation) else "turn"
+            where = e.filename or self.ledger.queue_path
+            message = f"unable to save {what} {item.id} in {where}: {e.strerror}; it was not queued"
+            log.error("%s", message)
+            code = "no_space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "failed"
+            raise ProtocolError(code, message) from None
 
     def _check_binding(self, reservation: Reservation, args: TurnArgs) -> None:
         if reservation.key != args.key:
@@ -323,6 +351,9 @@ class Manager:
                 "stopping", "the supervisor is stopping and takes no new reservations"
             )
         requester = self.requesters.identify(args.holder)
+        self._save_request(
+            reservation, ("reservations", reservation.to_json(self._deadline_of(reservation)))
+        )
         self.ledger.add(reservation)
         self.queue.add(reservation.key, reservation.id, reservation.requested_at)
         self.wait_limit(reservation)  # before the save, so queue.json has the deadline
@@ -354,7 +385,12 @@ class Manager:
                 # Nothing to do: said so (`finished`), so `ccsup cancel` does not claim it acted.
                 return {"id": item_id, "state": self.finished.state_of(item_id), "finished": True}
             raise ProtocolError("not_found", f"no turn or reservation {item_id}")
-        self.endings.happen(item, What.CANCEL, reason=reason)
+        if item in self.unsaved_grants:  # never started: it ends here, its slot freed
+            self.unsaved_grants.remove(item)
+            why = f"{reason} before its grant could be saved"
+            self.endings.happen(item, What.START_FAILED, reason=why)
+        else:
+            self.endings.happen(item, What.CANCEL, reason=reason)
         return {"id": item_id, "state": item.state.value}
 
     def send(self, args: SendArgs) -> dict[str, Any]:
@@ -411,7 +447,18 @@ class Manager:
                 for key in self.queue.keys_by_age():
                     self._grant_key(key, granted)
         finally:
-            for turn in granted:  # their grants are saved: a crash now cannot run them twice
+            self.unsaved_grants += granted
+            self.start_saved_grants()
+
+    def start_saved_grants(self) -> None:
+        """Start the granted turns once their grants are saved: a crash then cannot run them twice
+        (a grant not on file would leave the turn `waiting` there, to run again after a restart).
+        While queue.json cannot be written they wait, granted, holding their slots."""
+        if self.ledger.save_error is not None or not self.unsaved_grants:
+            return
+        starting, self.unsaved_grants = self.unsaved_grants, []
+        for turn in starting:
+            if turn.state is State.GRANTED and turn.guard is None:
                 self.starter.start(turn)
 
     def _grant_key(self, key: str, granted: list[Turn]) -> None:
@@ -503,12 +550,15 @@ class Manager:
         ends. Each may raise; a caller that runs them on a timer isolates each from the others."""
         return [
             ("expire_finished", self.finished.expire),
+            ("save_state", self.ledger.save_again),
             ("grant", self.retry_grants),
             ("confirm_ends", self.endings.tick),
         ]
 
     def retry_grants(self) -> None:
-        """Slots freed by other processes (or a repaired key) are seen here: waiters try again."""
+        """Slots freed by other processes (or a repaired key) are seen here: waiters try again;
+        grants that are saved by now (`save_state` ran before) are started."""
+        self.start_saved_grants()
         if self.queue:
             self.grant_waiters()
 

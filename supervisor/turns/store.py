@@ -23,6 +23,10 @@ queue.json's `running` list: a crash between the append and the save ends nothin
 The state question:
 - Runs again / restarts: `load` gives back the snapshot with the journal replayed over it; the
   manager restores it and compacts.
+- A full disk: an append is whole or not at all (`append_whole`: a short write is continued, and
+  when the rest fails the file is cut back to its old size and the OSError raised); a snapshot
+  that cannot be written leaves the old one and removes its temporary file. `QueueFile` then
+  knows what it knew before, so the same change can be written later.
 - Stops half-way: the snapshot is an atomic replace (old or new file); a crash between the new
   snapshot and the journal's replacement leaves a journal of the previous generation, which is
   not replayed (the snapshot already holds it). A crash inside an append leaves a torn last line:
@@ -40,13 +44,14 @@ Knows the files; nothing of turns' logic.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from guardd.record import RecordError, read_json, write_json
+from guardd.record import RecordError, encode, read_json
 
 from ..filework import FileWorker
 
@@ -74,8 +79,12 @@ class QueueFile:
         self.compactions = 0
 
     def update(self, changes: dict[str, Entry | None]) -> None:
-        """Persist these entries (None: the id is gone): one append for all of them, synced soon."""
+        """Persist these entries (None: the id is gone): one append for all of them, synced soon.
+
+        All or nothing: on OSError (a full disk) the files and what this object knows are as
+        before, and the caller may try again."""
         lines: list[dict[str, Any]] = []
+        applied: dict[str, Entry | None] = {}
         secret = False
         for item_id, new in changes.items():
             old = self.entries.get(item_id)
@@ -83,32 +92,53 @@ class QueueFile:
                 continue
             if old is not None and old[1].get("env") and (new is None or not new[1].get("env")):
                 secret = True
+            applied[item_id] = new
             if new is None:
-                del self.entries[item_id]
                 lines.append({"del": item_id})
             else:
-                self.entries[item_id] = new
                 lines.append({"put": new[0], "item": new[1]})
         if not lines:
             return
-        self.lines += len(lines)
-        if secret or self.lines > max(COMPACT_MIN, 2 * len(self.entries)):
-            self.compact()
+        live = len(self.entries) + sum(
+            (new is not None) - (item_id in self.entries) for item_id, new in applied.items()
+        )
+        if secret or self.lines + len(lines) > max(COMPACT_MIN, 2 * live):
+            before = {item_id: self.entries.get(item_id) for item_id in applied}
+            self._apply(applied)
+            try:
+                self.compact()
+            except OSError:
+                self._apply(before)
+                raise
             return
         body = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
         fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            if os.fstat(fd).st_size == 0:  # a journal removed by hand: its header comes first
+            size = os.fstat(fd).st_size
+            if size == 0:  # a journal removed by hand: its header comes first
                 body = _header(self.gen) + body
-            os.write(fd, body.encode())
+            append_whole(fd, body.encode(), size, self.journal)
         finally:
             os.close(fd)
+        self._apply(applied)
+        self.lines += len(lines)
         self.files.sync_soon(self.journal)
 
+    def _apply(self, changes: dict[str, Entry | None]) -> None:
+        for item_id, new in changes.items():
+            if new is None:
+                self.entries.pop(item_id, None)
+            else:
+                self.entries[item_id] = new
+
     def replace(self, entries: dict[str, Entry]) -> None:
-        """Make the files hold exactly these entries (a compaction)."""
-        self.entries = dict(entries)
-        self.compact()
+        """Make the files hold exactly these entries (a compaction); as before on OSError."""
+        before, self.entries = self.entries, dict(entries)
+        try:
+            self.compact()
+        except OSError:
+            self.entries = before
+            raise
 
     def compact(self) -> None:
         if not self.compactions:  # the first in this process: above whatever is on disk
@@ -117,13 +147,34 @@ class QueueFile:
         sections: dict[str, list] = {name: [] for name in SECTIONS}
         for section, item in self.entries.values():
             sections[section].append(item)
-        write_json(
-            self.path, {"v": QUEUE_VERSION, "gen": gen, "saved_at": time.time(), **sections}, 0o600
-        )
+        snapshot = {"v": QUEUE_VERSION, "gen": gen, "saved_at": time.time(), **sections}
+        _write_atomic(self.path, encode(snapshot))
         self.gen = gen  # the snapshot is in place: the old journal is now stale, never replayed
+        # A failure now leaves the old journal, of the previous generation: never replayed, and
+        # the next compaction writes both again.
         _write_atomic(self.journal, _header(gen).encode())
         self.lines = 0
         self.compactions += 1
+
+
+def append_whole(fd: int, data: bytes, size: int, path: str | os.PathLike[str]) -> None:
+    """Append data at the end of fd (which is `size` long): whole, or not at all.
+
+    A short write (a full disk takes what fits) is continued; when the rest fails, the file is
+    cut back to `size`, so no torn line is left for a reader, and the OSError is raised."""
+    done = 0
+    try:
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    except OSError as e:
+        if done:
+            try:
+                os.ftruncate(fd, size)
+            except OSError as cut:
+                raise OSError(e.errno, f"{e.strerror}; unable to cut {path} back", path) from cut
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, os.fspath(path)) from None
+        raise
 
 
 def _disk_gen(path: Path, journal: Path) -> int:
@@ -146,14 +197,21 @@ def _header(gen: int) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    """Temporary file, whole write, fsync, rename: the old file or the new one, never a part.
+    On OSError the temporary file is removed (a full disk gets its room back)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            append_whole(fd, data, 0, path)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def append_finished(
@@ -162,7 +220,7 @@ def append_finished(
     """One line appended; fsynced here, or soon by sync's thread when given."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, f"{item_id} {state} {at:.3f}\n".encode())
+        append_whole(fd, f"{item_id} {state} {at:.3f}\n".encode(), os.fstat(fd).st_size, path)
         if sync is None:
             os.fsync(fd)
     finally:

@@ -50,6 +50,7 @@ ERROR_CODES = (
     "not_found",  # no such turn or reservation
     "conflict",  # an id reused for a different request, a reservation of another holder
     "stopping",  # the supervisor is shutting down and takes no new work
+    "no_space",  # the request could not be saved (a full disk): nothing of it was queued
     "failed",  # the command was understood but could not be carried out
 )
 

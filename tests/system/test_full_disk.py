@@ -7,7 +7,10 @@ crash). The state directory is a small tmpfs of its own, filled up for real.
 from __future__ import annotations
 
 import pytest
+from conftest import wait_until
 from small_disk import full, small_tmpfs
+
+from supervisor.client.control import RemoteError
 
 
 @pytest.fixture
@@ -37,4 +40,63 @@ def test_a_new_keys_first_slot_record_on_a_full_disk_leaves_it_waiting_then_it_r
         # room again: the periodic retry grants c1, and it runs
         log.wait_for("turn.c1.released")
         assert log.find("turn.c1.exited")[0]["code"] == 0
+    assert d.stop(timeout=20) == 0
+
+
+def ran(witness) -> list[str]:
+    return witness.read_text().split() if witness.exists() else []
+
+
+def test_on_a_full_disk_what_is_acknowledged_runs_once_across_a_crash_and_the_rest_is_refused(
+    daemon, event_log, state_dir, tmp_path
+):
+    """The issue's run: a blocker and 3 waiters (with env), the disk filled, 40 more asked, the
+    blocker ended, a SIGKILL, the disk freed, a restart: every acknowledged turn runs exactly
+    once, no refused one ever does (each refusal is no_space, naming the file, and published
+    nothing), and the blocker, ended while its end could not be saved, is not run again."""
+    witness = tmp_path / "ran"  # off the small disk, so writing it never fails
+
+    def job(name: str) -> list[str]:
+        return ["sh", "-c", f"echo {name} >> {witness}"]
+
+    d = daemon(caps="codex = 1")
+    log = event_log(d)
+    acknowledged: list[str] = []
+    refused: list[str] = []
+    with d.client() as client:
+        client.turn("codex", ["sh", "-c", "read line; echo block >> " + str(witness)], id="block")
+        log.wait_for("turn.block.started")
+        for n in range(3):
+            client.turn("codex", job(f"w{n}"), id=f"w{n}", env={"TOKEN": f"secret{n}"})
+            acknowledged.append(f"w{n}")
+        with full(state_dir):
+            for n in range(40):
+                try:
+                    client.turn("codex", job(f"n{n}"), id=f"n{n}")
+                except RemoteError as e:
+                    assert e.code == "no_space", e
+                    assert f"unable to save turn n{n} in {state_dir}/queue." in str(e), e
+                    refused.append(f"n{n}")
+                else:
+                    acknowledged.append(f"n{n}")
+            assert len(refused) > 20, refused  # the journal's last page took a few
+            waits = [w["id"] for w in client.ps()["waits"]]
+            assert waits == acknowledged, (waits, acknowledged)
+            # the blocker ends on the full disk; w0 is granted, but not started while its grant
+            # cannot be saved (it would run again after the crash)
+            client.send("block", "\n", eof=True)
+            log.wait_for("turn.block.released")
+            log.wait_for("turn.w0.granted")
+            d.kill()
+            assert not any(log.find(f"turn.{i}.queued") for i in refused)  # nothing published
+    assert ran(witness) == ["block"]
+    d.start()
+    wait_until(
+        lambda: set(ran(witness)) >= {"block", *acknowledged},
+        timeout=40,
+        what=f"every acknowledged turn to run: {acknowledged}, ran {ran(witness)}",
+    )
+    with d.client() as client:
+        wait_until(lambda: client.status()["waits"] == 0 and client.status()["turns"] == 0)
+    assert sorted(ran(witness)) == sorted(["block", *acknowledged])  # once each, no refused one
     assert d.stop(timeout=20) == 0

@@ -86,7 +86,15 @@ def test_a_request_that_meets_a_broken_gate_is_answered_queued_not_internal_erro
 
 # -- every periodic duty survives an exception (B3) ----------------------------------------------
 
-DUTIES = ("expire_finished", "grant", "confirm_ends", "reap", "prune_logs", "trim_memory")
+DUTIES = (
+    "expire_finished",
+    "save_state",
+    "grant",
+    "confirm_ends",
+    "reap",
+    "prune_logs",
+    "trim_memory",
+)
 
 # Holds a slot of `key` from outside the supervisor (the gate is a library) until told to release.
 HOLD = r"""

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 
 import pytest
 from fakes import (
     END,
+    RUN,
     FakeSlot,
     Harness,
     no_process_left,  # noqa: F401 (an autouse fixture)
     scenario,
 )
 
-from supervisor.turns import restore
+from supervisor.turns import restore, store
 
 # -- restore after a restart -----------------------------------------------------------------------
 
@@ -172,3 +174,81 @@ async def test_restore_names_each_malformed_entry_and_keeps_the_rest(h):
     assert problems[1].startswith("reservation entry {'id': 'r'} is malformed")
     assert problems[2].startswith("waiting entry bad is malformed")
     assert [w.id for w in m.queue.all()] == ["good"]
+
+
+# -- a full disk (issue 27, B5) --------------------------------------------------------------------
+
+
+class _NoSpace:
+    """Makes supervisor.turns.store's appends to `name` fail with ENOSPC while in the block."""
+
+    def __init__(self, target, attribute: str):
+        self.target, self.attribute = target, attribute
+
+    def __enter__(self):
+        self.real = getattr(self.target, self.attribute)
+
+        def no_space(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device", "finished.log")
+
+        setattr(self.target, self.attribute, no_space)
+
+    def __exit__(self, *exc):
+        setattr(self.target, self.attribute, self.real)
+
+
+@scenario()
+async def test_an_end_that_finished_log_cannot_take_keeps_the_turn_on_file_so_no_restart_runs_it(h):
+    h.turn("busy")
+    h.turn("t2")
+    with _NoSpace(store, "append_finished"):
+        h.manager.cancel("t2")
+        assert h.events("t2") == ["queued", "cancelled"]
+        saved = h.saved()
+        assert saved["waiting"] == [] and {"id": "t2", "key": "codex"} in saved["running"]
+        h.manager.ledger.save_again()  # still full: nothing changes
+        assert {"id": "t2", "key": "codex"} in h.saved()["running"]
+    # A crash now: the restarted supervisor ends t2's story; it never runs.
+    h.gate.held.clear()
+    h.starter.guards.clear()
+    m = h.new_manager()
+    restore.restore(m, saved, [])
+    m.grant_waiters()
+    assert "started" not in h.events("t2") and "t2" in m.finished
+
+
+@scenario()
+async def test_an_end_saved_again_once_finished_log_takes_it_leaves_queue_json(h):
+    h.turn("busy")
+    h.turn("t2")
+    with _NoSpace(store, "append_finished"):
+        h.manager.cancel("t2")
+    assert {"id": "t2", "key": "codex"} in h.saved()["running"]
+    h.manager.ledger.save_again()  # room again: the periodic duty appends it, then it leaves
+    assert store.load_finished(h.paths.finished)[0]["t2"][0] == "cancelled"
+    assert h.saved()["running"] == [{"id": "busy", "key": "codex"}]
+
+
+@scenario()
+async def test_a_grant_that_cannot_be_saved_is_not_started_until_it_is_and_a_stop_ends_it(h):
+    h.turn("t1")
+    h.turn("t2")
+    queue_file = h.manager.ledger.queue_file
+    with _NoSpace(queue_file, "update"):
+        await h.end("t1", 0)
+        assert h.events("t2") == ["queued", "granted"]  # held, not started: not on file yet
+        h.manager.tick()
+        assert h.events("t2") == ["queued", "granted"]
+        assert [w["id"] for w in h.saved()["waiting"]] == ["t2"]
+    h.manager.tick()  # saved now: started
+    assert h.events("t2") == RUN
+    assert h.saved()["running"] == [{"id": "t2", "key": "codex"}]
+    h.turn("t3")
+    with _NoSpace(queue_file, "update"):
+        await h.end("t2", 0)
+        assert h.events("t3") == ["queued", "granted"]
+        h.manager.begin_stop()  # a stop ends the unstarted grant: nothing waits for a guard
+        assert h.events("t3") == ["queued", "granted", *END]
+        assert h.body("turn.t3.exited")["reason"] == "shutdown before its grant could be saved"
+        assert h.held() == {}
+        assert h.manager.ledger.idle.is_set()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 from conftest import ROOT
+from small_disk import full, small_tmpfs
 
 from supervisor.turns import store
 
@@ -160,3 +162,34 @@ def test_a_writer_killed_by_sigkill_loses_nothing_it_acknowledged(tmp_path):
         [f"w{i}" for i in range(last - 4, last + 2)],
         [f"w{i}" for i in range(last - 3, last + 2)],
     )
+
+
+# -- a full disk (issue 27, B5): an append is whole or not at all ----------------------------------
+
+
+def test_a_journal_append_a_full_disk_cuts_short_is_undone_and_written_whole_later():
+    with small_tmpfs("1m") as root:
+        queue = store.QueueFile(root / "queue.json")
+        queue.update({"a": ("waiting", {"id": "a", "key": "codex"})})
+        journal = root / "queue.journal"
+        before = journal.read_bytes()
+        big = {"b": ("waiting", {"id": "b", "key": "codex", "pad": "y" * 20000})}
+        with full(root):
+            with pytest.raises(OSError) as failed:  # the page's room was taken, the rest refused
+                queue.update(big)
+            assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(journal)
+            assert journal.read_bytes() == before  # no torn line left
+            assert set(queue.entries) == {"a"}  # and nothing counted as saved
+        queue.update(big)  # room again: the same change is written whole
+        assert [w["id"] for w in store.read_queue(root / "queue.json")["waiting"]] == ["a", "b"]
+
+
+def test_a_finished_line_a_full_disk_cuts_short_is_undone():
+    with small_tmpfs("1m") as root:
+        path = root / "finished.log"
+        store.append_finished(path, "t1", "released", 1.0)
+        with full(root):
+            with pytest.raises(OSError):
+                store.append_finished(path, "t" * 9000, "released", 2.0)
+            assert path.read_text() == "t1 released 1.000\n"
+        assert store.load_finished(path) == ({"t1": ("released", 1.0)}, 0)
