@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from ..caps import key_problem
 from ..errors import ConfigError
-from .schema import Check, Checker, Key, Section, Table, kind
+from .schema import Check, Checker, Key, Section, Table, per_key
 from .values import duration as parse_duration
 
 DEFAULT_MAX_PAUSE = 3600.0  # [slots] max_pause: no pause ends later than now + this
@@ -189,17 +189,10 @@ def parse_admission(c: Checker, top: Table) -> AdmissionSettings:
 
 
 def _key_table(c: Checker, slots: Table, name: str, check: Check) -> dict:
-    table = slots.get(name, {})
-    if not isinstance(table, dict):
-        c.add(("slots", name), "must be a table of key = value")
-        return {}
     out = {}
-    for key, value in table.items():
-        path = ("slots", name, key)
-        problem = key_problem(key)
-        if problem:
-            c.add(path, f"bad cap key: {problem}")
-            continue
+    for key, path, value in per_key(
+        c.add, slots, ("slots", name), holds="key = value", check_key=key_problem
+    ):
         parsed = c.run(path, check, value)
         if parsed is not None:
             out[key] = parsed
@@ -207,18 +200,11 @@ def _key_table(c: Checker, slots: Table, name: str, check: Check) -> dict:
 
 
 def _pause_on(c: Checker, top: Table) -> dict[str, PauseRule]:
-    section = top.get("pause_on", {})
-    if not isinstance(section, dict):
-        c.add(("pause_on",), f"must be a table of [pause_on.<key>] tables, not {kind(section)}")
-        return {}
     rules = {}
-    for key, raw in section.items():
-        path = ("pause_on", key)
-        problem = key_problem(key)
-        if problem:
-            c.add(path, f"bad cap key: {problem}")
-            continue
-        table = c.table(section, path, schema=PAUSE_ON_SECTION.path)
+    for key, path, raw in per_key(
+        c.add, top, ("pause_on",), holds="[pause_on.<key>] tables", check_key=key_problem
+    ):
+        table = c.table(top["pause_on"], path, schema=PAUSE_ON_SECTION.path)
         if not isinstance(raw, dict):
             continue  # reported by c.table
         pattern = None

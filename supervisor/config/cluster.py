@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from .schema import Checker, Key, Section, Table
+from .schema import Checker, Key, Report, Section, Table, per_key
 
 if (
     TYPE_CHECKING
@@ -113,8 +113,6 @@ def timing_problem(lease_ttl: float, grace: float) -> str | None:
 
 _PREFIX = re.compile(r"(/[A-Za-z0-9._-]+)+\Z")
 
-Report = Callable[[tuple, str], None]  # (key path, message): one problem with the config
-
 
 def parse_cluster_table(
     table: Mapping[str, object],
@@ -184,15 +182,13 @@ def parse_cluster_table(
         bad("prefix", f"{prefix!r} must be like /ccsup: '/'-separated names, no trailing '/'")
 
     caps: dict[str, int] = {}
-    caps_table = table.get("caps", {})
-    if not isinstance(caps_table, dict):
-        bad("caps", "must be a table of key = cap, like { codex = 2 }")
-        caps_table = {}
-    for key, value in caps_table.items():
-        problem = key_problem(key)
-        if problem:
-            bad(("caps", key), f"bad cap key: {problem}")
-            continue
+    for key, _, value in per_key(
+        lambda path, message: bad(path[1:], message),
+        table,
+        ("cluster", "caps"),
+        holds="key = cap, like { codex = 2 }",
+        check_key=key_problem,
+    ):
         try:
             caps[key] = check_cap(key, value)
         except UsageError:

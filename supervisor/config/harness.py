@@ -1,7 +1,8 @@
 """`[harness.<name>]`: per harness (the part of a key before ':'), defaults a request may rely on.
 
 The pattern for a table of named tables (`[limits.<key>]`, `[pause_on.<key>]` follow it): the
-section's path ends in `*`, each entry is checked against that schema with `c.table(..., schema=)`.
+section's path ends in `*`; `schema.per_key` gives each entry whose name is good, and each is
+checked against that schema with `c.table(..., schema=)`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..caps import key_problem
-from .schema import Checker, Key, Section, Table, kind
+from .schema import Checker, Key, Section, Table, per_key
 from .values import cap
 
 SECTION = Section(
@@ -43,19 +44,22 @@ class Harness:
     default_cap: int | None = None
 
 
+def _name_problem(name: str) -> str | None:
+    """A harness is named as a cap key is, without its :variant part."""
+    return key_problem(name) or ("a harness name has no :variant part" if ":" in name else None)
+
+
 def parse_harness(c: Checker, top: Table) -> dict[str, Harness]:
-    table = top.get("harness", {})
-    if not isinstance(table, dict):
-        c.add(("harness",), f"must be a table of [harness.<name>] tables, not {kind(table)}")
-        return {}
     harness = {}
-    for name in table:
-        path = ("harness", name)
-        problem = key_problem(name)
-        if problem or ":" in name:
-            c.add(path, f"bad harness name: {problem or 'a harness name has no :variant part'}")
-            continue
-        entry = c.table(table, path, schema=SECTION.path)
+    for name, path, _ in per_key(
+        c.add,
+        top,
+        ("harness",),
+        holds="[harness.<name>] tables",
+        check_key=_name_problem,
+        bad_key="bad harness name",
+    ):
+        entry = c.table(top["harness"], path, schema=SECTION.path)
         command = None
         if "command" in entry:
             value = entry["command"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..caps import key_problem
-from .schema import Checker, Key, Section, Table, kind
+from .schema import Checker, Key, Section, Table, per_key
 from .values import cap, size
 
 SECTION = Section(
@@ -76,18 +76,16 @@ def scope(value: object, *, where: str) -> str:
 
 
 def parse_limits(c: Checker, top: Table) -> dict[str, Limits]:
-    table = top.get("limits", {})
-    if not isinstance(table, dict):
-        c.add(("limits",), f"must be a table of [limits.<key>] tables, not {kind(table)}")
-        return {}
     limits = {}
-    for key in table:
-        path = ("limits", key)
-        problem = key_problem(key)
-        if problem:
-            c.add(path, f"bad key: {problem}")
-            continue
-        entry = c.table(table, path, schema=SECTION.path)
+    for key, path, _ in per_key(
+        c.add,
+        top,
+        ("limits",),
+        holds="[limits.<key>] tables",
+        check_key=key_problem,
+        bad_key="bad key",
+    ):
+        entry = c.table(top["limits"], path, schema=SECTION.path)
         values = {
             "memory_max": c.run(path + ("memory_max",), size, entry["memory_max"])
             if "memory_max" in entry

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ConfigError, UsageError
@@ -177,6 +177,35 @@ def known_keys(sections: tuple[Section, ...], path: KeyPath) -> set[str]:
         elif len(section.path) > depth and section.path[:depth] == path:
             known.add(section.path[depth])
     return known
+
+
+Report = Callable[[KeyPath, str], None]  # (key path, message): one problem with the config
+
+
+def per_key(
+    report: Report,
+    data: Mapping[str, object],
+    path: KeyPath,
+    *,
+    holds: str,
+    check_key: Callable[[str], str | None],
+    bad_key: str = "bad cap key",
+) -> Iterator[tuple[str, KeyPath, object]]:
+    """Each entry of the per-key table at `path` in `data` (`[slots] caps`, `rates`,
+    `[limits.<key>]`, `[pause_on.<key>]`, ...) whose key passes `check_key`: (key, its path, its
+    value), for the section to parse. An absent table has no entries; a value that is not a table
+    ("must be a table of <holds>") and each key that `check_key` finds a problem with ("<bad_key>:
+    <problem>") are reported and skipped."""
+    table = data.get(path[-1], {})
+    if not isinstance(table, dict):
+        report(path, f"must be a table of {holds}, not {kind(table)}")
+        return
+    for key, value in table.items():
+        problem = check_key(key)
+        if problem:
+            report(path + (key,), f"{bad_key}: {problem}")
+            continue
+        yield key, path + (key,), value
 
 
 class Checker:

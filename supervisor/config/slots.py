@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ..caps import key_problem
 from .admission import SLOTS_KEYS
-from .schema import Checker, Key, Section, Table, kind
+from .schema import Checker, Key, Section, Table, per_key
 from .values import cap, duration, size
 
 DEFAULT_CAP = 1
@@ -83,16 +83,9 @@ def parse_slots(c: Checker, top: Table, env: Mapping[str, str]) -> Slots:
         else None
     )
     caps: dict[str, int] = {}
-    caps_table = slots.get("caps", {})
-    if not isinstance(caps_table, dict):
-        c.add(("slots", "caps"), f"must be a table of key = cap, not {kind(caps_table)}")
-        caps_table = {}
-    for key, value in caps_table.items():
-        path = ("slots", "caps", key)
-        problem = key_problem(key)
-        if problem:
-            c.add(path, f"bad cap key: {problem}")
-            continue
+    for key, path, value in per_key(
+        c.add, slots, ("slots", "caps"), holds="key = cap", check_key=key_problem
+    ):
         checked = c.run(path, cap, value)
         if checked is not None:
             caps[key] = checked
