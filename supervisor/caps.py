@@ -1,4 +1,5 @@
-"""Cap keys and caps: which key may run how many turns at once. Pure: no I/O.
+"""Cap keys and caps: which key may run how many turns at once, and the states a slot of a cap
+can be in (`SlotState`). Pure: no I/O.
 
 A key is `harness` or `harness:variant` (`codex`, `opencode:xai`), matching
 `[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?`, at most 128 characters. Keys starting with `_` are reserved
@@ -11,6 +12,7 @@ harness named in `caps` (each such key on its own, not shared); the harness's `d
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,26 @@ from types import MappingProxyType
 from .errors import UsageError
 
 MACHINE_KEY = "_machine"
+
+
+class SlotState(enum.StrEnum):
+    """How one slot of a cap stands, as the slot gate judges it and `ps`, the page and the metrics
+    say it (a StrEnum: in JSON and text each is its own string). Every state but FREE is taken:
+    it counts against the cap."""
+
+    FREE = "free"
+    RESERVED = "reserved"  # locked, no work recorded (a reservation, or a grant before its guard)
+    HELD = "held"  # locked, its work recorded
+    ORPHANED = "orphaned"  # its holder died while its work lives: counted, and reaped
+    UNREADABLE = "unreadable"  # its record or directory cannot be read: never free
+
+    @property
+    def taken(self) -> bool:
+        return self is not SlotState.FREE
+
+
+TAKEN = frozenset(state for state in SlotState if state.taken)
+
 MAX_KEY_LENGTH = 128
 _KEY = re.compile(r"[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?\Z")
 _NUMBER = re.compile(r"-?[0-9]+\Z")

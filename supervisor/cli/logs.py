@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..caps import SlotState
 from ..errors import CcsupError
 from .options import key_option, turn_id_argument
 from .where import where
@@ -276,7 +277,7 @@ def _follow_key(
     with client.subscribe(["turn."]) if follow else contextlib.nullcontext() as sub:
         ps = client.ps()
         for slot in ps.get("slots", []):
-            if slot.get("key") == key and slot.get("turn") and slot.get("state") == "held":
+            if slot.get("key") == key and slot.get("turn") and slot.get("state") == SlotState.HELD:
                 add(slot["turn"])
         for wait in ps.get("waits", []):
             if wait.get("key") == key:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..caps import SlotState
 from ..errors import CcsupError
 from ..polling import wait_until
 from .options import DURATION
@@ -54,7 +55,7 @@ def _still_running(client: Client) -> str:
     busy = [
         f"{s['key']}[{s['index']}] {s['state']} turn {s.get('turn') or '-'} (guard pid {s.get('pid') or '-'})"
         for s in ps.get("slots", [])
-        if s.get("state") != "free"
+        if s.get("state") != SlotState.FREE
     ]
     return "still running: " + (
         "; ".join(busy) if busy else "no slot is held (it is finishing its shutdown)"

@@ -20,6 +20,8 @@ from typing import Any
 from guardd import cgroup
 from guardd.record import RecordError, read_json
 
+from ..caps import SlotState
+
 log = logging.getLogger("ccsup.containment")
 
 
@@ -69,7 +71,7 @@ def add_usage(slots: list[dict[str, Any]], running: dict[str, Any]) -> None:
     """Blocking (a worker thread): `usage` so far on each slot whose turn runs here (`ps`)."""
     for slot in slots:
         path = running.get(slot.get("turn") or "")
-        if path is not None and slot.get("state") == "held":
+        if path is not None and slot.get("state") == SlotState.HELD:
             slot["usage"] = usage_so_far(path)
 
 

@@ -42,13 +42,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..caps import SlotState
 from ..errors import ConfigError
 from .db import outcome_of
 
 log = logging.getLogger("ccsup.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-SLOT_STATES = ("free", "reserved", "held", "orphaned", "unreadable")
 BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200, float("inf"))
 
 if TYPE_CHECKING:
@@ -140,8 +140,8 @@ def _slot_families(ps: dict) -> Iterator[Metric]:
     for slot in ps.get("slots", []):
         key = slot.get("key")
         caps[key] = max(caps.get(key, 0), int(slot.get("cap") or 0))
-        for state in SLOT_STATES:
-            states.setdefault((key, state), 0)
+        for named in SlotState:
+            states.setdefault((key, named), 0)
         states[(key, slot.get("state"))] = states.get((key, slot.get("state")), 0) + 1
     for wait in ps.get("waits", []):
         if not wait.get("reservation"):

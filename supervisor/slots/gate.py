@@ -75,7 +75,7 @@ from pathlib import Path
 from guardd.procs import Group, Identity, available_memory
 from guardd.record import RecordError
 
-from ..caps import MACHINE_KEY, Caps, check_key
+from ..caps import MACHINE_KEY, TAKEN, Caps, check_key
 from ..errors import CcsupError, UsageError, os_failure
 from .record import (  # noqa: F401  (re-exported: the gate's public names stay here)
     FREE,
@@ -84,7 +84,6 @@ from .record import (  # noqa: F401  (re-exported: the gate's public names stay 
     ORPHANED,
     RESERVED,
     SLOT_VERSION,
-    TAKEN,
     UNREADABLE,
     Holder,
     SlotView,

@@ -45,12 +45,19 @@ from guardd import procs
 from guardd.procs import Group, Identity
 from guardd.record import RecordError, read_json, record_groups, write_json
 
+from ..caps import SlotState
 from ..guards.containment import cgroup_populated
 from ..holder import LABELS, Holder  # noqa: F401  (re-exported: slot records hold a Holder)
 
 SLOT_VERSION = 1
-FREE, RESERVED, HELD, ORPHANED, UNREADABLE = "free", "reserved", "held", "orphaned", "unreadable"
-TAKEN = (RESERVED, HELD, ORPHANED, UNREADABLE)
+# The gate's and the views' short names for the slot states (supervisor.caps.SlotState).
+FREE, RESERVED, HELD, ORPHANED, UNREADABLE = (
+    SlotState.FREE,
+    SlotState.RESERVED,
+    SlotState.HELD,
+    SlotState.ORPHANED,
+    SlotState.UNREADABLE,
+)
 _PAGE = 4096
 _READ_TRIES = 3  # a reader without the lock that meets a torn record reads again this often
 
@@ -89,7 +96,7 @@ class SlotView:
     key: str
     index: int
     cap: int
-    state: str
+    state: SlotState
     turn: str | None = None
     holder: dict | None = None
     pid: int | None = None  # the guard's

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from guardd.procs import Identity
 
+from ..caps import SlotState
 from ..holder import Holder
 from ..slots.gate import SlotView
 from ..wire.args import TurnArgs, parse_holder, parse_turn
@@ -36,7 +37,7 @@ from .states import Event, Item, Reservation, State, Turn
 if TYPE_CHECKING:
     from .manager import Manager
 
-STILL_HELD = ("orphaned", "unreadable", "held")
+STILL_HELD = (SlotState.ORPHANED, SlotState.UNREADABLE, SlotState.HELD)
 MALFORMED = (TypeError, KeyError, ValueError, ProtocolError)
 
 

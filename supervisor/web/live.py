@@ -28,7 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from ..caps import TAKEN, SlotState
+
 KEEP_SECONDS = 3600.0
+_SLOT_STATES = frozenset(SlotState)
 MAX_TURNS = 5000
 MAX_EVENTS = 200
 # The terminal events of a turn (or reservation).
@@ -323,7 +326,7 @@ class Live:
             if view is None:
                 view = keys[key] = self._key_view(key, _int(slot.get("cap")) or 0)
             slot_state = slot.get("state")
-            if slot_state in ("held", "reserved", "orphaned", "unreadable", "free"):
+            if isinstance(slot_state, str) and slot_state in _SLOT_STATES:
                 view[slot_state] += 1  # type: ignore[literal-required]
         for wait in waits:
             key = str(wait.get("key"))
@@ -332,7 +335,7 @@ class Live:
             keys[key]["waiting"] += 1
         holders = []
         for slot in slots:
-            if slot.get("state") not in ("held", "reserved", "orphaned", "unreadable"):
+            if not isinstance(slot.get("state"), str) or slot["state"] not in TAKEN:
                 continue
             holder = _dict(slot.get("holder"))
             turn_id = _str(slot.get("turn"))

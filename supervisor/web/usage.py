@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from ..caps import SlotState
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -78,7 +80,7 @@ def works_of(slots: list[dict]) -> list[Work]:
     works = []
     for slot in slots:
         turn, pid = slot.get("turn"), slot.get("pid")
-        if not isinstance(turn, str) or slot.get("state") != "held":
+        if not isinstance(turn, str) or slot.get("state") != SlotState.HELD:
             continue
         pgids = frozenset(
             g["pgid"]

@@ -3,17 +3,22 @@ fallback, the defaults, and each malformed item rejected with a message naming i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from supervisor.caps import (
     MACHINE_KEY,
+    TAKEN,
     Caps,
+    SlotState,
     check_caps_table,
     check_key,
     key_problem,
     parse_caps_option,
 )
 from supervisor.errors import UsageError
+from supervisor.slots.record import SlotView
 
 # ---- the command-line form ----------------------------------------------------------------------
 
@@ -202,3 +207,21 @@ def test_bad_keys(key, problem):
     assert key_problem(key) == problem
     with pytest.raises(UsageError):
         check_key(key)
+
+
+def test_slot_states_are_named_once_and_read_as_their_plain_strings():
+    """The slot states are one StrEnum: ps --json, ps's text and the metrics see the same strings
+    as before, and a state read back from JSON is the member itself."""
+    assert [state.value for state in SlotState] == [
+        "free",
+        "reserved",
+        "held",
+        "orphaned",
+        "unreadable",
+    ]
+    assert sorted(TAKEN) == sorted(set(SlotState) - {SlotState.FREE})
+    view = SlotView("codex", 0, 2, SlotState.ORPHANED, turn="t1")
+    body = json.dumps(view.to_json())
+    assert '"state": "orphaned"' in body
+    assert SlotState(json.loads(body)["state"]) is SlotState.ORPHANED
+    assert f"{view.state:<10}|" == "orphaned  |"
