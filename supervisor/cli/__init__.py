@@ -57,6 +57,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "metrics": ("metrics", "metrics"),
     "pause": ("pause", "pause"),
     "resume": ("resume", "resume"),
+    "top": ("top", "top"),
     "mcp": ("mcp", "mcp"),
     "hook": ("hook", "hook"),
     "wait": ("wait", "wait"),

@@ -80,6 +80,12 @@ class Subscription:
         if self._watching and not any(SUPERVISOR_PREFIX.startswith(p) for p in prefixes):
             sock.setsockopt(zmq.SUBSCRIBE, SUPERVISOR_PREFIX.encode())
 
+    @property
+    def socket(self) -> zmq.Socket:
+        """The SUB socket, to wait on it beside other files (`ccsup top`'s zmq.Poller); read
+        events with `recv`, never from the socket."""
+        return self._sock
+
     def expect_turn(self, turn_id: str) -> None:
         """This turn's events are all to come (the subscription is older than the turn)."""
         self._turn_seq.setdefault(turn_id, 0)

@@ -98,16 +98,20 @@ def test_a_waiting_turn_says_it_waits_and_key_follows_the_keys_turns(cli_daemon,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    waiter = subprocess.Popen(
-        [*CCSUP, "--state-dir", str(state_dir), "run", "--key", "t", "--", "echo", "waited"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    waiter = None
     try:
 
         def ps() -> dict:
             return json.loads(ccsup("ps", "--json", state_dir=state_dir).stdout)
 
+        wait_until(
+            lambda: any(s["state"] == "held" for s in ps()["slots"]), what="the first turn held"
+        )
+        waiter = subprocess.Popen(
+            [*CCSUP, "--state-dir", str(state_dir), "run", "--key", "t", "--", "echo", "waited"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_until(lambda: len(ps()["waits"]) == 1, what="the second turn waiting")
         state = ps()
         waiting = state["waits"][0]["id"]
@@ -125,4 +129,5 @@ def test_a_waiting_turn_says_it_waits_and_key_follows_the_keys_turns(cli_daemon,
     finally:
         go.touch()
         holder.wait(timeout=20)
-        waiter.wait(timeout=20)
+        if waiter is not None:
+            waiter.wait(timeout=20)

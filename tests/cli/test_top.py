@@ -1,0 +1,132 @@
+"""`ccsup top` (issue 26, item 9), driven in tmux at 80x24 as a user would: it shows a new waiter
+without a key press (the bus drives it), cancels the selected waiter with `c` and `y`, and quits
+with `q`. The screen is read with `tmux capture-pane`; every wait is for what the screen or the
+supervisor shows, never a fixed sleep."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+from cli_daemon import CCSUP, ccsup, cli_daemon_fixture  # noqa: F401 (the cli_daemon fixture)
+from conftest import wait_until
+
+from supervisor.cli.top_view import Model, render
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+class Pane:
+    def __init__(self, name: str, command: str, env: dict):
+        self.name = name
+        self.socket = ["-L", name]  # a tmux server of the test's own
+        subprocess.run(
+            [
+                "tmux",
+                *self.socket,
+                "new-session",
+                "-d",
+                "-s",
+                name,
+                "-x",
+                "80",
+                "-y",
+                "24",
+                command,
+            ],
+            env=env,
+            check=True,
+        )
+
+    def screen(self) -> str:
+        done = subprocess.run(
+            ["tmux", *self.socket, "capture-pane", "-p", "-t", self.name],
+            capture_output=True,
+            text=True,
+        )
+        return done.stdout
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run(["tmux", *self.socket, "send-keys", "-t", self.name, *keys], check=True)
+
+    def alive(self) -> bool:
+        done = subprocess.run(
+            ["tmux", *self.socket, "has-session", "-t", self.name], capture_output=True
+        )
+        return done.returncode == 0
+
+    def close(self) -> None:
+        subprocess.run(["tmux", *self.socket, "kill-server"], capture_output=True)
+
+
+def test_top_shows_a_new_waiter_without_a_key_press_and_cancels_it_with_c(cli_daemon, tmp_path):
+    state_dir = cli_daemon("[slots]\ncaps = { t = 1 }\n")
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env |= {"CCSUP_STATE_DIR": str(state_dir), "TERM": "xterm-256color"}
+    env["CCSUP_CONFIG"] = str(state_dir / "ccsup.toml")
+    holder = subprocess.Popen(
+        [*CCSUP, "run", "--key", "t", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    pane = Pane(f"ccsup-top-{os.getpid()}", f"{CCSUP[0]} -m supervisor top; sleep 60", env)
+    waiter = None
+    try:
+        wait_until(lambda: "1 held" in pane.screen(), what="top showing the holder")
+        assert "no one waiting" in pane.screen()
+        waiter = subprocess.Popen(
+            [*CCSUP, "run", "--key", "t", "--", "echo", "waited"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        waits = []
+        wait_until(
+            lambda: bool(waits.extend(json.loads(ccsup("ps", "--json", state_dir=state_dir).stdout)["waits"]) or waits),
+            what="the waiter queued",
+        )  # fmt: skip
+        short = waits[0]["id"][:8]
+        # No key is pressed: the waiter's queued event alone brings it on the screen.
+        wait_until(lambda: short in pane.screen(), what="top showing the new waiter")
+        line = next(x for x in pane.screen().splitlines() if x.startswith(short))
+        assert "key_full" in line and "echo waited" in line
+        assert all(len(x) <= 80 for x in pane.screen().splitlines())
+
+        pane.keys("Down", "c")  # the waiter is the second selectable row, after the holder
+        wait_until(lambda: f"cancel turn {short} of t? [y/N]" in pane.screen(), what="the question")
+        pane.keys("y", "Enter")
+        assert waiter.wait(timeout=20) == 69  # `ccsup run` of a turn another client cancelled
+        wait_until(lambda: f"turn {short}: cancelled" in pane.screen(), what="top saying so")
+        assert json.loads(ccsup("ps", "--json", state_dir=state_dir).stdout)["waits"] == []
+        wait_until(lambda: "no one waiting" in pane.screen(), what="the queue empty on screen")
+
+        pane.keys("q")
+        wait_until(lambda: "c cancel" not in pane.screen(), what="top gone after q")
+    finally:
+        go.touch()
+        pane.close()
+        holder.wait(timeout=20)
+        if waiter is not None and waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+
+
+def test_the_view_fits_80_by_24_with_many_turns():
+    now = 1_000_000.0
+    slots = [
+        {"key": f"k{i % 3}", "index": i, "cap": 40, "state": "held", "turn": f"{i:032x}",
+         "since": now - i, "argv": ["sh", "-c", "x" * 200], "pid": 1}
+        for i in range(100)
+    ]  # fmt: skip
+    waits = [
+        {"id": f"{i:032x}", "key": "k1", "position": i, "since": now, "why": {"reason": "key_full"}}
+        for i in range(1, 30)
+    ]
+    model = Model(status={"pid": 1, "started_at": now - 5}, ps={"slots": slots, "waits": waits})
+    lines = render(model, now, 79, 24)
+    assert len(lines) == 24 and all(len(line.text) <= 79 for line in lines)
+    texts = [line.text for line in lines]
+    assert any(t.startswith("TURN") for t in texts) and any(t.startswith("WAITING") for t in texts)
+    assert any("more holders" in t for t in texts) and any("more waiting" in t for t in texts)
+    assert texts[-1].startswith("c cancel")
