@@ -93,6 +93,20 @@ def rewrite(harness: str, call: Call, command: str, reason: str) -> str:
     return json.dumps(out, ensure_ascii=False)
 
 
+def allow(harness: str) -> str | None:
+    """Let the call run as it is, without the harness asking for permission."""
+    if harness == "opencode":
+        return None  # OpenCode asks nothing of a plugin; passing is allowing
+    out = {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "allow",
+            "permissionDecisionReason": "ccsup: waits for a queued turn",
+        }
+    }
+    return json.dumps(out)
+
+
 def refuse(harness: str, message: str) -> str:
     if harness == "opencode":
         return json.dumps({"action": "refuse", "message": message}, ensure_ascii=False)

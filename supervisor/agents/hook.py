@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if call is None:
         return 0
+    if rules.is_wait(call.command):  # what our refusal told the model to run: let it run
+        allowed = harnesses.allow(options.harness)
+        if allowed:
+            emit(allowed)
+        return 0
     table, problem = rules.read_hooks_table(os.environ)
     if problem:
         log(problem)

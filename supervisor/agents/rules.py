@@ -59,6 +59,17 @@ def compile_rules(extra: Iterable[str], *, defaults: bool = True) -> list[re.Pat
     return patterns
 
 
+# `ccsup wait <id>` as the hook's refusal told the model to run it (either form of ccsup).
+_WAIT = re.compile(
+    r"^\s*(?:\S*/)?(?:ccsup|python3?(?:\.\d+)?\s+-m\s+supervisor)\s+wait\s+[A-Za-z0-9_-]{1,128}\s*$"
+)
+
+
+def is_wait(command: str) -> bool:
+    """A bare `ccsup wait <id>`: the hook lets it run without asking (it only waits)."""
+    return _WAIT.match(command) is not None
+
+
 def matching(command: str, rules: Iterable[re.Pattern[str]]) -> re.Pattern[str] | None:
     """The first rule that finds heavy work in `command`; None for one that runs through ccsup."""
     if _ALREADY.search(command):

@@ -150,7 +150,9 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
     if kind == "queued":
         sets["holder"] = json.dumps(body.get("holder") or {}, separators=(",", ":"))
         if body.get("argv") is not None:  # a turn's (a reservation has none)
-            sets["argv"] = json.dumps(body["argv"], separators=(",", ":"), ensure_ascii=False)
+            # ASCII escapes: an argument that is not UTF-8 arrives as lone surrogates, which
+            # SQLite refuses to store as text (the whole turn was then missing from history).
+            sets["argv"] = json.dumps(body["argv"], separators=(",", ":"))
             sets["cwd"] = body.get("cwd")
     elif kind == "granted":
         sets["granted_at"] = ts

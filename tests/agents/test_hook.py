@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, wait_until
 
 HOOK = [PYTHON, "-S", str(ROOT / "supervisor" / "agents" / "hook.py")]
 CCSUP = [PYTHON, "-m", "supervisor"]
@@ -126,7 +126,7 @@ def test_a_matching_hostile_command_runs_as_a_turn_meaning_exactly_what_it_meant
     )
     from supervisor.history import db
 
-    [turn] = db.query(state_dir)
+    [turn] = wait_until(lambda: db.query(state_dir), 10, 0.05, "the history to hold the turn")
     assert (turn["holder"]["session"], turn["holder"]["harness"], turn["exit_code"]) == (
         "sess-a",
         "claude",

@@ -1,0 +1,226 @@
+"""A scripted model provider on 127.0.0.1, for `ccsup hook doctor` and the tests with the real
+harnesses: it speaks the Anthropic Messages API (Claude Code, `ANTHROPIC_BASE_URL`), streamed
+or not, and answers from a script instead of a model.
+
+The script is a list of steps, each a tool call `(name, input)` or a function of the tool results
+so far returning one (for `wait` after `run`: its id comes from run's answer). A request whose
+conversation holds N tool results gets step N; past the last step, the text "done". A request
+that offers no tools (a harness's side requests: titles, summaries) gets a short text. The state
+is in the conversation the harness sends, so several sessions at once each get their own steps.
+Every tool result seen is kept (`results`), in order, for the caller to judge what the model saw.
+
+Listens on 127.0.0.1 only, port chosen by the system; `close()` stops it. Nothing is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Union
+
+Call = tuple[str, dict[str, Any]]
+# A tool call, or a function of the tool results so far that returns one (None: say `final`).
+Step = Union[Call, Callable[[list[str]], Union[Call, None]]]  # noqa: UP007 - a runtime alias
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            _text_of(c.get("text", c.get("content", ""))) for c in content if isinstance(c, dict)
+        )
+    return ""
+
+
+def tool_results(messages: list[dict]) -> list[tuple[str, str]]:
+    """(tool_use_id, text) of every tool_result block in an Anthropic conversation, in order."""
+    found = []
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    found.append((str(block.get("tool_use_id")), _text_of(block.get("content"))))
+    return found
+
+
+class ScriptedProvider:
+    def __init__(self, steps: list[Step], final: str = "done"):
+        self.steps = steps
+        self.final = final
+        self.results: list[str] = []  # every tool result seen, as the model saw it
+        self.requests: list[dict] = []
+        self._seen_ids: set[str] = set()
+        self._lock = threading.Lock()
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._json(200, {"data": [], "has_more": False})
+
+            def do_HEAD(self) -> None:
+                self.send_response(200)
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    body = {}
+                if self.path.split("?")[0].endswith("/count_tokens"):
+                    self._json(200, {"input_tokens": 10})
+                    return
+                if not self.path.split("?")[0].endswith("/messages"):
+                    self._json(
+                        404,
+                        {
+                            "type": "error",
+                            "error": {"type": "not_found_error", "message": self.path},
+                        },
+                    )
+                    return
+                message = provider.answer(body)
+                if body.get("stream"):
+                    self._stream(message)
+                else:
+                    self._json(200, message)
+
+            def _json(self, status: int, obj: dict) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self, message: dict) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.end_headers()
+                for event, data in anthropic_events(message):
+                    self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def answer(self, body: dict) -> dict:
+        messages = body.get("messages") or []
+        seen = tool_results(messages)
+        results = [text for _, text in seen]
+        offered = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+        with self._lock:
+            self.requests.append(body)
+            if seen and seen[-1][0] not in self._seen_ids:
+                self._seen_ids.add(seen[-1][0])
+                self.results.append(seen[-1][1])
+        model = body.get("model") or "scripted"
+        if not offered:
+            return _message(model, [{"type": "text", "text": "ok"}], "end_turn")
+        if len(results) < len(self.steps):
+            step = self.steps[len(results)]
+            try:
+                call = step(results) if callable(step) else step
+            except (
+                ValueError,
+                KeyError,
+                IndexError,
+                AttributeError,
+            ) as e:  # a script's bug: say so
+                return _message(
+                    model, [{"type": "text", "text": f"script failed: {e!r}"}], "end_turn"
+                )
+            if call is None:
+                return _message(model, [{"type": "text", "text": self.final}], "end_turn")
+            name, tool_input = call
+            if name in offered:
+                block = {
+                    "type": "tool_use",
+                    "id": f"toolu_{uuid.uuid4().hex[:20]}",
+                    "name": name,
+                    "input": tool_input,
+                }
+                return _message(model, [block], "tool_use")
+            return _message(
+                model, [{"type": "text", "text": f"no tool {name} offered"}], "end_turn"
+            )
+        return _message(model, [{"type": "text", "text": self.final}], "end_turn")
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def _message(model: str, content: list[dict], stop: str) -> dict:
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:20]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+
+
+def anthropic_events(message: dict) -> list[tuple[str, dict]]:
+    """A message as the Messages API streams it (server-sent events)."""
+    start = {**message, "content": [], "stop_reason": None}
+    events: list[tuple[str, dict]] = [
+        ("message_start", {"type": "message_start", "message": start})
+    ]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            events.append(
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                )
+            )
+            delta = {"type": "text_delta", "text": block["text"]}
+        else:
+            opened = {**block, "input": {}}
+            events.append(
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": index, "content_block": opened},
+                )
+            )
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        events.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": 5},
+            },
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events

@@ -1,0 +1,245 @@
+"""Claude Code itself (the npm package, pinned), against a scripted Anthropic provider on
+127.0.0.1: with `ccsup hook install claude` its Bash commands run as ccsup turns; through
+`ccsup mcp` its model calls run, then wait."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import PYTHON, wait_until
+from npm_harness import PINNED, harness_bin
+
+from supervisor.agents.scripted import ScriptedProvider
+from supervisor.history import db
+
+CCSUP = [PYTHON, "-m", "supervisor"]
+
+
+@pytest.fixture(scope="module")
+def claude():
+    return harness_bin("claude")
+
+
+@pytest.fixture
+def sandbox(daemon, state_dir, tmp_path):
+    """A supervisor (cap 1), a HOME of the test's own with the hook installed, and the env."""
+    d = daemon(caps="default = 1")
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "CLAUDE", "CCSUP_"))
+    }
+    env.update(
+        CCSUP_TEST_RUN=os.environ["CCSUP_TEST_RUN"],
+        HOME=str(home),
+        CCSUP_STATE_DIR=str(state_dir),
+        CCSUP_CONFIG=str(d.config),
+        CCSUP_HOOK_LOG=str(tmp_path / "hook.log"),
+        ANTHROPIC_API_KEY="sk-ant-scripted",
+        DISABLE_TELEMETRY="1",
+        DISABLE_AUTOUPDATER="1",
+        DISABLE_ERROR_REPORTING="1",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        ENABLE_TOOL_SEARCH="false",  # MCP tools offered as they are, not deferred behind a search
+    )
+    return {"env": env, "home": home, "work": work, "state_dir": state_dir, "tmp": tmp_path}
+
+
+def install_hook(sandbox) -> None:
+    settings = sandbox["home"] / ".claude" / "settings.json"
+    done = subprocess.run(
+        [*CCSUP, "hook", "install", "claude", "--settings", str(settings)],
+        env=sandbox["env"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def run_claude(claude, sandbox, provider, *extra, prompt="run it") -> subprocess.Popen:
+    env = {**sandbox["env"], "ANTHROPIC_BASE_URL": provider.url}
+    return subprocess.Popen(
+        [
+            str(claude),
+            "-p",
+            prompt,
+            "--output-format",
+            "json",
+            "--model",
+            "claude-sonnet-4-5",
+            *extra,
+        ],
+        cwd=sandbox["work"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 90) -> dict:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out)
+
+
+def test_a_bash_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_ends_with_it(
+    claude, sandbox
+):
+    install_hook(sandbox)
+    pidfile = sandbox["tmp"] / "daemon.pid"
+    command = (
+        "python3 -m pytest --version >/dev/null 2>&1; "
+        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
+        "</dev/null >/dev/null 2>&1 & "
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD"
+    )
+    provider = ScriptedProvider([("Bash", {"command": command, "description": "tests"})])
+    daemon_pid = None
+    try:
+        result = finish(run_claude(claude, sandbox, provider))
+        daemon_pid = int(pidfile.read_text())
+        [seen] = provider.results
+        match = re.search(r"turn=(\S+) in (\S+)", seen)
+        assert match and match.group(1) != "none", seen  # the command ran inside a ccsup turn
+        assert match.group(2) == str(sandbox["work"])  # in the agent's cwd
+        turn = db.show(sandbox["state_dir"], match.group(1))
+        assert (
+            turn["holder"]["session"] == result["session_id"]
+            and turn["holder"]["harness"] == "claude"
+        )
+        # the daemon that detached and ignores SIGTERM ended with the turn
+        wait_until(
+            lambda: not os.path.exists(f"/proc/{daemon_pid}") or _zombie(daemon_pid),
+            15,
+            0.05,
+            "the setsid daemon to end",
+        )
+        wait_until(
+            lambda: (
+                (db.show(sandbox["state_dir"], match.group(1)) or {}).get("state") == "released"
+            ),
+            15,
+            0.05,
+            "the turn's release",
+        )
+    finally:
+        provider.close()
+        if daemon_pid and os.path.exists(f"/proc/{daemon_pid}"):
+            os.kill(daemon_pid, signal.SIGKILL)
+
+
+def first_json(text: str) -> dict:
+    """The JSON answer at the start of a tool result (Claude Code appends its own reminders)."""
+    return json.JSONDecoder().raw_decode(text.strip())[0]
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_three_sessions_on_a_cap_1_key_never_run_two_commands_at_once(claude, sandbox):
+    install_hook(sandbox)
+    running = sandbox["tmp"] / "running"
+    running.mkdir()
+    command = f"make --version >/dev/null 2>&1; touch {running}/$$; sleep 1; ls {running} | wc -l > {running}.$$; rm {running}/$$; echo ran"
+
+    def then_wait(results):
+        found = re.search(r"queued as ([0-9a-f]+).*?Run: (.*?) \(it waits", results[-1], re.S)
+        return ("Bash", {"command": found.group(2), "description": "wait"}) if found else None
+
+    provider = ScriptedProvider([("Bash", {"command": command, "description": "build"}), then_wait])
+    most = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            most[0] = max(most[0], len(os.listdir(running)))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        procs = [run_claude(claude, sandbox, provider) for _ in range(3)]
+        results = [finish(p, 150) for p in procs]
+    finally:
+        stop.set()
+        sampler.join()
+        provider.close()
+    log = sandbox["tmp"] / "hook.log"
+    assert most[0] == 1, (provider.results, log.read_text() if log.exists() else "")
+    turns = db.query(sandbox["state_dir"])
+    assert len(turns) == 3, (provider.results, log.read_text() if log.exists() else "")
+    assert {t["outcome"] for t in turns} == {"ok"}
+    assert {t["holder"]["session"] for t in turns} == {r["session_id"] for r in results}
+    queued = [r for r in provider.results if "queued as" in r]
+    assert queued, provider.results  # at least one was refused with what to run, and ran it
+    assert sum("ran" in r for r in provider.results if "queued as" not in r) == 3
+
+
+def test_through_mcp_the_model_calls_run_then_wait(claude, sandbox):
+    config = sandbox["tmp"] / "mcp.json"
+    mcp_env = {k: sandbox["env"][k] for k in ("CCSUP_STATE_DIR", "CCSUP_CONFIG", "CCSUP_TEST_RUN")}
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "ccsup": {
+                        "command": PYTHON,
+                        "args": ["-m", "supervisor", "mcp"],
+                        "env": {**mcp_env, "CCSUP_MCP_BOUND": "1"},
+                    }
+                }
+            }
+        )
+    )
+
+    def wait_for(results):
+        return ("mcp__ccsup__wait", {"id": first_json(results[-1])["id"]})
+
+    provider = ScriptedProvider(
+        [("mcp__ccsup__run", {"command": "sleep 2; echo via-mcp"}), wait_for, wait_for, wait_for]
+    )
+    try:
+        finish(
+            run_claude(
+                claude,
+                sandbox,
+                provider,
+                "--mcp-config",
+                str(config),
+                "--allowedTools",
+                "mcp__ccsup__run mcp__ccsup__wait",
+            )
+        )
+    finally:
+        provider.close()
+    offered = [sorted(t.get("name") for t in r.get("tools") or []) for r in provider.requests]
+    assert provider.results, offered
+    first = first_json(provider.results[0])
+    assert first["state"] in ("running", "queued") and "call `wait`" in first["next"]
+    ended = [first_json(r) for r in provider.results[1:] if '"ended"' in r]
+    assert ended and ended[0]["stdout_tail"] == "via-mcp\n" and ended[0]["id"] == first["id"]
+    assert len(db.query(sandbox["state_dir"])) == 1  # run once, waited on by id
+
+
+def test_versions_are_the_pinned_ones(claude):
+    out = subprocess.run([str(claude), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split()[0] == PINNED["claude"][1]

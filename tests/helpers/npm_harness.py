@@ -1,0 +1,64 @@
+"""The real agent harnesses from the npm registry, pinned, installed once into a cache folder
+($CCSUP_NPM_CACHE, else ~/.cache/ccsup-ci/npm; .ci/run fills it): `harness_bin("claude")` is the
+path of the harness's executable, or skips the test saying why (no npm, or the install failed).
+
+Every harness runs with a HOME of the test's own and only loopback providers: nothing here
+reaches a real model provider.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+PINNED = {
+    "claude": ("@anthropic-ai/claude-code", "2.1.332"),
+    "codex": ("@openai/codex", "0.171.0"),
+    "opencode": ("opencode-ai", "1.18.33"),
+}
+
+
+def cache_dir() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ccsup-ci" / "npm"
+    return Path(os.environ.get("CCSUP_NPM_CACHE") or default)
+
+
+def installed_version(name: str) -> str | None:
+    package, _ = PINNED[name]
+    manifest = cache_dir() / "node_modules" / package / "package.json"
+    if not manifest.exists():
+        return None
+    import json
+
+    return json.loads(manifest.read_text()).get("version")
+
+
+def harness_bin(name: str) -> Path:
+    package, version = PINNED[name]
+    path = cache_dir() / "node_modules" / ".bin" / name
+    if installed_version(name) != version or not path.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.skip(f"npm is not installed: cannot install {package}@{version}")
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [
+                npm,
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+                str(cache_dir()),
+                f"{package}@{version}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode != 0 or not path.exists():
+            pytest.skip(f"unable to install {package}@{version} from npm: {done.stderr[-500:]}")
+    return path
