@@ -15,6 +15,7 @@ nearby, 0.66-1.77 ms plain, 0.17-0.41 ms marked). A filesystem without such flag
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -23,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CcsupError, os_failure
+from .errors import CcsupError, UsageError, os_failure
 
 TURN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
 IPC = "ipc://"
@@ -84,15 +85,43 @@ class StatePaths:
         return self.turn_dir(turn_id) / f"{stream}.log"
 
     def ensure(self) -> None:
-        """Create the directory tree (0700) and refuse an unsafe state directory."""
+        """Create the directory tree (0700) and refuse an unsafe state directory, or one this
+        process cannot write to (UsageError, exit 2: the user must name another one)."""
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             check_private(self.root)
+            self._check_writable(self.root)
             for sub in (self.guards, self.slots, self.turns):
                 sub.mkdir(mode=0o700, exist_ok=True)
+                self._check_writable(sub)
         except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise self._not_writable(e.strerror) from None
             raise os_failure("create state directory", self.root, e) from None
         mark_top_directory(self.turns)
+
+    def _check_writable(self, path: Path) -> None:
+        # access(2) says EROFS for a read-only mount even to root; EACCES for another's directory.
+        if not os.access(
+            path, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids
+        ):
+            raise self._not_writable(
+                "read-only file system" if _read_only(path) else "permission denied"
+            )
+
+    def _not_writable(self, why: str | None) -> UsageError:
+        return UsageError(
+            f"the state directory {self.root} is not writable ({(why or 'unknown').lower()}): "
+            "ccsup keeps its locks, queue and sockets there; choose another with --state-dir "
+            "or $CCSUP_STATE_DIR"
+        )
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def mark_top_directory(path: Path) -> bool:

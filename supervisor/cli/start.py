@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import click
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from ..client.control import Client
 
 START_WAIT = 10.0  # seconds `ccsup start` waits for a detached supervisor to answer
+RESTORE_WAIT = 900.0  # ... and in all, while it is up but restoring its queue (see below)
 STDERR_FILE = "ccsup.stderr"
 
 
@@ -156,17 +158,35 @@ def _wait_until_answering(options: Where, child: subprocess.Popen[bytes], state_
             status = client.status()
         except NotRunning:
             return False
+        except CcsupError:  # it holds the lock and its socket, but serves nothing yet: restoring
+            if not busy:
+                click.echo(
+                    f"ccsup: the supervisor (pid {child.pid}) is restoring its queue; waiting "
+                    "for it to answer",
+                    err=True,
+                )
+            busy.append(time.monotonic())
+            return False
         # A status from another pid: a racing start won; our child will exit "already running".
         return status.get("pid") == child.pid
 
+    busy: list[float] = []  # when it was last seen up but not answering yet
+    started = time.monotonic()
     with options.client(timeout=1.0) as client:
-        try:
-            wait_until(lambda: answering(client), START_WAIT, 0.02)
-        except TimeoutError:
-            raise CcsupError(
-                f"the supervisor (pid {child.pid}) did not answer within {START_WAIT:g} s; it is left "
-                f"running: see {stderr_path} and {StatePaths(state_dir).log}"
-            ) from None
+        while True:
+            try:
+                wait_until(lambda: answering(client), START_WAIT, 0.02)
+                break
+            except TimeoutError:
+                # A supervisor restoring a large queue answers once it is done: wait on while it
+                # lives and was busy lately, up to RESTORE_WAIT in all.
+                recent = busy and time.monotonic() - busy[-1] < START_WAIT
+                if not recent or time.monotonic() - started > RESTORE_WAIT:
+                    raise CcsupError(
+                        f"the supervisor (pid {child.pid}) did not answer within "
+                        f"{time.monotonic() - started:.0f} s; it is left running: see "
+                        f"{stderr_path} and {StatePaths(state_dir).log}"
+                    ) from None
     return child.pid
 
 

@@ -1,0 +1,89 @@
+"""`ccsup start` and its state directory (issue 26, item 10): a state directory that cannot be
+written is named as such (exit 2), and a start whose supervisor is up but not answering yet (it
+is restoring a queue) waits for it instead of failing after the first 1 s status request."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from cli_daemon import CCSUP, FAST, ccsup
+from conftest import wait_until
+
+from guardd import procs
+from supervisor.client import Client
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory on a tmpfs mounted read-only (root and CAP_SYS_ADMIN needed, else skip)."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        (mount / "state").mkdir(mode=0o700)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.mark.parametrize("foreground", [False, True])
+def test_a_state_dir_that_cannot_be_written_is_named_and_exits_2(read_only_dir, foreground):
+    for state in (read_only_dir / "state", read_only_dir / "new"):
+        args = ["start", "--foreground"] if foreground else ["start"]
+        done = ccsup(*args, state_dir=state)
+        assert (done.returncode, done.stderr) == (
+            2,
+            f"ccsup: the state directory {state} is not writable (read-only file system): ccsup "
+            "keeps its locks, queue and sockets there; choose another with --state-dir or "
+            "$CCSUP_STATE_DIR\n",
+        )
+
+
+def test_start_waits_for_a_supervisor_that_is_up_but_not_answering_yet(state_dir):
+    pytest.importorskip("supervisor.daemon.main")
+    (state_dir / "ccsup.toml").write_text(FAST + "[slots]\ncaps = { t = 1 }\n")
+    env = {**os.environ, "CCSUP_STATE_DIR": str(state_dir)}
+    env["CCSUP_CONFIG"] = str(state_dir / "ccsup.toml")
+    starter = subprocess.Popen([*CCSUP, "start"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    daemon = None
+    try:
+        lock, control = state_dir / "supervisor.lock", state_dir / "control"
+
+        def daemon_bound() -> procs.Identity | None:
+            text = lock.read_text().strip() if lock.exists() else ""
+            return procs.identity_of(int(text)) if text and control.exists() else None
+
+        daemon = wait_until(daemon_bound, timeout=20, interval=0.002, what="the daemon bound")
+        # Bound, holding its lock: now it answers nothing for 3 s, as while restoring a queue.
+        procs.signal_process(daemon, signal.SIGSTOP)
+        if starter.poll() is not None:
+            pytest.skip(
+                "the start returned before its supervisor could be stopped (a fast machine)"
+            )
+        time.sleep(3.0)  # the state under test: a start that sees no answer for 3 s
+        assert starter.poll() is None, starter.communicate()
+        procs.signal_process(daemon, signal.SIGCONT)
+        out, err = starter.communicate(timeout=30)
+        assert starter.returncode == 0, err
+        assert out.startswith(f"ccsup started (pid {daemon.pid}, state {state_dir})")
+        assert "is restoring its queue; waiting for it to answer" in err
+        with Client(state_dir) as client:
+            assert client.status()["pid"] == daemon.pid
+    finally:
+        if daemon is not None and procs.process_running(daemon):
+            procs.signal_process(daemon, signal.SIGCONT)
+        if starter.poll() is None:
+            starter.kill()
+            starter.communicate()
+        ccsup("stop", "--timeout", "10s", state_dir=state_dir)
+        if daemon is not None and procs.process_running(daemon):
+            procs.signal_process(daemon, signal.SIGKILL)
