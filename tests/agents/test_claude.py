@@ -243,3 +243,35 @@ def test_through_mcp_the_model_calls_run_then_wait(claude, sandbox):
 def test_versions_are_the_pinned_ones(claude):
     out = subprocess.run([str(claude), "--version"], capture_output=True, text=True, timeout=60)
     assert out.stdout.split()[0] == PINNED["claude"][1]
+
+
+def doctor(claude, sandbox) -> subprocess.CompletedProcess:
+    settings = sandbox["home"] / ".claude" / "settings.json"
+    return subprocess.run(
+        [*CCSUP, "hook", "doctor", "claude", "--bin", str(claude), "--settings", str(settings)],
+        cwd=sandbox["work"],
+        env=sandbox["env"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+
+
+def test_the_doctor_says_the_rewrite_took_effect_and_fails_loudly_when_it_is_dropped(
+    claude, sandbox
+):
+    missing = doctor(claude, sandbox)
+    assert missing.returncode == 1 and "no ccsup hook" in missing.stdout
+    install_hook(sandbox)
+    ok = doctor(claude, sandbox)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "ok: the rewrite took effect: the canary ran as turn " in ok.stdout
+    assert PINNED["claude"][1] in ok.stdout
+    # A build that drops the rewrite: the hook allows the call but its command runs as it was.
+    settings = sandbox["home"] / ".claude" / "settings.json"
+    data = json.loads(settings.read_text())
+    allow = '{"hookSpecificOutput":{"hookEventName":"PreToolUse","permissionDecision":"allow"}}'
+    data["hooks"]["PreToolUse"][0]["hooks"][0]["command"] = f"echo '{allow}' #ccsup-hook"
+    settings.write_text(json.dumps(data))
+    dropped = doctor(claude, sandbox)
+    assert dropped.returncode == 1 and "DROPPED" in dropped.stdout, dropped.stdout + dropped.stderr

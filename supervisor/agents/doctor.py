@@ -1,0 +1,123 @@
+"""`ccsup hook doctor <harness>`: does the installed hook's rewrite take effect in this build?
+
+Builds have dropped `updatedInput` silently (Claude Code issues 15897, 79321; Codex 46664), so
+"installed" proves nothing. The doctor runs the harness itself, non-interactively, against a
+scripted provider on 127.0.0.1 (supervisor.agents.scripted; nothing reaches a real provider)
+whose model asks to run one canary command, `echo ccsup-canary-<nonce> turn=${CCSUP_TURN:-none}`
+(a command holding `ccsup-canary` always matches the hook's rules). Inside a ccsup turn,
+CCSUP_TURN is the turn's id: the tool result the harness sends back to the model says whether
+the command ran as the rewrite or as the original. Verdicts:
+
+- ok: the canary ran as turn <id> (and the history knows that turn);
+- dropped: the hook answered, but the harness ran the original command (a build that drops
+  rewrites: exit 1, loudly);
+- not run: the harness never sent a tool result (it failed, or refused the command).
+
+Needs: the hook installed (the harness's own settings, as the user runs it), a supervisor
+running, and the harness's executable (`--bin`, else on PATH). Supported: claude (the Anthropic
+Messages API through ANTHROPIC_BASE_URL). Codex and OpenCode: not yet (said so, exit 1).
+
+State: none; the canary turn is an ordinary, finished turn in the history.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from ..errors import CcsupError, UsageError
+from . import install as installer
+from .rules import CANARY
+from .scripted import ScriptedProvider
+
+TIMEOUT = 120.0  # seconds the harness may take for the canary
+SUPPORTED = ("claude",)
+
+
+class Verdict:
+    def __init__(self, ok: bool, lines: list[str]):
+        self.ok = ok
+        self.lines = lines
+
+
+def _claude(executable: str, provider: ScriptedProvider, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    env.update(
+        ANTHROPIC_BASE_URL=provider.url,
+        ANTHROPIC_API_KEY="sk-ccsup-doctor-scripted",
+        DISABLE_TELEMETRY="1",
+        DISABLE_AUTOUPDATER="1",
+        DISABLE_ERROR_REPORTING="1",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+    )
+    return subprocess.run(
+        [executable, "-p", "ccsup doctor: run the canary", "--output-format", "json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def doctor(harness: str, executable: str | None, settings: Path | None, client) -> Verdict:
+    if harness not in SUPPORTED:
+        return Verdict(False, [f"{harness}: the doctor does not drive this harness yet"])
+    lines = []
+    command = installer.installed(harness, settings)
+    if command is None:
+        where = settings or installer.default_target(harness)
+        return Verdict(False, [f"no ccsup hook in {where}: run `ccsup hook install {harness}`"])
+    lines.append(f"hook installed: {command}")
+    client.check_running()
+    found = executable or shutil.which(harness)
+    if not found:
+        raise UsageError(f"no {harness} executable on PATH; give it with --bin")
+    version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60)
+    lines.append(f"{harness}: {found} {version.stdout.strip()}")
+    nonce = uuid.uuid4().hex[:12]
+    canary = f"echo {CANARY}-{nonce} turn=${{CCSUP_TURN:-none}}"
+    provider = ScriptedProvider([("Bash", {"command": canary, "description": "ccsup doctor"})])
+    try:
+        done = _claude(found, provider, Path.cwd())
+    except subprocess.TimeoutExpired:
+        provider.close()
+        return Verdict(False, [*lines, f"not run: {harness} did not finish within {TIMEOUT:g} s"])
+    provider.close()
+    seen = [r for r in provider.results if f"{CANARY}-{nonce}" in r]
+    if not seen:
+        said = (done.stderr or done.stdout).strip()[-400:]
+        told = provider.results[-1][:300] if provider.results else "nothing"
+        return Verdict(
+            False,
+            [
+                *lines,
+                f"not run: the canary's output never reached the model (it saw: {told}); "
+                f"{harness} exited {done.returncode}: {said}",
+            ],
+        )
+    match = re.search(rf"{CANARY}-{nonce} turn=(\S+)", seen[0])
+    turn = match.group(1) if match else "none"
+    if turn == "none":
+        return Verdict(
+            False,
+            [
+                *lines,
+                f"DROPPED: {harness} ran the canary as it was: this build ignores the hook's "
+                "rewrite (updatedInput); heavy commands run outside ccsup",
+            ],
+        )
+    try:
+        from ..history import db
+
+        known = db.show(client.state_dir, turn) is not None
+    except CcsupError:
+        known = False
+    tail = "" if known else " (not yet in the history)"
+    return Verdict(
+        True, [*lines, f"ok: the rewrite took effect: the canary ran as turn {turn}{tail}"]
+    )
