@@ -8,6 +8,12 @@ A key is `harness` or `harness:variant` (`codex`, `opencode:xai`), matching
 The cap of a key, first match wins: the key named in `caps`; for `harness:variant`, the bare
 harness named in `caps` (each such key on its own, not shared); the harness's `default_cap`
 (`[harness.X]` in the config); the global `default_cap` (1).
+
+A cap is a whole number from 1 to MAX_CAP (1,000,000), wherever it is given (`caps`, `default_cap`,
+`machine_cap`, `--caps`): a cap meant as "no limit" is written 1000000. Nothing costs in proportion
+to the cap (the gate's work grows with the slots in use and the slot files present, see
+supervisor.slots.gate), so the bound only keeps numbers sane: a cap of 10**20 was accepted once and
+a `set(range(cap))` grew the daemon to 3.5 GiB.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ class SlotState(enum.StrEnum):
 TAKEN = frozenset(state for state in SlotState if state.taken)
 
 MAX_KEY_LENGTH = 128
+MAX_CAP = 1_000_000  # see the module docstring
+_OVER = f"is over the maximum cap, {MAX_CAP} (write that for no limit)"
 _KEY = re.compile(r"[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?\Z")
 _NUMBER = re.compile(r"-?[0-9]+\Z")
 
@@ -73,12 +81,28 @@ def check_key(key: object, *, reserved_ok: bool = False, name: str = "cap key") 
     return key
 
 
-def check_cap(name: str, value: object) -> int:
-    """A cap is an integer >= 1 (a bool is not an integer here)."""
+def cap_problem(value: object) -> str | None:
+    """Why `value` is not a cap (a whole number from 1 to MAX_CAP; a bool is none), or None."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"bad cap for {name!r}: {value!r} is not a whole number")
+        return f"{_shown(value)} is not a whole number"
     if value < 1:
-        raise UsageError(f"bad cap for {name!r}: {value} must be at least 1")
+        return f"{value} must be at least 1"
+    if value > MAX_CAP:
+        return f"{_shown(value)} {_OVER}"
+    return None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_cap(name: str, value: object) -> int:
+    """The cap, or UsageError "bad cap for <name>: <problem>"."""
+    problem = cap_problem(value)
+    if problem:
+        raise UsageError(f"bad cap for {name!r}: {problem}")
+    assert isinstance(value, int)
     return value
 
 
@@ -106,6 +130,10 @@ def parse_caps_option(text: str) -> dict[str, int]:
         check_key(key)
         if key in caps:
             raise UsageError(f"bad caps item {item!r}: {key!r} is given twice")
+        if len(value) > 12:  # far out of range (and int() refuses over 4300 digits)
+            shown = value if len(value) <= 40 else value[:37] + "..."
+            problem = "must be at least 1" if value.startswith("-") else _OVER
+            raise UsageError(f"bad cap for {key!r}: {shown} {problem}")
         caps[key] = check_cap(key, int(value))
     return caps
 

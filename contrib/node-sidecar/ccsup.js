@@ -409,7 +409,9 @@ export class Sidecar {
         this._dealer = null;
         throw new CcsupError(`the supervisor on ${this.stateDir} did not answer ${cmd} (${e.message})`, "not_running");
       }
-      const reply = JSON.parse(frames[frames.length - 1].toString());
+      // A long reply (a big `ps`) comes in several frames whose bytes joined are the JSON.
+      const parts = frames.length > 1 && frames[0].length === 0 ? frames.slice(1) : frames;
+      const reply = JSON.parse(Buffer.concat(parts).toString());
       if (reply.id !== id) continue; // a late reply to an earlier request
       if (reply.ok) return reply.result;
       throw new CcsupError(`${cmd}: ${reply.error.message}`, reply.error.code);

@@ -66,7 +66,18 @@ def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
 
     slots = ps.get("slots", [])
     waits = ps.get("waits", [])
+    tallies = ps.get("slot_keys")
     lines = []
+    if tallies:  # each key's slots by state; free slots are only counted (supervisor.slots.views)
+        states = ["free", "held", "reserved", "orphaned", "unreadable"]
+        rows = [
+            [t.get("key", "?"), str(t.get("cap", "?"))] + [str(t.get(s, 0)) for s in states]
+            for t in tallies
+        ]
+        lines += format_table(
+            ["KEY", "CAP", "FREE", "HELD", "RESERVED", "ORPHANED", "UNREADABLE"], rows
+        )
+        lines.append("")
     if slots:
         rows = [
             [
@@ -86,7 +97,7 @@ def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
         header = ["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"]
         lines += fit(format_table([*header, "COMMAND"], rows), width)
     else:
-        lines.append("no slots")
+        lines.append("no slot taken" if tallies is not None else "no slots")
     lines.append("")
     if waits:
         rows = [

@@ -188,7 +188,7 @@ class Client:
                 )
             frames = self._dealer.recv_multipart()
             try:
-                reply = protocol.decode_reply(frames[-1])
+                reply = protocol.decode_reply_frames(frames)
             except protocol.ProtocolError as e:
                 raise CcsupError(
                     f"unable to read the supervisor's reply to {cmd!r}: {e.message}"

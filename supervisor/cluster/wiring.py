@@ -30,6 +30,7 @@ from ..config.cluster import ClusterSettings
 from ..errors import CcsupError
 from ..guards.handle import GuardSpec
 from ..slots.gate import Slot, SlotGate, SlotView
+from ..slots.views import KeyTally
 from ..wire.protocol import ProtocolError
 
 if TYPE_CHECKING:  # supervisor.cluster.gate loads the etcd client: only with [cluster]
@@ -104,6 +105,9 @@ class ClusteredGate:
 
     def inspect_all(self) -> list[SlotView]:
         return self.local.inspect_all()
+
+    def survey(self) -> tuple[list[SlotView], list[KeyTally]]:
+        return self.local.survey()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.local, name)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..caps import check_cap
+from ..caps import MAX_CAP, check_cap
 from ..errors import ConfigError, UsageError
 from .schema import kind
 
@@ -68,11 +68,13 @@ def size(value: object, *, where: str) -> int:
 
 
 def cap(value: object, *, where: str) -> int:
-    """A cap: a whole number >= 1 (caps.py decides what a cap is)."""
+    """A cap: a whole number from 1 to caps.MAX_CAP (caps.py decides what a cap is)."""
     try:
         return check_cap(where, value)
     except UsageError:
-        raise ConfigError(f"{where}: a cap must be a whole number >= 1, not {value!r}") from None
+        raise ConfigError(
+            f"{where}: a cap must be a whole number from 1 to {MAX_CAP}, not {value!r}"
+        ) from None
 
 
 def string(value: object, *, where: str) -> str:

@@ -362,7 +362,8 @@ class Server:
             except Exception:  # noqa: BLE001 -- the id itself may be what cannot be encoded
                 reply = protocol.encode_error(None, "failed", message)
         try:
-            await self.control.send_multipart(envelope + [reply])
+            # A long reply (a big `ps`) goes in frames of at most MAX_FRAME (protocol's note).
+            await self.control.send_multipart(envelope + protocol.reply_frames(reply))
         except zmq.ZMQError as e:
             log.warning("unable to send a control reply: %s", e)
 

@@ -137,8 +137,16 @@ def _slot_families(ps: dict) -> Iterator[Metric]:
     caps: dict[str, int] = {}
     states: dict[tuple[str, str], int] = {}
     waiting: dict[str, int] = {}
-    for slot in ps.get("slots", []):
+    for tally in ps.get("slot_keys", []):  # each key's slots counted by state, free ones too
+        key = tally.get("key")
+        caps[key] = int(tally.get("cap") or 0)
+        for state in SLOT_STATES:
+            states[(key, state)] = int(tally.get(state) or 0)
+    tallied = set(caps)
+    for slot in ps.get("slots", []):  # a key without a tally (a `ps` of the older shape)
         key = slot.get("key")
+        if key in tallied:
+            continue
         caps[key] = max(caps.get(key, 0), int(slot.get("cap") or 0))
         for named in SlotState:
             states.setdefault((key, named), 0)

@@ -25,9 +25,12 @@ slot during the probe sees it busy and may be refused): readers use /proc/locks 
 lock file's device and inode, parsed once per call.
 
 The cap: try_acquire tries indices below the cap; each index is one lock, so holders below the cap
-can never exceed it. A grant costs O(1), not O(cap): the gate tries only the indices it does not
-hold itself (its own lock would refuse it anyway), and reads the key's directory listing again
-only when the directory changed (it changes only when an index is used for the first time). The
+can never exceed it. Nothing costs in proportion to the cap (a cap may be up to caps.MAX_CAP, a
+million): a grant tries the indices it does not hold itself from the lowest up (its own lock would
+refuse it anyway), so it passes over the slots in use and stops at the first free one, and it
+reads the key's directory listing again only when the directory changed (it changes only when an
+index is used for the first time). Readers (`inspect`, the lowered-cap count) look only at the
+indices that have files: an index without any is free, and `ps` summarises the free ones per key. The
 supervisor makes every configured index's files at its start (`prepare`, and again after a reload
 for a raised cap), so a grant of a configured key then creates no file. After a lowered cap,
 holders above it may remain: every slot file present is then counted (held, reserved, orphaned
@@ -69,7 +72,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from guardd.procs import Group, Identity, available_memory
@@ -281,14 +284,10 @@ class SlotGate(SlotReader):
         self.available_memory = available_memory
         self.last_refusal: str | None = None
         self.reap_failures: list[SlotView] = []
-        # What this gate itself knows, to make a grant O(1) instead of a scan from index 0: the
-        # indices it holds (never worth trying: its own lock refuses it too), those it does not
-        # (tried, in order), and each directory's listing while the directory is unchanged.
+        # What this gate itself knows, to make a grant cheap: the indices it holds (never worth
+        # trying: its own lock refuses it too), and each directory's listing while unchanged.
         self._held: dict[str, set[int]] = {}
         self._own: dict[tuple[str, int], Slot] = {}  # the slots held, for views without I/O
-        self._unheld: dict[
-            str, tuple[int, set[int]]
-        ] = {}  # key -> (cap, indices below it not held)
         self._listings: dict[str, tuple[tuple[int, int], list[int]]] = {}
 
     # -- making slot files ahead
@@ -402,7 +401,6 @@ class SlotGate(SlotReader):
         )
         self._held.setdefault(key, set()).add(index)
         self._own[key, index] = slot
-        self._unheld_of(key, cap).discard(index)
         try:
             slot._write()
         except BaseException:
@@ -414,22 +412,19 @@ class SlotGate(SlotReader):
     def _forget(self, slot: Slot) -> None:
         self._held.get(slot.key, set()).discard(slot.index)
         self._own.pop((slot.key, slot.index), None)
-        unheld = self._unheld.get(slot.key)
-        if unheld is not None and slot.index < unheld[0]:
-            unheld[1].add(slot.index)
+
+    def _own_indices(self, key: str) -> set[int]:
+        return set(self._held.get(key, ()))
 
     def _own_record(self, key: str, index: int) -> dict | None:
         slot = self._own.get((key, index))
         return None if slot is None else dict(slot.record)
 
-    def _unheld_of(self, key: str, cap: int) -> set[int]:
-        """The indices below cap this gate does not hold (made again when the cap changed)."""
-        entry = self._unheld.get(key)
-        if entry is None or entry[0] != cap:
-            held = self._held.get(key, set())
-            entry = (cap, {i for i in range(cap) if i not in held})
-            self._unheld[key] = entry
-        return entry[1]
+    def _unheld_of(self, key: str, cap: int) -> Iterator[int]:
+        """The indices below cap this gate does not hold, lowest first, made as they are asked:
+        a grant looks at the slots in use and one more, never at every index below the cap."""
+        held = self._held.get(key, ())
+        return (i for i in range(cap) if i not in held)
 
     def _claim(self, key: str, cap: int) -> tuple[int, int, dict | None]:
         """Lock a free slot of key: (index, fd, the old unreleased record taken over or None)."""
@@ -444,7 +439,9 @@ class SlotGate(SlotReader):
             taken = [v for v in views if v.state in TAKEN]
             if len(taken) >= cap:
                 raise _Full(UNREADABLE if any(v.state == UNREADABLE for v in taken) else "full")
-        for index in self._unheld_of(key, cap):  # not changed in this loop: it returns first
+        for index in self._unheld_of(
+            key, cap
+        ):  # held is not changed in this loop: it returns first
             fd = self._lock(directory, index)
             if fd is None:
                 continue
@@ -506,6 +503,7 @@ class SlotGate(SlotReader):
     def _under_cap_with(self, key: str, cap: int, index: int, indices: list[int]) -> bool:
         """Holding `index`, is the key's count (every slot present, any index) still within the cap?"""
         locks = held_locks()
-        others = (set(indices) | set(range(cap))) - {index}
+        # An index without files is free (no lock, no record): only those with files can count.
+        others = (set(indices) | self._held.get(key, set())) - {index}
         taken = sum(1 for i in others if self._view(key, i, cap, locks).state in TAKEN)
         return taken + 1 <= cap

@@ -106,6 +106,7 @@ class SlotView:
     record: dict | None = None
     argv: list[str] | None = None  # the turn's command, as its work was recorded
     cwd: str | None = None
+    count: int = 1  # slots this view stands for: a key directory that cannot be read is all of them
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -123,6 +124,8 @@ class SlotView:
         }
         if self.error is not None:
             data["error"] = self.error
+        if self.count != 1:
+            data["count"] = self.count
         return data
 
 

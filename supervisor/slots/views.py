@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Callable, Container
+from typing import TypedDict
 
 from guardd.procs import file_key, held_locks
 from guardd.record import RecordError, record_dir_scope
@@ -38,7 +39,31 @@ from .record import (
     written_before_boot,
 )
 
+# A key that is not configured and has had no slot taken for this long is left out of `ps`
+# (SlotReader.survey): a week, so that a key used every working day stays in sight, while the
+# directories of keys tried once (10,000 of them made `ps` unanswerable) drop out.
+FORGET_AFTER = 7 * 86400.0
 _LOCK_RETRIES = 3  # a lock file replaced under us this many times in a row: treat the slot as busy
+
+
+class KeyTally(TypedDict):
+    """One key's slots by state, as `ps` tallies them (`slot_keys`): free ones are counted here,
+    not listed; `free` is what is left of the cap."""
+
+    key: str
+    cap: int
+    free: int
+    reserved: int
+    held: int
+    orphaned: int
+    unreadable: int
+
+
+def _written_at(record: dict | None) -> float:
+    """When a record was last written (its `updated_at`), 0 when unknown."""
+    at = None if record is None else record.get("updated_at")
+    return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else 0.0
+
 
 # ---- locks ---------------------------------------------------------------------------------
 
@@ -124,6 +149,36 @@ class SlotReader:
             views.extend(self._inspect_key(key, locks))
         return views
 
+    def survey(self, now: float | None = None) -> tuple[list[SlotView], list[KeyTally]]:
+        """What `ps` shows of the slots: the slots taken (any state but free, any index), and one
+        tally per key of how many slots are in each state, free ones counted rather than listed.
+
+        A key that is not configured, has no slot taken and whose records were last written more
+        than FORGET_AFTER ago (or never) is forgotten: neither listed nor tallied. Its directory
+        stays (lock files are never deleted, see supervisor.slots.gate); using the key again
+        brings it back.
+        """
+        now = self.clock() if now is None else now
+        configured = set(self.caps.configured_keys())
+        locks = LazyLocks()
+        taken: list[SlotView] = []
+        tallies: list[KeyTally] = []
+        for key in self.keys():
+            views = self._inspect_key(key, locks)
+            busy = [v for v in views if v.state != FREE]
+            last = max((_written_at(v.record) for v in views), default=0.0)
+            if not busy and key not in configured and last < now - FORGET_AFTER:
+                continue
+            cap = self._cap(key)
+            tally = KeyTally(key=key, cap=cap, free=0, reserved=0, held=0, orphaned=0, unreadable=0)
+            for view in busy:
+                tally[view.state] += view.count  # type: ignore[literal-required]
+            in_use = sum(v.count for v in busy)
+            tally["free"] = max(0, cap - in_use)
+            taken.extend(busy)
+            tallies.append(tally)
+        return taken, tallies
+
     def keys(self) -> list[str]:
         """Every key configured or with a directory under <state>/slots, `_machine` first."""
         keys = set(self.caps.configured_keys())
@@ -146,13 +201,19 @@ class SlotReader:
             names = []
         except OSError as e:
             error = f"unable to read slot directory {directory}: {e.strerror}"
-            return [SlotView(key, i, cap, UNREADABLE, error=error) for i in range(max(cap, 1))]
+            return [SlotView(key, 0, cap, UNREADABLE, error=error, count=max(cap, 1))]
+        # Only the indices with files: one without any is free (no lock, no record), and a cap
+        # may be a million (see supervisor.slots.gate).
         views = []
-        for index in sorted(set(range(cap)) | set(_indices(names))):
+        for index in sorted(set(_indices(names)) | self._own_indices(key)):
             view = self._view(key, index, cap, locks)
             if index < cap or view.state != FREE:
                 views.append(view)
         return views
+
+    def _own_indices(self, key: str) -> set[int]:
+        """The indices of key this process holds through this object (SlotGate), else none."""
+        return set()
 
     def _own_record(self, key: str, index: int) -> dict | None:
         """The record of a slot this process holds through this object (SlotGate), else None."""

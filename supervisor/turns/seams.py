@@ -20,6 +20,7 @@ from guardd.procs import Identity
 from ..guards.handle import GuardSpec
 from ..output.chunks import Chunk
 from ..slots.gate import Slot, SlotView
+from ..slots.views import KeyTally
 
 
 class Gate(Protocol):
@@ -34,6 +35,7 @@ class Gate(Protocol):
         reservation: dict[str, Any] | None = None,
     ) -> Slot | None: ...
     def inspect_all(self) -> list[SlotView]: ...
+    def survey(self) -> tuple[list[SlotView], list[KeyTally]]: ...
 
 
 class Guard(Protocol):

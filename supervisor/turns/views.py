@@ -17,31 +17,37 @@ if TYPE_CHECKING:
 
 
 def ps(manager: Manager) -> dict[str, Any]:
-    slots = [view.to_json() for view in manager.gate.inspect_all()]
+    """`slots`: the slots taken (free ones are only counted, in `slot_keys`: one tally per key,
+    see SlotReader.survey); `waits`: every waiter in order; `keys`: admission's view of keys."""
+    taken, tallies = manager.gate.survey()
+    slots = [view.to_json() for view in taken]
     for slot in slots:  # who asked for the turn, beside the lock holder (the supervisor)
         asking = manager.ledger.get(slot.get("turn") or "")
         slot["requester"] = requester_names.requester(asking.holder.pid) if asking else None
         if isinstance(asking, Turn):  # the live turn's command, before its work is recorded too
             slot["argv"], slot["cwd"] = asking.argv, asking.cwd
     waits = []
-    for waiter in manager.queue.all():
+    position, last_key = 0, None
+    for waiter in manager.queue.all():  # each key's waiters together, oldest first
         item = manager.ledger.get(waiter.id)
         assert item is not None
+        position = position + 1 if waiter.key == last_key else 1  # what queue.position says
+        last_key = waiter.key
         waits.append(
             {
                 "id": waiter.id,
                 "key": waiter.key,
-                "position": manager.queue.position(waiter.id),
+                "position": position,
                 "since": waiter.requested_at,
                 "holder": item.holder.to_json(),
                 "requester": requester_names.requester(item.holder.pid),
                 "reservation": isinstance(item, Reservation),
                 "argv": item.argv if isinstance(item, Turn) else None,
                 "cwd": item.cwd if isinstance(item, Turn) else None,
-                "why": _why(manager, waiter.key, manager.queue.position(waiter.id)),
+                "why": _why(manager, waiter.key, position),
             }
         )
-    return {"slots": slots, "waits": waits, "keys": _keys(manager)}
+    return {"slots": slots, "slot_keys": tallies, "waits": waits, "keys": _keys(manager)}
 
 
 def _why(manager: Manager, key: str, position: int | None) -> Any:

@@ -320,14 +320,24 @@ class Live:
         slots = [s for s in self.ps.get("slots", []) if isinstance(s, dict)]
         waits = [w for w in self.ps.get("waits", []) if isinstance(w, dict)]
         keys: dict[str, KeyView] = {}
-        for slot in slots:
+        # `slot_keys`: each key's slots counted by state (free ones are counted, not listed)
+        for tally in self.ps.get("slot_keys", []):
+            if not isinstance(tally, dict):
+                continue
+            key = str(tally.get("key"))
+            view = keys[key] = self._key_view(key, _int(tally.get("cap")) or 0)
+            for name in _SLOT_STATES:
+                view[name] = _int(tally.get(name)) or 0  # type: ignore[literal-required]
+        tallied = set(keys)
+        for slot in slots:  # a key without a tally (an older supervisor's `ps`): count its slots
             key = str(slot.get("key"))
-            view = keys.get(key)
-            if view is None:
-                view = keys[key] = self._key_view(key, _int(slot.get("cap")) or 0)
-            slot_state = slot.get("state")
-            if isinstance(slot_state, str) and slot_state in _SLOT_STATES:
-                view[slot_state] += 1  # type: ignore[literal-required]
+            if key in tallied:
+                continue
+            if key not in keys:
+                keys[key] = self._key_view(key, _int(slot.get("cap")) or 0)
+            counted = slot.get("state")
+            if isinstance(counted, str) and counted in _SLOT_STATES:
+                keys[key][counted] += 1  # type: ignore[literal-required]
         for wait in waits:
             key = str(wait.get("key"))
             if key not in keys:

@@ -2,6 +2,12 @@
 
 Control: a request is one JSON frame {"v":1, "id", "cmd", "args"}; the reply is
 {"v":1, "id", "ok":true, "result"} or {"v":1, "id", "ok":false, "error":{"code","message"}}.
+A reply longer than MAX_FRAME (a `ps` of 10,000 waiters is about 4 MiB) is sent as one message of
+several frames, each at most MAX_FRAME bytes, whose bytes joined are the JSON document
+(`reply_frames`, `decode_reply_frames`): one document, taken at one instant, never pages that could
+disagree; a reader takes at most MAX_REPLY bytes in all. Rejected: paging `ps` by cursor (each page
+another instant: a waiter granted between two pages shows in neither or both) and raising
+MAX_FRAME (every peer would buffer that much for every request it sends).
 Bus: a message is two frames, a topic and a JSON body carrying "v", "ts" and the event's fields
 (the supervisor's own events also "seq"). Sidecars publish `request.turn|reserve|cancel|pause`
 with the same bodies as the control commands' args plus a client-made "id".
@@ -27,6 +33,7 @@ from ..paths import TURN_ID
 
 VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: larger frames are refused unparsed
+MAX_REPLY = 1 << 30  # a reply of several frames: at most this many bytes in all (see above)
 
 COMMANDS: tuple[str, ...] = ("status", "turn", "reserve", "cancel", "send", "ps", "reap", "reload")
 COMMANDS += (
@@ -203,6 +210,41 @@ def decode_reply(raw: bytes) -> dict:
     return reply
 
 
+def reply_frames(raw: bytes) -> list[bytes]:
+    """An encoded reply as the frames it is sent in: one, or pieces of MAX_FRAME bytes."""
+    if len(raw) <= MAX_FRAME:
+        return [raw]
+    return [raw[i : i + MAX_FRAME] for i in range(0, len(raw), MAX_FRAME)]
+
+
+def decode_reply_frames(frames: list[bytes]) -> dict:
+    """A reply as received (its frames after the envelope) -> the reply (decode_reply)."""
+    if frames and frames[0] == b"":  # a REQ-style delimiter
+        frames = frames[1:]
+    if len(frames) == 1:
+        return decode_reply(frames[0])
+    size = sum(len(f) for f in frames)
+    if any(len(f) > MAX_FRAME for f in frames) or size > MAX_REPLY:
+        raise ProtocolError(
+            "too_large", f"the reply is {size} bytes in {len(frames)} frames, over the limits"
+        )
+    reply = json_object(b"".join(frames), "the reply")
+    if not isinstance(reply.get("ok"), bool):
+        raise bad_request("a reply has a boolean 'ok'")
+    return reply
+
+
+def json_object(raw: bytes, what: str) -> dict:
+    """raw as a JSON object, whatever its size; bad_request when it is not one."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad_request(f"{what} is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise bad_request(f"{what} must be a JSON object")
+    return obj
+
+
 # -- decoding requests ----------------------------------------------------------------------------
 
 
@@ -211,13 +253,7 @@ def _load_object(raw: bytes, what: str) -> dict:
         raise ProtocolError(
             "too_large", f"{what} is {len(raw)} bytes, over the limit of {MAX_FRAME}"
         )
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise bad_request(f"{what} is not valid JSON") from None
-    if not isinstance(obj, dict):
-        raise bad_request(f"{what} must be a JSON object")
-    return obj
+    return json_object(raw, what)
 
 
 @dataclass(frozen=True)

@@ -506,30 +506,40 @@ def test_ps_json_shape(daemon):
     done = ccsup("ps", "--json", state_dir=state_dir, timeout=10)
     assert done.returncode == 0, done.stderr
     ps = json.loads(done.stdout)
-    assert set(ps) == {"slots", "waits", "keys"}  # keys: paused and rate-held (issue 12)
+    # keys: paused and rate-held (issue 12); slot_keys: each key's slots by state (issue 27, B6)
+    assert set(ps) == {"slots", "slot_keys", "waits", "keys"}
     assert ps["waits"] == [] and ps["keys"] == []
-    mine = sorted(
-        (s["key"], s["index"], s["cap"], s["state"])
-        for s in ps["slots"]
-        if s["key"] in ("t", "one")
-    )
-    assert mine == [("one", 0, 1, "free"), ("t", 0, 2, "free"), ("t", 1, 2, "free")]
-    for slot in ps["slots"]:
-        assert set(slot) == {
-            "key",
-            "index",
-            "cap",
-            "state",
-            "turn",
-            "holder",
-            "pid",
-            "groups",
-            "since",
-            "requester",  # who asked for the turn: {"pid","command"} (issue 12)
-            "argv",  # the turn's command and cwd (issue 26), null for a free slot
-            "cwd",
-        }
-        assert slot["state"] == "free"
+    assert ps["slots"] == []  # nothing is taken: free slots are counted, not listed
+    mine = [t for t in ps["slot_keys"] if t["key"] in ("t", "one")]
+    assert mine == [
+        {
+            "key": "one",
+            "cap": 1,
+            "free": 1,
+            "reserved": 0,
+            "held": 0,
+            "orphaned": 0,
+            "unreadable": 0,
+        },
+        {"key": "t", "cap": 2, "free": 2, "reserved": 0, "held": 0, "orphaned": 0, "unreadable": 0},
+    ]
+
+
+def test_format_ps_prints_each_keys_tally_then_the_slots_taken():
+    ps = {
+        "slot_keys": [
+            {"key": "codex", "cap": 1000000, "free": 999999, "held": 1}
+            | {"reserved": 0, "orphaned": 0, "unreadable": 0}
+        ],
+        "slots": [],
+        "waits": [],
+    }
+    assert format_ps(ps, 0.0)[:4] == [
+        "KEY    CAP      FREE    HELD  RESERVED  ORPHANED  UNREADABLE",
+        "codex  1000000  999999  1     0         0         0",
+        "",
+        "no slot taken",
+    ]
 
 
 def test_ps_shows_a_running_turn_and_a_waiter(daemon):
@@ -573,7 +583,9 @@ def test_ps_shows_a_running_turn_and_a_waiter(daemon):
         assert held[0]["pid"] and held[0]["turn"]
         assert [(w["key"], w["position"]) for w in ps["waits"]] == [("one", 1)]
         table = ccsup("ps", state_dir=state_dir).stdout.decode()
-        assert table.splitlines()[0].split() == [
+        tally, slots = table.split("\n\n")[:2]  # each key's tally, then the slots taken
+        assert tally.splitlines()[0].split()[:3] == ["KEY", "CAP", "FREE"]
+        assert slots.splitlines()[0].split() == [
             "KEY",
             "INDEX",
             "CAP",
@@ -767,7 +779,7 @@ def test_reload_of_a_broken_config_exits_2_and_the_old_one_stays(daemon, tmp_pat
     broken = subprocess.run([*CCSUP, "reload"], env=env, capture_output=True, timeout=10)
     assert broken.returncode == 2, broken.stderr
     assert broken.stderr.decode() == (
-        f"ccsup: {config}:6: slots.caps.t: a cap must be a whole number >= 1, not 0\n"
+        f"ccsup: {config}:6: slots.caps.t: a cap must be a whole number from 1 to 1000000, not 0\n"
     )
     status = subprocess.run([*CCSUP, "status", "--json"], env=env, capture_output=True, timeout=10)
     assert json.loads(status.stdout)["caps"] == {"t": 2, "one": 1}

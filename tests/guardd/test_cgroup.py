@@ -422,7 +422,7 @@ def test_a_turns_cgroup_is_in_its_slot_before_its_guard_exists(daemon, state_dir
     wait_until(lambda: not procs.process_running(zygote), what="the zygote's exit")
     d2 = daemon(grace="300ms")
     with d2.client() as client:
-        assert {s["state"] for s in client.ps()["slots"]} == {"free"}
+        assert client.ps()["slots"] == []  # nothing taken (free slots are only counted)
     assert not witness.exists()
 
 

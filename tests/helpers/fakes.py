@@ -123,6 +123,19 @@ class FakeGate:
             for (key, index), slot in sorted(self.held.items())
         ]
 
+    def survey(self):
+        taken = self.inspect_all()
+        keys = sorted(set(self.caps) | {view.key for view in taken})
+        tallies = []
+        for key in keys:
+            cap = self.caps.get(key, 1)
+            held = sum(1 for view in taken if view.key == key)
+            tallies.append(
+                {"key": key, "cap": cap, "free": max(0, cap - held), "reserved": 0}
+                | {"held": held, "orphaned": 0, "unreadable": 0}
+            )
+        return taken, tallies
+
     def holding(self) -> dict[str, list[str]]:
         """key -> what holds its slots: turn ids, reservation ids, or 'outside'."""
         out: dict[str, list[str]] = {}

@@ -51,6 +51,10 @@ OPTION_BAD = [
     ("codex==2", "bad caps item 'codex==2': '=2' is not a whole number"),
     ("codex=0", "bad cap for 'codex': 0 must be at least 1"),
     ("codex=-1", "bad cap for 'codex': -1 must be at least 1"),
+    # B9: a cap over MAX_CAP (one of 10**20 grew the daemon to 3.5 GiB), named with its key
+    ("codex=1000001", "bad cap for 'codex': 1000001 is over the maximum cap, 1000000"),
+    ("a=99999999999999999999", "bad cap for 'a': 99999999999999999999 is over the maximum cap"),
+    ("a=" + "9" * 5000, "bad cap for 'a': 9999"),  # int() alone refuses over 4300 digits
     ("codex=1,codex=2", "bad caps item 'codex=2': 'codex' is given twice"),
     ("codex=2,opencode:=1", "bad cap key 'opencode:'"),
     ("opencode:*=1", "bad cap key 'opencode:*'"),

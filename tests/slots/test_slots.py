@@ -146,7 +146,11 @@ def kill(proc: subprocess.Popen) -> None:
 
 
 def states(gate: SlotGate, key: str) -> list[tuple[int, str]]:
-    return [(v.index, v.state) for v in gate.inspect(key)]
+    """Each index's state below the cap, and any listed above it: `inspect` lists only the
+    indices that have files, so one it does not list is free (no lock, no record)."""
+    seen = {v.index: v.state for v in gate.inspect(key)}
+    cap = gate._cap(key)
+    return [(i, seen.get(i, "free")) for i in sorted(set(range(cap)) | set(seen))]
 
 
 # ---- 1. the race ---------------------------------------------------------------------------------
@@ -653,8 +657,9 @@ def test_unreadable_record_counts_as_taken_and_names_the_file(state_dir, body, r
     directory.mkdir(parents=True)
     (directory / "slot-0.json").write_bytes(body)
     gate = SlotGate(state_dir, Caps(caps={"codex": 2}))
-    [bad, free] = gate.inspect("codex")
-    assert (bad.index, bad.state, free.state) == (0, "unreadable", "free")
+    [bad] = gate.inspect("codex")  # slot 1 has no file: free, and not listed
+    assert (bad.index, bad.state) == (0, "unreadable")
+    assert states(gate, "codex") == [(0, "unreadable"), (1, "free")]
     assert str(directory / "slot-0.json") in bad.error and reason in bad.error
     assert bad.to_json()["error"] == bad.error
     slot = gate.try_acquire("codex", ME)
@@ -669,9 +674,11 @@ def test_unreadable_slot_directory_counts_every_slot_as_taken(state_dir):
     (state_dir / "slots").mkdir()
     (state_dir / "slots" / "codex").write_text("not a directory")
     gate = SlotGate(state_dir, Caps(caps={"codex": 2}))
-    views = gate.inspect("codex")
-    assert [(v.index, v.state) for v in views] == [(0, "unreadable"), (1, "unreadable")]
+    views = gate.inspect("codex")  # one view for the whole key
+    assert [(v.index, v.state, v.count) for v in views] == [(0, "unreadable", 2)]
     assert f"unable to read slot directory {state_dir}/slots/codex" in views[0].error
+    _, [tally] = gate.survey()
+    assert (tally["unreadable"], tally["free"]) == (2, 0)
     assert gate.try_acquire("codex", ME) is None
     assert gate.last_refusal == "unreadable"
 
@@ -703,7 +710,7 @@ def test_machine_cap_gates_every_key_together(state_dir):
     assert (a.key, a.machine.key, a.machine.index, b.machine.index) == ("a", MACHINE_KEY, 0, 1)
     assert gate.try_acquire("a", ME) is None
     assert gate.last_refusal == "machine_full"
-    [m0, m1] = gate.inspect(MACHINE_KEY)
+    [m0, m1] = gate.inspect(MACHINE_KEY)  # every index has files now
     assert (m0.state, m0.turn, m1.state) == ("reserved", "t-a", "reserved")
     guard = procs.identity_of(os.getpid())
     a.record_work(guard, "/nonexistent", [Group(os.getpgid(0), None)])
@@ -716,14 +723,12 @@ def test_machine_cap_gates_every_key_together(state_dir):
     again.release()
     a.release()
     a.release()  # idempotent
-    assert [v.state for v in gate.inspect_all()] == ["free"] * 6
-    assert [(v.key, v.index) for v in gate.inspect_all()] == [
+    assert {v.state for v in gate.inspect_all()} == {"free"}
+    assert [(v.key, v.index) for v in gate.inspect_all()] == [  # the indices that have files
         (MACHINE_KEY, 0),
         (MACHINE_KEY, 1),
         ("a", 0),
-        ("a", 1),
         ("b", 0),
-        ("b", 1),
     ]
 
 
@@ -845,10 +850,12 @@ def test_inspect_all_lists_configured_keys_and_keys_found_on_disk(state_dir):
     gate = SlotGate(state_dir, Caps(caps={"codex": 2}))
     SlotGate(state_dir, Caps(caps={"other:x": 1})).try_acquire("other:x", ME).release()
     (state_dir / "slots" / ".stray.tmp").write_text("")
-    assert [(v.key, v.index, v.state) for v in gate.inspect_all()] == [
-        ("codex", 0, "free"),
-        ("codex", 1, "free"),
-        ("other:x", 0, "free"),
+    assert [(v.key, v.index, v.state) for v in gate.inspect_all()] == [("other:x", 0, "free")]
+    taken, tallies = gate.survey()
+    assert taken == []  # free slots are counted per key, not listed
+    assert [(t["key"], t["cap"], t["free"]) for t in tallies] == [
+        ("codex", 2, 2),
+        ("other:x", 1, 1),
     ]
 
 
@@ -867,14 +874,59 @@ def test_the_holders_own_views_read_nothing_and_match_what_others_read(state_dir
     assert [(s["key"], s["state"], s["turn"]) for s in mine] == [
         ("_machine", "held", "t1"),
         ("_machine", "reserved", None),
-        ("_machine", "free", None),
-        ("_machine", "free", None),
         ("codex", "held", "t1"),
         ("codex", "reserved", None),
-        ("codex", "free", None),
     ]
     read = sorted(str(p).split("/slots/")[1] for p in opened if str(p).endswith(".json"))
-    # its own slots came from memory; only the free ones were read
-    assert read == ["_machine/slot-2.json", "_machine/slot-3.json", "codex/slot-2.json"]
+    # its own slots came from memory; the free ones have no files, so nothing was read
+    assert read == []
     held.release()
     reserved.release()
+
+
+# ---- sizes (issue 27, B6 and B9) ----------------------------------------------------------------
+
+
+def test_keys_unused_for_a_week_are_forgotten_by_ps_unless_configured_or_taken(state_dir):
+    now = 10_000_000.0
+    week = 7 * 86400
+    gate = SlotGate(state_dir, Caps(caps={"conf": 2, "old:conf": 1}), clock=lambda: now)
+    for key, written in (("old", now - week - 1), ("recent", now - week + 60), ("old:conf", 0.0)):
+        SlotGate(state_dir, Caps(caps={key: 1}), clock=lambda w=written: w).try_acquire(
+            key, ME
+        ).release()
+    (state_dir / "slots" / "never").mkdir()  # a directory whose slots were never written
+    SlotGate(state_dir, Caps(caps={"tried": 1})).try_acquire("tried", ME).release()
+    gate.clock = lambda: now  # "tried" was written at the real time, long after `now`: recent
+    old_held = SlotGate(state_dir, Caps(caps={"busy": 1}), clock=lambda: 1.0).try_acquire(
+        "busy", ME
+    )
+    try:
+        taken, tallies = gate.survey()
+        assert [t["key"] for t in tallies] == ["busy", "conf", "old:conf", "recent", "tried"]
+        assert [(v.key, v.state) for v in taken] == [("busy", "reserved")]
+    finally:
+        old_held.release()
+    assert "busy" not in [t["key"] for t in gate.survey()[1]]  # released long ago: forgotten
+    assert (state_dir / "slots" / "old" / "slot-0.lock").exists()  # forgotten, never deleted
+
+
+def test_a_grant_under_a_cap_of_a_million_looks_only_at_the_slots_in_use(state_dir, monkeypatch):
+    gate = SlotGate(state_dir, Caps(caps={"big": 1_000_000}))
+    slots = [gate.try_acquire("big", ME, turn=f"t{n}") for n in range(3)]
+    locked = []
+    real_open = os.open
+    monkeypatch.setattr("os.open", lambda p, *a, **k: locked.append(p) or real_open(p, *a, **k))
+    fourth = gate.try_acquire("big", ME)
+    monkeypatch.undo()
+    assert fourth.index == 3
+    assert [p.rsplit("/", 1)[1] for p in locked if str(p).endswith(".lock")] == ["slot-3.lock"]
+    stats = []
+    real_stat = os.stat
+    monkeypatch.setattr("os.stat", lambda p, *a, **k: stats.append(p) or real_stat(p, *a, **k))
+    taken, [tally] = gate.survey()
+    monkeypatch.undo()
+    assert (len(taken), tally["free"], tally["reserved"]) == (4, 999_996, 4)
+    assert len(stats) < 20  # a stat per index below the cap wedged the supervisor (B9)
+    for slot in [*slots, fourth]:
+        slot.release()

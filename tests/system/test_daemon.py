@@ -241,15 +241,11 @@ def test_supervisor_killed_work_ends_and_next_start_finds_every_slot_free(
 
     d.start()
     with d.client() as client:
-        slots = wait_until(
-            lambda: (
-                [s for s in client.ps()["slots"] if s["key"] == "codex"]
-                if all(s["state"] == "free" for s in client.ps()["slots"])
-                else None
-            ),
+        tallies = wait_until(
+            lambda: (lambda ps: None if ps["slots"] else ps["slot_keys"])(client.ps()),
             what="every slot free",
         )
-        assert len(slots) == 2
+        assert [(t["key"], t["free"]) for t in tallies] == [("codex", 2)]
 
 
 def test_the_slot_files_of_every_configured_index_are_there_at_start_and_after_a_raise(
@@ -266,7 +262,9 @@ def test_the_slot_files_of_every_configured_index_are_there_at_start_and_after_a
     assert names("codex") == ["slot-0.json", "slot-0.lock", "slot-1.json", "slot-1.lock"]
     assert names("other") == ["slot-0.json", "slot-0.lock"]
     with d.client() as client:
-        assert [s["state"] for s in client.ps()["slots"]] == ["free"] * 3
+        ps = client.ps()
+        assert ps["slots"] == []  # free slots are counted per key, not listed
+        assert [(t["key"], t["free"]) for t in ps["slot_keys"]] == [("codex", 2), ("other", 1)]
         for n in range(3):  # two run, the third waits
             client.turn("codex", ["sleep", "300"], id=f"t{n}")
         log.wait_for("turn.t1.started")

@@ -25,6 +25,6 @@ def test_a_turn_whose_log_directory_cannot_be_made_ends_and_frees_its_slot(
         assert reason.endswith("File exists")
         events = list(client.run_turn("codex", ["true"], id="t2"))
         assert events[-1][0] == "turn.t2.released"
-        assert [s["state"] for s in client.ps()["slots"]] == ["free"]
+        assert client.ps()["slots"] == []  # nothing taken
     d.stop()  # spent guard records are removed off the event loop: by the time it has stopped
     assert not list((state_dir / "guards").iterdir())  # no guard was ever started for t1
