@@ -32,7 +32,7 @@ def ps(ctx: click.Context, keys: list[str] | None, as_json: bool) -> None:
     with where(ctx).client() as client:
         result = client.ps()
     if keys is not None:  # the same shape, with only the keys asked for
-        for part in ("slots", "waits", "keys"):
+        for part in ("slots", "slot_keys", "waits", "keys"):
             if part in result:
                 result[part] = [e for e in result[part] if key_matches(e.get("key", ""), keys)]
     if as_json:
