@@ -140,8 +140,8 @@ def _slot_families(ps: dict) -> Iterator[Metric]:
     for tally in ps.get("slot_keys", []):  # each key's slots counted by state, free ones too
         key = tally.get("key")
         caps[key] = int(tally.get("cap") or 0)
-        for state in SLOT_STATES:
-            states[(key, state)] = int(tally.get(state) or 0)
+        for named in SlotState:
+            states[(key, named)] = int(tally.get(named) or 0)
     tallied = set(caps)
     for slot in ps.get("slots", []):  # a key without a tally (a `ps` of the older shape)
         key = slot.get("key")
