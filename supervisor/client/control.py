@@ -264,8 +264,9 @@ class Client:
     def reload(self) -> dict:
         return self.call("reload")
 
-    def quit(self) -> dict:
-        return self.call("quit")
+    def quit(self, *, drain: bool = False) -> dict:
+        """Stop the supervisor; `drain`: first let the running turns end, granting nothing new."""
+        return self.call("quit", **({"drain": True} if drain else {}))
 
     # -- bus
 

@@ -495,8 +495,27 @@ class Daemon:
         return self.keyctl.resume(command_args.parse_resume(args))
 
     async def cmd_quit(self, args: dict) -> dict:
+        if command_args.parse_quit(args):
+            return self.drain()
         asyncio.get_running_loop().call_soon(self.quit)
         return {"stopping": True}
+
+    def drain(self) -> dict:
+        """`stop --drain`: grant nothing new and take no new turns; once the turns that hold a
+        slot have ended on their own, stop as `quit` does (the waiters left are then cancelled,
+        reason "shutdown"). Asked again, it answers how many still run."""
+        manager = self.manager
+        if not manager.draining:
+            manager.draining = True
+            log.info("draining: %d turn(s) running, no new grants", manager.running_count())
+
+            def check(_item: object = None) -> None:
+                if manager.running_count() == 0:
+                    self.quit()
+
+            manager.ledger.on_finished.append(check)
+            asyncio.get_running_loop().call_soon(check)
+        return {"stopping": True, "draining": True, "running": manager.running_count()}
 
     def reload(self) -> dict:
         config = load(self.config_path, os.environ)  # ConfigError: the old config stays

@@ -138,6 +138,7 @@ class Manager:
         self.gate_errors: dict[str, str] = {}  # key -> the gate's last error for it, said once
         self.unsaved_grants: list[Turn] = []  # granted, not started until their grant is saved
         self.stopping = False
+        self.draining = False  # `stop --drain`: no new turns, no grants; running ones go on
         self.started_at = clock()
         me = me or procs.identity_of(os.getpid())
         if me is None:
@@ -186,7 +187,7 @@ class Manager:
         known = self._known(turn_id, args.key)
         if known is not None:
             return known
-        if self.stopping:
+        if self.stopping or self.draining:
             raise ProtocolError("stopping", "the supervisor is stopping and takes no new turns")
         if args.cwd is not None and not os.path.isdir(args.cwd):
             raise ProtocolError("bad_request", f"'cwd' {args.cwd[:200]!r} is not a directory")
@@ -346,7 +347,7 @@ class Manager:
         same_holder = self.ledger.holders.get(holder_key) if holder_key else None
         if same_holder is not None:  # one per holder and key; asking again never extends it
             return self._reservation_answer(self.reservations[same_holder])
-        if self.stopping:
+        if self.stopping or self.draining:
             raise ProtocolError(
                 "stopping", "the supervisor is stopping and takes no new reservations"
             )
@@ -439,7 +440,7 @@ class Manager:
         `unreadable` and by one `supervisor.error` event, and the pass goes on with the other
         keys; what was granted before it in the pass is started all the same.
         """
-        if self.stopping:
+        if self.stopping or self.draining:
             return
         granted: list[Turn] = []
         try:
@@ -572,6 +573,12 @@ class Manager:
         for item in list(self.reservations.values()) + list(self.turns.values()):
             if item.state in (State.GRANTED, State.RUNNING, State.EXITED, State.STOPPING):
                 self.cancel(item.id, reason="shutdown")
+
+    def running_count(self) -> int:
+        """Turns and reservations that hold (or are taking) a slot: what a drain waits for."""
+        busy = (State.GRANTED, State.RUNNING, State.EXITED, State.STOPPING)
+        items = list(self.reservations.values()) + list(self.turns.values())
+        return sum(1 for item in items if item.state in busy)
 
     async def wait_idle(self) -> None:
         await self.ledger.idle.wait()

@@ -202,6 +202,15 @@ def parse_send(args: dict) -> SendArgs:
     return SendArgs(check_id(args.get("id")), data, eof)
 
 
+def parse_quit(args: dict) -> bool:
+    """`quit {drain?: bool}`: whether to drain first (grant nothing new, let running turns end)."""
+    _reject_unknown(args, {"drain"}, "a quit request")
+    drain = args.get("drain", False)
+    if not isinstance(drain, bool):
+        raise bad_request("'drain' must be true or false")
+    return drain
+
+
 def parse_reap(args: dict) -> str | None:
     _reject_unknown(args, {"key"}, "a reap request")
     key = args.get("key")

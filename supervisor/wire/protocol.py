@@ -44,7 +44,7 @@ COMMANDS += (
 )  # pause, resume: admission, see command_args.parse_pause; metrics: {"text"}
 # Commands that take no arguments: anything in their args is refused (a closed vocabulary; a
 # `quit` carrying fields it does not know is not obeyed on a guess).
-NO_ARGS = ("status", "ps", "reload", "quit", "metrics")
+NO_ARGS = ("status", "ps", "reload", "metrics")  # quit: {drain?} (command_args.parse_quit)
 REQUEST_TOPICS = {"request.turn": "turn", "request.reserve": "reserve", "request.cancel": "cancel"}
 REQUEST_TOPICS["request.pause"] = "pause"
 

@@ -625,7 +625,9 @@ def test_stop_returns_only_when_everything_is_gone_and_the_lock_is_free(daemon):
         assert not lock_held(state_dir / "supervisor.lock")
         assert not procs.process_running(sleeper)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.decode() == f"ccsup stopped (state {state_dir})\n"
+        assert done.stdout.decode() == (
+            f"ccsup stopped (state {state_dir}): 1 running turn(s) ended (t 1)\n"
+        )
         assert run.wait(10) == 69  # stopped by someone else: EX_UNAVAILABLE (issue 12)
     finally:
         if run.poll() is None:
