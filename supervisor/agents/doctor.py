@@ -14,8 +14,11 @@ the command ran as the rewrite or as the original. Verdicts:
 - not run: the harness never sent a tool result (it failed, or refused the command).
 
 Needs: the hook installed (the harness's own settings, as the user runs it), a supervisor
-running, and the harness's executable (`--bin`, else on PATH). Supported: claude (the Anthropic
-Messages API through ANTHROPIC_BASE_URL). Codex and OpenCode: not yet (said so, exit 1).
+running, and the harness's executable (`--bin`, else on PATH); `--harness-arg` adds arguments to
+the harness's command line (e.g. Codex's `--dangerously-bypass-hook-trust` for a hook not yet
+trusted in /hooks, and its `-s danger-full-access`). Supported: claude (`claude -p`, the Anthropic
+Messages API through ANTHROPIC_BASE_URL) and codex (`codex exec`, a custom model provider with
+the Responses API, given by `-c` overrides). OpenCode: not yet (said so, exit 1).
 
 State: none; the canary turn is an ordinary, finished turn in the history.
 """
@@ -35,7 +38,7 @@ from .rules import CANARY
 from .scripted import ScriptedProvider
 
 TIMEOUT = 120.0  # seconds the harness may take for the canary
-SUPPORTED = ("claude",)
+SUPPORTED = ("claude", "codex")
 
 
 class Verdict:
@@ -44,7 +47,35 @@ class Verdict:
         self.lines = lines
 
 
-def _claude(executable: str, provider: ScriptedProvider, cwd: Path) -> subprocess.CompletedProcess:
+def _codex(
+    executable: str, provider: ScriptedProvider, cwd: Path, extra: list[str]
+) -> subprocess.CompletedProcess:
+    name = "ccsup_doctor"
+    overrides = {
+        "model": '"scripted"',
+        "model_provider": f'"{name}"',
+        f"model_providers.{name}.name": '"ccsup doctor"',
+        f"model_providers.{name}.base_url": f'"{provider.url}/v1"',
+        f"model_providers.{name}.wire_api": '"responses"',
+        f"model_providers.{name}.env_key": '"CCSUP_DOCTOR_KEY"',
+    }
+    args = [executable, "exec", "--skip-git-repo-check"]
+    for key, value in overrides.items():
+        args += ["-c", f"{key}={value}"]
+    return subprocess.run(
+        [*args, *extra, "ccsup doctor: run the canary"],
+        cwd=cwd,
+        env={**os.environ, "CCSUP_DOCTOR_KEY": "sk-ccsup-doctor-scripted"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def _claude(
+    executable: str, provider: ScriptedProvider, cwd: Path, extra: list[str]
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     env.update(
         ANTHROPIC_BASE_URL=provider.url,
@@ -55,7 +86,7 @@ def _claude(executable: str, provider: ScriptedProvider, cwd: Path) -> subproces
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
     )
     return subprocess.run(
-        [executable, "-p", "ccsup doctor: run the canary", "--output-format", "json"],
+        [executable, "-p", "ccsup doctor: run the canary", "--output-format", "json", *extra],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -64,7 +95,9 @@ def _claude(executable: str, provider: ScriptedProvider, cwd: Path) -> subproces
     )
 
 
-def doctor(harness: str, executable: str | None, settings: Path | None, client) -> Verdict:
+def doctor(
+    harness: str, executable: str | None, settings: Path | None, client, extra: tuple[str, ...] = ()
+) -> Verdict:
     if harness not in SUPPORTED:
         return Verdict(False, [f"{harness}: the doctor does not drive this harness yet"])
     lines = []
@@ -81,9 +114,14 @@ def doctor(harness: str, executable: str | None, settings: Path | None, client) 
     lines.append(f"{harness}: {found} {version.stdout.strip()}")
     nonce = uuid.uuid4().hex[:12]
     canary = f"echo {CANARY}-{nonce} turn=${{CCSUP_TURN:-none}}"
-    provider = ScriptedProvider([("Bash", {"command": canary, "description": "ccsup doctor"})])
+    if harness == "codex":
+        provider = ScriptedProvider([("exec_command", {"cmd": canary})])
+        drive = _codex
+    else:
+        provider = ScriptedProvider([("Bash", {"command": canary, "description": "ccsup doctor"})])
+        drive = _claude
     try:
-        done = _claude(found, provider, Path.cwd())
+        done = drive(found, provider, Path.cwd(), list(extra))
     except subprocess.TimeoutExpired:
         provider.close()
         return Verdict(False, [*lines, f"not run: {harness} did not finish within {TIMEOUT:g} s"])

@@ -78,6 +78,9 @@ class ScriptedProvider:
                 if self.path.split("?")[0].endswith("/count_tokens"):
                     self._json(200, {"input_tokens": 10})
                     return
+                if self.path.split("?")[0].endswith("/responses"):
+                    self._sse(responses_events(provider.answer_responses(body)))
+                    return
                 if not self.path.split("?")[0].endswith("/messages"):
                     self._json(
                         404,
@@ -102,11 +105,14 @@ class ScriptedProvider:
                 self.wfile.write(data)
 
             def _stream(self, message: dict) -> None:
+                self._sse(anthropic_events(message))
+
+            def _sse(self, events: list[tuple[str, dict]]) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
                 self.end_headers()
-                for event, data in anthropic_events(message):
+                for event, data in events:
                     self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
                 self.wfile.flush()
 
@@ -160,6 +166,45 @@ class ScriptedProvider:
                 model, [{"type": "text", "text": f"no tool {name} offered"}], "end_turn"
             )
         return _message(model, [{"type": "text", "text": self.final}], "end_turn")
+
+    def answer_responses(self, body: dict) -> dict:
+        """The OpenAI Responses API (Codex): the same script, function calls for tool calls."""
+        given = body.get("input")
+        items: list[Any] = given if isinstance(given, list) else []
+        seen = [
+            (str(i.get("call_id")), _text_of(i.get("output")))
+            for i in items
+            if isinstance(i, dict) and i.get("type") == "function_call_output"
+        ]
+        results = [text for _, text in seen]
+        offered = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+        with self._lock:
+            self.requests.append(body)
+            if seen and seen[-1][0] not in self._seen_ids:
+                self._seen_ids.add(seen[-1][0])
+                self.results.append(seen[-1][1])
+        said = {"type": "output_text", "text": self.final}
+        text: dict[str, Any] = {"type": "message", "role": "assistant", "content": [said]}
+        if not offered or len(results) >= len(self.steps):
+            return _response([text])
+        step = self.steps[len(results)]
+        try:
+            call = step(results) if callable(step) else step
+        except (ValueError, KeyError, IndexError, AttributeError) as e:
+            call = None
+            said["text"] = f"script failed: {e!r}"
+        if call is None or call[0] not in offered:
+            return _response([text])
+        name, arguments = call
+        item = {
+            "type": "function_call",
+            "id": f"fc_{uuid.uuid4().hex[:20]}",
+            "call_id": f"call_{uuid.uuid4().hex[:20]}",
+            "name": name,
+            "arguments": json.dumps(arguments),
+            "status": "completed",
+        }
+        return _response([item])
 
     def close(self) -> None:
         self._server.shutdown()
@@ -223,4 +268,38 @@ def anthropic_events(message: dict) -> list[tuple[str, dict]]:
         )
     )
     events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def _response(output: list[dict]) -> dict:
+    return {
+        "id": f"resp_{uuid.uuid4().hex[:20]}",
+        "object": "response",
+        "status": "completed",
+        "model": "scripted",
+        "output": output,
+        "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
+    }
+
+
+def responses_events(response: dict) -> list[tuple[str, dict]]:
+    """A response as the Responses API streams it (server-sent events)."""
+    created = {**response, "status": "in_progress", "output": []}
+    events: list[tuple[str, dict]] = [
+        ("response.created", {"type": "response.created", "response": created})
+    ]
+    for index, item in enumerate(response["output"]):
+        events.append(
+            (
+                "response.output_item.added",
+                {"type": "response.output_item.added", "output_index": index, "item": item},
+            )
+        )
+        events.append(
+            (
+                "response.output_item.done",
+                {"type": "response.output_item.done", "output_index": index, "item": item},
+            )
+        )
+    events.append(("response.completed", {"type": "response.completed", "response": response}))
     return events

@@ -95,14 +95,27 @@ def run(ctx: click.Context, harness: str, flags: tuple[str, ...]) -> None:
     "--bin", "executable", metavar="PATH", help="The harness's executable (default: on PATH)."
 )
 @click.option("--settings", metavar="PATH", help="The file install wrote (as for install).")
+@click.option(
+    "--harness-arg",
+    "extra",
+    multiple=True,
+    metavar="ARG",
+    help="An argument added to the harness's command line (repeatable).",
+)
 @click.pass_context
-def doctor(ctx: click.Context, harness: str, executable: str | None, settings: str | None) -> None:
+def doctor(
+    ctx: click.Context,
+    harness: str,
+    executable: str | None,
+    settings: str | None,
+    extra: tuple[str, ...],
+) -> None:
     """Run a canary through the installed HARNESS and say whether the rewrite took effect."""
     from ..agents.doctor import doctor as run_doctor
     from .where import where
 
     with where(ctx).client() as client:
-        verdict = run_doctor(harness, executable, _target(settings), client)
+        verdict = run_doctor(harness, executable, _target(settings), client, extra)
     for line in verdict.lines:
         click.echo(f"ccsup: {line}")
     ctx.exit(0 if verdict.ok else 1)

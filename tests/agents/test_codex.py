@@ -1,0 +1,167 @@
+"""Codex itself (the npm package, pinned), against a scripted Responses API provider on
+127.0.0.1 (a custom model provider in its config.toml): with `ccsup hook install codex` its
+exec_command calls run as ccsup turns."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+from conftest import PYTHON, wait_until
+from npm_harness import PINNED, harness_bin
+
+from supervisor.agents.scripted import ScriptedProvider
+from supervisor.history import db
+
+CCSUP = [PYTHON, "-m", "supervisor"]
+
+
+@pytest.fixture(scope="module")
+def codex():
+    return harness_bin("codex")
+
+
+@pytest.fixture
+def sandbox(daemon, state_dir, tmp_path):
+    d = daemon(caps="default = 1")
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "CODEX", "CCSUP_"))}
+    env.update(
+        CCSUP_TEST_RUN=os.environ["CCSUP_TEST_RUN"],
+        HOME=str(home),
+        CODEX_HOME=str(home / ".codex"),
+        CCSUP_STATE_DIR=str(state_dir),
+        CCSUP_CONFIG=str(d.config),
+        CCSUP_HOOK_LOG=str(tmp_path / "hook.log"),
+        SCRIPTED_KEY="sk-scripted",
+    )
+    return {"env": env, "home": home, "work": work, "state_dir": state_dir, "tmp": tmp_path}
+
+
+def provider_config(home, provider: ScriptedProvider) -> None:
+    (home / ".codex" / "config.toml").write_text(
+        'model = "scripted"\nmodel_provider = "scripted"\n[model_providers.scripted]\n'
+        f'name = "scripted"\nbase_url = "{provider.url}/v1"\nwire_api = "responses"\n'
+        'env_key = "SCRIPTED_KEY"\n'
+    )
+
+
+def run_codex(codex, sandbox) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            str(codex),
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-hook-trust",
+            "-s",
+            "danger-full-access",
+            "run it",
+        ],
+        cwd=sandbox["work"],
+        env=sandbox["env"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_an_exec_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_ends_with_it(
+    codex, sandbox
+):
+    done = subprocess.run(
+        [
+            *CCSUP,
+            "hook",
+            "install",
+            "codex",
+            "--settings",
+            str(sandbox["home"] / ".codex" / "hooks.json"),
+        ],
+        env=sandbox["env"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    pidfile = sandbox["tmp"] / "daemon.pid"
+    command = (
+        "cargo build --help >/dev/null 2>&1; "
+        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
+        "</dev/null >/dev/null 2>&1 & "
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD"
+    )
+    provider = ScriptedProvider([("exec_command", {"cmd": command})])
+    provider_config(sandbox["home"], provider)
+    daemon_pid = None
+    try:
+        ran = run_codex(codex, sandbox)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        daemon_pid = int(pidfile.read_text())
+        [seen] = provider.results
+        match = re.search(r"turn=(\S+) in (\S+)", seen)
+        assert match and match.group(1) != "none", seen
+        assert match.group(2) == str(sandbox["work"])
+        session = re.search(r"session id: (\S+)", ran.stderr).group(1)
+        turn = db.show(sandbox["state_dir"], match.group(1))
+        assert (turn["holder"]["session"], turn["holder"]["harness"]) == (session, "codex")
+        wait_until(
+            lambda: not os.path.exists(f"/proc/{daemon_pid}") or _zombie(daemon_pid),
+            15,
+            0.05,
+            "the setsid daemon to end",
+        )
+    finally:
+        provider.close()
+        if daemon_pid and os.path.exists(f"/proc/{daemon_pid}") and not _zombie(daemon_pid):
+            os.kill(daemon_pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_versions_are_the_pinned_ones(codex):
+    out = subprocess.run([str(codex), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split()[-1] == PINNED["codex"][1]
+
+
+def test_the_doctor_says_the_rewrite_took_effect_in_codex(codex, sandbox):
+    hooks = sandbox["home"] / ".codex" / "hooks.json"
+    subprocess.run(
+        [*CCSUP, "hook", "install", "codex", "--settings", str(hooks)],
+        env=sandbox["env"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+
+    def doctor(*extra):
+        args = [*CCSUP, "hook", "doctor", "codex", "--bin", str(codex), "--settings", str(hooks)]
+        for arg in ("-s", "danger-full-access", *extra):
+            args.append(f"--harness-arg={arg}")
+        return subprocess.run(
+            args,
+            cwd=sandbox["work"],
+            env=sandbox["env"],
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+
+    untrusted = doctor()  # a hook nobody trusted in /hooks does not run: said loudly
+    assert untrusted.returncode == 1 and "DROPPED" in untrusted.stdout, (
+        untrusted.stdout + untrusted.stderr
+    )
+    ok = doctor("--dangerously-bypass-hook-trust")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "ok: the rewrite took effect" in ok.stdout and PINNED["codex"][1] in ok.stdout
