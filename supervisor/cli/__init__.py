@@ -76,8 +76,29 @@ class LazyGroup(click.Group):
             module, attribute = COMMANDS[name]
             command = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
             _take_global_options(command)
+            _add_examples(command, name)
             self.add_command(command, name)
         return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands in the groups of help_text.GROUPS (the rest under "Other")."""
+        from .help_text import GROUPS
+
+        listed = {name for _, names in GROUPS for name in names}
+        sections = [
+            *GROUPS,
+            ("Other", tuple(n for n in self.list_commands(ctx) if n not in listed)),
+        ]
+        limit = formatter.width - 6 - max(len(n) for n in self.list_commands(ctx))
+        for title, names in sections:
+            rows = []
+            for name in names:
+                command = self.get_command(ctx, name) if name in self.list_commands(ctx) else None
+                if command is not None and not command.hidden:
+                    rows.append((name, command.get_short_help_str(limit)))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -93,6 +114,14 @@ def _set_global(ctx: click.Context, param: click.Parameter, value: str | None) -
         found = ctx.find_object(Where)
         if found is not None:
             found.set_option(str(param.name), value)
+
+
+def _add_examples(command: click.Command, name: str) -> None:
+    from .help_text import examples_epilog
+
+    epilog = examples_epilog(name, command.help)
+    if epilog is not None:
+        command.epilog = f"{command.epilog}\n\n{epilog}" if command.epilog else epilog
 
 
 def _take_global_options(command: click.Command) -> None:
