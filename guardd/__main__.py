@@ -1,9 +1,11 @@
 """`ccsup-guard` / `python -m guardd`: parse the arguments, then run one turn under a guard.
 
     ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]
-                [--cgroup PATH] [--deadline-file F] -- CMD [ARG...]
+                [--cgroup PATH] [--deadline-file F] [--tty] -- CMD [ARG...]
 
 --cgroup PATH: run CMD in that cgroup2 cgroup (created when missing; see guardd.cgroup).
+--tty: the guard's stdin is a terminal (a pty's slave, `ccsup run -t`): CMD gets a session of its
+own with it as its controlling terminal (guardd.child), rather than only a group of its own.
 
 T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`; guardd.durations). Defaults come from the environment:
 CCSUP_GUARD_DIR (no record without it or --record-dir), CCSUP_GUARD_GRACE_MS (5000),
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
-    " [--cgroup PATH] [--deadline-file F] -- CMD [ARG...]"
+    " [--cgroup PATH] [--deadline-file F] [--tty] -- CMD [ARG...]"
 )
 _OPTIONS = {
     "--record-dir": "record_dir",
@@ -84,6 +86,10 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
             raise SystemExit(print(USAGE) or 0)
         if not arg.startswith("-"):
             break  # CMD without a `--`
+        if arg == "--tty":  # the one flag without a value
+            values["tty"] = "1"
+            i += 1
+            continue
         name, eq, value = arg.partition("=")
         if name not in _OPTIONS:
             raise UsageError(f"unknown option {name}")
@@ -122,6 +128,7 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
         cgroup=values.get("cgroup") or None,
         deadline_file=values.get("deadline_file") or env.get("CCSUP_GUARD_DEADLINE_FILE") or None,
         env=env,
+        tty="tty" in values,
     )
 
 

@@ -12,6 +12,10 @@ Design note.
   ($CCSUP_GUARD_NOFILE, never passed on to CMD), blocks every signal and sets every disposition to
   default, makes a group of its own, checks that the guard is still its parent, empties the mask
   and execs.
+- With `tty` (the guard's `--tty`: its stdin is a pty's slave), CMD makes a session of its own
+  instead of only a group (setsid, then TIOCSCTTY on fd 0), always on the fork path: the C clone
+  makes a group, and the guard's own setpgid from outside would make the child a group leader,
+  which setsid refuses. CMD's group is still its pid, the own group, so containment is unchanged.
 - A failure comes back through a close-on-exec pipe, EOF meaning exec succeeded:
   `cgroup:<errno>` when the cgroup could not be joined (exit 125), `<errno>` when exec failed
   (127 not found, 126 found but not executable), `gone` when the watched process had ended
@@ -74,32 +78,44 @@ class ExecFailure:
 
 
 def start(
-    argv: list[str], env: dict[str, str], cgroup_path: str | None = None, *, watch: int | None
+    argv: list[str],
+    env: dict[str, str],
+    cgroup_path: str | None = None,
+    *,
+    watch: int | None,
+    tty: bool = False,
 ) -> tuple[int, ExecFailure | None]:
     """Fork and exec CMD in a new group (and cgroup_path, when given); env is CMD's environment
     (NOFILE_ENV is taken out of it). watch: a pidfd on the process whose end ends the turn (the
     supervisor): CMD is exec'd only while it runs; None: it has ended already, nothing is forked
-    (pid 0). Returns CMD's pid and, when it did not start, why: that child has then exited (or is
-    about to) and is left for the caller to reap."""
+    (pid 0). tty: fd 0 is a terminal, which CMD takes as its controlling one in a session of its
+    own (the fork path: setsid + TIOCSCTTY). Returns CMD's pid and, when it did not start, why:
+    that child has then exited (or is about to) and is left for the caller to reap."""
     if watch is None:
         return 0, _watched_gone()
     nofile = _nofile_limit(env.pop(NOFILE_ENV, None))
+    if tty:  # imported here, not in the child (see below)
+        import fcntl  # noqa: F401
+        import termios  # noqa: F401
     # Everything the child needs is worked out here, before the fork: each page the child writes
     # (Python's refcounts) is copied, so work done there costs several times more.
     paths = _candidates(argv[0], env)
     errr, errw = os.pipe()  # both close-on-exec: EOF on exec success
     guard_pid = os.getpid()
-    pid = _spawn_in_c(paths, argv, env, errw, cgroup_path, watch, guard_pid, nofile)
+    pid = (
+        None if tty else _spawn_in_c(paths, argv, env, errw, cgroup_path, watch, guard_pid, nofile)
+    )
     if pid is None:  # not built here, or the kernel refused that clone: a fork, in Python
         to_default = _not_default()
         pid, join = _fork(cgroup_path)
         if pid == 0:
-            _exec_child(paths, argv, env, errw, join, guard_pid, nofile, to_default, watch)
+            _exec_child(paths, argv, env, errw, join, guard_pid, nofile, to_default, watch, tty)
     os.close(errw)
-    try:
-        os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
-    except OSError:
-        pass  # EACCES: the child already exec'd (and set it); ESRCH: it already died
+    if not tty:  # a tty child makes its session itself: setsid fails in a group's leader
+        try:
+            os.setpgid(pid, pid)  # both sides, as shells do: the group exists before we go on
+        except OSError:
+            pass  # EACCES: the child already exec'd (and set it); ESRCH: it already died
     err = b""
     while chunk := os.read(errr, 64):
         err += chunk
@@ -218,6 +234,7 @@ def _exec_child(
     nofile: int | None,
     to_default: list[signal.Signals],
     watch: int,
+    tty: bool = False,
 ) -> None:
     """In the forked child (never returns): the turn's cgroup (when not born in it), a new group,
     default dispositions, empty mask, the soft fd limit the supervisor's caller had (nofile), then
@@ -242,7 +259,14 @@ def _exec_child(
                 signal.signal(sig, signal.SIG_DFL)
             except (OSError, ValueError):
                 pass  # glibc's own signals cannot be set; the kernel resets handlers at exec
-        os.setpgid(0, 0)
+        if tty:
+            # Its own session (pgid = its pid, the own group as without a tty) with the pty as its
+            # controlling terminal: ^C and ^Z then reach its foreground group, and its end hangs
+            # up the terminal's groups. The guard is in another session, so none of it reaches it.
+            os.setsid()
+            _take_terminal(0)
+        else:
+            os.setpgid(0, 0)
         if guard_pid and os.getppid() != guard_pid:
             # The guard died before CMD ran (before its record could name CMD's group): run
             # nothing. Checked after joining the cgroup, so a guard that dies after this check
@@ -260,6 +284,14 @@ def _exec_child(
             os._exit(EXIT_NOT_FOUND)
     except BaseException:  # noqa: BLE001 -- the forked child must never return into the guard
         os._exit(EXIT_GUARD_FAILURE)
+
+
+def _take_terminal(fd: int) -> None:
+    """Make the terminal on fd the calling session leader's controlling terminal (TIOCSCTTY)."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
 
 
 def _exec_first(paths: list[str], argv: list[str], env: dict) -> None:

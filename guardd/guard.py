@@ -22,6 +22,14 @@ Design note (why it is built this way).
 - A group whose leader is alive but not one of our descendants belongs to someone else (CMD may
   join a group of the guard's session): it is never recorded; its members that are ours are still
   signalled one by one.
+- With `--tty` (a turn with `stdin: "tty"`: the supervisor hands the guard a pty's slave as its
+  stdin, stdout and stderr, and keeps the master), CMD gets a session of its own, not only a group,
+  with the pty as its controlling terminal (guardd.child), since only a session leader can take
+  one. The containment model is the same: the session's first group is the own group (pgid = CMD's
+  pid), a job-control shell's other groups are recorded as any other, the subreaper and the cgroup
+  are as before, and the guard's own session has no terminal, so ^C on the pty reaches CMD's
+  foreground group and never the guard. The end is unchanged too; when CMD, the session's leader,
+  exits, the kernel also hangs up (SIGHUP) the terminal's foreground group.
 
 State. The record `<record-dir>/<guard pid>-<guard start>.json` is rewritten atomically at start
 and at every change (guardd.record.Rewriter: a spare beside it until the last write). A guard
@@ -178,7 +186,9 @@ class Guard:
         scope = record.record_dir_scope(self.opts.record_dir) if self.opts.record_dir else None
         if scope is not None:
             env[record.SCOPE_ENV] = scope  # the reaper of this state directory's only
-        pid, failed = child.start(self.opts.argv, env, self.opts.cgroup, watch=self.parent_fd)
+        pid, failed = child.start(
+            self.opts.argv, env, self.opts.cgroup, watch=self.parent_fd, tty=self.opts.tty
+        )
         self.cmd_pid = pid
         if failed is None:
             self.own = procs.Group(pid, procs.start_ticks(pid))

@@ -26,6 +26,7 @@ class Options:
         "cgroup",
         "deadline_file",
         "env",
+        "tty",
     )
 
     def __init__(
@@ -39,12 +40,14 @@ class Options:
         cgroup: str | None = None,
         deadline_file: str | None = None,
         env: Mapping[str, str] | None = None,
+        tty: bool = False,
     ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
         self.turn, self.bus, self.cgroup = turn, bus, cgroup
         self.deadline_file = deadline_file
         # The environment the defaults were read from, and CMD's is made from (default: ours).
         self.env: Mapping[str, str] = os.environ if env is None else env
+        self.tty = tty  # stdin is a terminal CMD takes as its controlling one (guardd.child)
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:

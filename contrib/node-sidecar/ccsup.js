@@ -60,6 +60,18 @@ export class CcsupError extends Error {
 }
 
 /** The state directory: $CCSUP_STATE_DIR, else $XDG_STATE_HOME/ccsup, else ~/.local/state/ccsup. */
+/** A turn's `env` fields: as given, or with `inheritEnv` this process's environment with `env`
+ * applied (null removes), sent whole as `env_replace` (supervisor.wire.args). */
+export function envFields(env, inheritEnv = false) {
+  if (!inheritEnv) return { env };
+  const whole = { ...process.env };
+  for (const [name, value] of Object.entries(env || {})) {
+    if (value === null || value === undefined) delete whole[name];
+    else whole[name] = value;
+  }
+  return { env: whole, env_replace: true };
+}
+
 export function findStateDir(env = process.env) {
   if (env.CCSUP_STATE_DIR) return env.CCSUP_STATE_DIR;
   if (env.XDG_STATE_HOME) return join(env.XDG_STATE_HOME, "ccsup");
@@ -349,9 +361,15 @@ export class Sidecar {
     return turn;
   }
 
-  /** Request a turn on the bus; resolves with its Turn once the supervisor answered. */
-  turn({ key, argv, id = newId(), cwd, env, holder = this.holder, reservation, waitTimeout } = {}) {
-    const body = compact({ id, key, argv, cwd, env, holder, reservation, wait_timeout: waitTimeout });
+  /**
+   * Request a turn on the bus; resolves with its Turn once the supervisor answered.
+   * `env` is added to the supervisor's environment (null removes a variable) unless `inheritEnv`
+   * is true: then the turn's environment is this process's (process.env) with `env` applied, as
+   * `ccsup run` gives its caller's. The default stays explicit: a sidecar's own environment is
+   * seldom what its turns should get. `stdin`: "pipe" (default, fed by `send`), "null" or "tty".
+   */
+  turn({ key, argv, id = newId(), cwd, env, inheritEnv = false, stdin, holder = this.holder, reservation, waitTimeout } = {}) {
+    const body = compact({ id, key, argv, cwd, ...envFields(env, inheritEnv), stdin, holder, reservation, wait_timeout: waitTimeout });
     return this._request("turn", body, this._follow(id));
   }
 
@@ -443,8 +461,8 @@ export class Sidecar {
    * key's [slots] max_runtime when smaller); `turn.<id>.expiring` comes first, and its `exited`
    * says `reason: "timeout"`.
    */
-  turnWithTimeout({ timeout, key, argv, id = newId(), cwd, env, holder = this.holder, reservation, waitTimeout } = {}) {
-    const body = compact({ id, key, argv, cwd, env, holder, reservation, wait_timeout: waitTimeout, timeout });
+  turnWithTimeout({ timeout, key, argv, id = newId(), cwd, env, inheritEnv = false, stdin, holder = this.holder, reservation, waitTimeout } = {}) {
+    const body = compact({ id, key, argv, cwd, ...envFields(env, inheritEnv), stdin, holder, reservation, wait_timeout: waitTimeout, timeout });
     return this._request("turn", body, this._follow(id));
   }
 

@@ -1,6 +1,9 @@
 """`ccsup run`: one turn from the shell: wait for a slot, stream its output, exit with its status.
 
-Without --key: $CCSUP_KEY, else `default`. Its stdin is forwarded to the turn once it started, end
+Without --key: $CCSUP_KEY, else `default`. The turn gets this process's environment (sent whole,
+`env_replace`; the supervisor keeps it only in its 0600 queue while the turn waits) and cwd, as
+any wrapper (timeout, nice, flock) passes them; --clean-env gives the supervisor's environment
+with only --env added. Its stdin is forwarded to the turn once it started, end
 of input included (supervisor.cli.stdin_forward). Exit codes a script can tell apart are
 supervisor.cli.run_exit's (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled by someone else, 65
 rejected, 125 guard lost). Ctrl-C cancels the turn and waits for its end; a second Ctrl-C stops
@@ -23,6 +26,7 @@ from .where import emit_json, where
 
 if TYPE_CHECKING:
     from ..client.control import Client
+    from .terminal import RawTerminal
 
 WAIT_NOTICE = 0.25  # seconds a turn waits before `ccsup run` says so
 
@@ -95,7 +99,13 @@ def _run_epilog() -> str:
     multiple=True,
     callback=env_option,
     metavar="NAME=VALUE",
-    help="Set a variable for the command (repeatable); NAME alone passes this shell's value.",
+    help="Set or override a variable for the command (repeatable); NAME alone passes this "
+    "shell's value (useful with --clean-env).",
+)
+@click.option(
+    "--clean-env",
+    is_flag=True,
+    help="Start from the supervisor's environment instead of this shell's (only --env added).",
 )
 @click.option(
     "--wait-timeout",
@@ -115,6 +125,21 @@ def _run_epilog() -> str:
     help="Print the turn's events as JSON lines instead of its output.",
 )
 @click.option(
+    "-i",
+    "--interactive",
+    is_flag=True,
+    help="Forward this terminal's input to CMD as a pipe (without -i, a terminal as stdin "
+    "gives CMD /dev/null; a pipe or a file is always forwarded).",
+)
+@click.option(
+    "-t",
+    "--tty",
+    "want_tty",
+    is_flag=True,
+    help="Give CMD a terminal of its own (a pty): this one goes raw while it runs, keys, "
+    "Ctrl-C and Ctrl-Z included, and its size go to CMD.",
+)
+@click.option(
     "-q",
     "--quiet",
     is_flag=True,
@@ -132,18 +157,35 @@ def run(
     pass_env: bool,
     cwd: str | None,
     env: dict[str, str],
+    clean_env: bool,
     wait_timeout: float | None,
     timeout: float | None,
     as_json: bool,
+    interactive: bool,
+    want_tty: bool,
     quiet: bool,
     cmd: tuple[str, ...],
 ) -> None:
     """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status.
 
-    This process's stdin is forwarded to CMD, end of input included."""
+    CMD gets this shell's environment and directory. A pipe or a file as stdin is forwarded to
+    CMD, end of input included; a terminal only with -i (else CMD's stdin is /dev/null), or as
+    CMD's own terminal with -t.
+
+    \b
+    Examples:
+      ccsup run --key codex -- codex exec "fix the tests"
+      git diff | ccsup run -- llm "review this"
+      ccsup run -t -- bash"""
     import uuid
 
     from guardd.procs import start_ticks
+
+    from .terminal import RawTerminal, stdin_mode, tty_needed_message, window_size
+
+    if want_tty and not os.isatty(0):
+        raise click.UsageError(tty_needed_message())
+    mode = stdin_mode(want_tty=want_tty, interactive=interactive)
 
     holder: dict[str, int | str | None] = {"pid": os.getpid(), "start": start_ticks(os.getpid())}
     if session:
@@ -160,7 +202,10 @@ def run(
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
         runner = _TurnRunner(client, turn_id, key, as_json, quiet=quiet)
-        runner.forward_stdin = where(ctx).client  # supervisor.cli.stdin_forward, once started
+        if mode != "null":  # supervisor.cli.stdin_forward, once started
+            runner.forward_stdin = where(ctx).client
+        if mode == "tty":
+            runner.raw = RawTerminal()
         with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
             reply = client.turn_limited(
                 key,
@@ -169,14 +214,37 @@ def run(
                 id=turn_id,
                 cwd=os.path.abspath(cwd or os.getcwd()),
                 env=env or None,
+                inherit_env=not clean_env,  # the caller's world, as timeout(1) or nice(1) pass it
                 holder=holder,
                 reservation=reservation,
                 wait_timeout=wait_timeout,
+                stdin=mode,
+                winsize=window_size() if mode == "tty" else None,
             )
             if reply.get("state") == "queued":
                 runner.waiting(reply.get("position"))
-            code = runner.follow(sub, interrupts)
+            code = _followed(runner, sub, interrupts)
     ctx.exit(code)
+
+
+def _followed(runner: _TurnRunner, sub, interrupts: list[int]) -> int:
+    """runner.follow, with a raw terminal restored on every way out; SIGTERM or SIGHUP then ends
+    this process as that signal would (its turn is stopped: its requester is gone)."""
+    from .terminal import ended_by_signal, exit_for_signal
+
+    try:
+        return runner.follow(sub, interrupts)
+    except Exception as e:
+        signum = ended_by_signal(e)
+        if signum is None:
+            raise
+        if runner.raw is not None:
+            runner.raw.restore()
+        exit_for_signal(signum)
+        raise
+    finally:
+        if runner.raw is not None:
+            runner.raw.restore()
 
 
 class _rejected_exits:
@@ -230,6 +298,7 @@ class _TurnRunner:
         self.interrupted = False  # Ctrl-C cancelled it from here
         # a Client factory: forward our stdin once the turn started (supervisor.cli.stdin_forward)
         self.forward_stdin: Callable[..., Client] | None = None
+        self.raw: RawTerminal | None = None  # -t: the user's terminal, raw while the turn runs
         self._shown_position = None
         self._waiting: tuple | None = None
         self.granted = False
@@ -300,6 +369,8 @@ class _TurnRunner:
                     err=True,
                 )
                 return 130
+            if self.raw is not None and self.raw.resized:
+                self._send_size()
             event = sub.recv(0.1)
             self._show_waiting()
             if event is None:
@@ -311,6 +382,21 @@ class _TurnRunner:
             done = self.on_event(*event)
             if done is not None:
                 return done
+
+    def _send_size(self) -> None:
+        """The terminal's new size to the turn's pty (`send` with `winsize`), after a SIGWINCH."""
+        from ..errors import CcsupError
+        from .terminal import window_size
+
+        assert self.raw is not None
+        self.raw.resized = False
+        size = window_size()
+        if size is None:
+            return
+        try:
+            self.client.call("send", id=self.turn_id, winsize=size)
+        except CcsupError:
+            pass  # ended meanwhile: its end event follows
 
     def on_event(self, topic: str, body: dict) -> int | None:
         from ..client.subscription import is_terminal
@@ -328,6 +414,9 @@ class _TurnRunner:
             if kind == "started" and not self.quiet and sys.stderr.isatty():
                 # on a terminal only: a script's stderr stays CMD's own (--json has the id)
                 click.echo(f"ccsup: turn {self.turn_id}: started", err=True)
+            if kind == "started" and self.raw is not None:
+                self.raw.enter()
+                self._send_size()  # it may have changed while the turn waited
             if kind == "started" and self.forward_stdin is not None:
                 from .stdin_forward import StdinForwarder
 
@@ -339,6 +428,8 @@ class _TurnRunner:
             self.exited = body
         if not is_terminal(topic):
             return None
+        if self.raw is not None:
+            self.raw.restore()  # before the last output and our own lines
         if not self.as_json:
             for stream, follower in self.outputs.items():
                 follower.drain()

@@ -220,11 +220,18 @@ class Client:
         holder: dict | None = None,
         reservation: str | None = None,
         wait_timeout: float | None = None,
+        inherit_env: bool = False,
+        stdin: str | None = None,
     ) -> dict:
-        """Request a turn; answers {"id","state","position"}. Follow it with subscribe/run_turn."""
-        return self.call(
-            "turn", **_turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout)
-        )
+        """Request a turn; answers {"id","state","position"}. Follow it with subscribe/run_turn.
+
+        env: added to the supervisor's environment (a None value removes a variable). With
+        inherit_env, the turn's environment is this process's (os.environ) with env applied
+        instead: what `ccsup run` does; a library's default stays the explicit one, since a
+        sidecar's own environment is seldom the one its turns should get. stdin: "pipe" (the
+        default: fed by `send`), "null" or "tty" (a pseudo-terminal; `resize` sizes it)."""
+        args = _turn_args(key, argv, id, cwd, env, holder, reservation, wait_timeout)
+        return self.call("turn", **_with_env_and_stdin(args, inherit_env, stdin))
 
     def reserve(
         self,
@@ -367,6 +374,10 @@ class Client:
             kw.pop("reservation", None),
             kw.pop("wait_timeout", None),
         )
+        args = _with_env_and_stdin(args, kw.pop("inherit_env", False), kw.pop("stdin", None))
+        winsize = kw.pop("winsize", None)  # [rows, cols] of a "tty" turn's terminal
+        if winsize is not None:
+            args["winsize"] = winsize
         if kw:
             raise TypeError(f"unexpected arguments: {sorted(kw)}")
         if timeout is not None:
@@ -433,6 +444,20 @@ def _pause_args(key, for_, until, reason, id) -> dict:
     for name, value in (("for", for_), ("until", until), ("reason", reason), ("id", id)):
         if value is not None:
             args[name] = value
+    return args
+
+
+def _with_env_and_stdin(args: dict, inherit_env: bool, stdin: str | None) -> dict:
+    """A turn's arguments with the caller's environment (inherit_env: os.environ with `env`
+    applied, sent whole as `env_replace`) and its stdin mode, when asked."""
+    if inherit_env:
+        given = args.get("env") or {}
+        whole = {**os.environ, **{k: v for k, v in given.items() if v is not None}}
+        for name in [k for k, v in given.items() if v is None]:
+            whole.pop(name, None)
+        args["env"], args["env_replace"] = whole, True
+    if stdin is not None:
+        args["stdin"] = stdin
     return args
 
 

@@ -152,7 +152,8 @@ class GuardProcess:
             self._logs[stream] = _open_append(log_dir / f"{stream}.log")
             loop.add_reader(pipe, self._read, stream)
         self._log_dir = log_dir
-        os.set_blocking(self._stdin, False)
+        if self._stdin >= 0:  # -1: its stdin is /dev/null
+            os.set_blocking(self._stdin, False)
         self._on_exit = on_exit
         loop.add_reader(self.pidfd, self._on_pidfd)
 
@@ -275,6 +276,13 @@ class GuardProcess:
         if self._stdin_eof:
             self._close_stdin()
 
+    def resize(self, rows: int, cols: int) -> None:
+        """Size the turn's terminal (a "tty" turn: our stdin is the pty's master); OSError
+        (ENOTTY) for a turn whose stdin is a pipe, EBADF once it is closed."""
+        if self._stdin < 0:
+            raise OSError(9, "the turn's stdin is closed")
+        set_winsize(self._stdin, rows, cols)
+
     def _on_stdin_writable(self) -> None:
         self.loop.remove_writer(self._stdin)
         self._flush_stdin()
@@ -350,6 +358,8 @@ class GuardSpec:
     scan: float
     bus: str | None
     cgroup: str | None = None
+    stdin: str = "pipe"  # the turn's stdin mode (open_stdio)
+    winsize: tuple[int, int] | None = None  # a "tty" turn's terminal at its start: rows, cols
 
 
 def guard_args(spec: GuardSpec) -> list[str]:
@@ -368,7 +378,54 @@ def guard_args(spec: GuardSpec) -> list[str]:
         args += ["--bus", spec.bus]
     if spec.cgroup:
         args += ["--cgroup", spec.cgroup]
+    if spec.stdin == "tty":
+        args.append("--tty")
     return [*args, "--", *spec.argv]
+
+
+def open_stdio(stdin: str, winsize: tuple[int, int] | None = None) -> tuple[tuple, tuple]:
+    """The guard's stdin, stdout and stderr, and ours (its stdin's writer, the readers of its
+    stdout and stderr), by the turn's stdin mode (supervisor.wire.args.STDIN_MODES):
+    - "pipe": three pipes;
+    - "null": its stdin /dev/null, ours -1 (a `send` is refused: the stdin is closed);
+    - "tty": a pty (sized `winsize`, rows and cols): its three are the slave, our stdin and
+      stdout the master (the pty's bytes, exactly as it gives them, are the stdout log) and our
+      stderr a pipe already at its end (the pty merges the streams).
+    Every descriptor is close-on-exec; each of the six is ours to close once."""
+    if stdin == "tty":
+        master, slave = os.openpty()  # glibc opens the slave O_NOCTTY: never our terminal
+        try:
+            if winsize is not None:
+                set_winsize(master, *winsize)
+            stderr_r, stderr_w = os.pipe()
+            os.close(stderr_w)
+            return (slave, os.dup(slave), os.dup(slave)), (os.dup(master), master, stderr_r)
+        except BaseException:
+            os.close(master)
+            os.close(slave)
+            raise
+    if stdin == "null":
+        stdin_r, stdin_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
+    else:
+        stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
+    return (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r)
+
+
+def close_all(fds) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
+def set_winsize(fd: int, rows: int, cols: int) -> None:
+    """Size the terminal on fd (TIOCSWINSZ; its foreground group gets SIGWINCH)."""
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
 def guard_env(env: dict[str, str | None]) -> dict[str, str]:
@@ -386,9 +443,8 @@ def start_guard(spec: GuardSpec) -> GuardProcess:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
-    stdin_r, stdin_w = os.pipe()
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
+    theirs, ours = open_stdio(spec.stdin, spec.winsize)
+    (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r) = theirs, ours
     try:
         popen = subprocess.Popen(
             guard_command(guard_args(spec)),  # python -I -S: see guardd.launch
@@ -401,8 +457,7 @@ def start_guard(spec: GuardSpec) -> GuardProcess:
             close_fds=True,
         )
     except BaseException:
-        for fd in (stdin_w, stdout_r, stderr_r):
-            os.close(fd)
+        close_all((stdin_w, stdout_r, stderr_r))
         raise
     finally:
         for fd in (stdin_r, stdout_w, stderr_w):  # the guard's ends: it has its own copies

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -63,8 +62,10 @@ from .handle import (
     GuardSpec,
     TruncatedCallback,
     _Pipes,
+    close_all,
     guard_args,
     guard_env,
+    open_stdio,
     start_guard,
 )
 
@@ -118,8 +119,7 @@ class _Request:
         self.pending, self.ours, self.spec = pending, ours, spec
 
     def close_ours(self) -> None:
-        for fd in self.ours:
-            os.close(fd)
+        close_all(self.ours)
 
 
 class Launcher:
@@ -209,17 +209,13 @@ class Launcher:
         """A GuardProcess started directly (OSError when it cannot be), or a PendingGuard."""
         if self.zygote is None:
             return self._start_directly(spec)
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
-        stderr_r, stderr_w = os.pipe()
-        theirs, ours = (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r)
+        theirs, ours = open_stdio(spec.stdin, spec.winsize)
         try:
             self.zygote.request(
                 guard_args(spec), cwd=spec.cwd, env=guard_env(spec.env), stdio=theirs
             )
         except (ZygoteGone, ValueError) as e:
-            for fd in (*theirs, *ours):
-                os.close(fd)
+            close_all((*theirs, *ours))
             if isinstance(e, ZygoteGone):
                 self._lost(str(e))
             else:

@@ -207,6 +207,9 @@ class Manager:
             wait_timeout=args.wait_timeout,
             reservation=args.reservation,
             timeout=args.timeout,
+            env_replace=args.env_replace,
+            stdin=args.stdin,
+            winsize=args.winsize,
         )
         if reservation is not None and not held:  # still waiting: the turn takes its place
             turn.requested_at = reservation.requested_at
@@ -398,6 +401,13 @@ class Manager:
         turn = self.turns.get(args.id)
         if turn is None:
             raise ProtocolError("not_found", f"no turn {args.id}")
+        if turn.stdin == "null" and (args.data or args.eof):
+            raise ProtocolError("failed", f"turn {args.id} has no stdin to write to (stdin: null)")
+        if args.winsize is not None:
+            self._resize(turn, args.winsize)
+        if turn.stdin == "tty" and args.eof:
+            # a terminal has no end of input to close: ^D is what ends a line discipline's input
+            args = SendArgs(args.id, args.data + b"\x04", False, args.winsize)
         if turn.state is State.GRANTED and turn.guard is None:  # its guard is being started
             if turn.early_eof:
                 raise ProtocolError("failed", f"the stdin of turn {args.id} is closed")
@@ -416,6 +426,21 @@ class Manager:
             ) from None
         # `pending`: what the turn's pipe has not taken yet, so a writer can hold back
         return {"id": args.id, "written": written, "pending": turn.guard.stdin_pending}
+
+    def _resize(self, turn: Turn, winsize: tuple[int, int]) -> None:
+        """A "tty" turn's terminal gets this size: now, or at its start if it has not started."""
+        if turn.stdin != "tty":
+            raise ProtocolError(
+                "bad_request", f"turn {turn.id} has no terminal to resize (stdin: {turn.stdin})"
+            )
+        turn.winsize = winsize
+        if turn.guard is not None and turn.state is State.RUNNING:
+            try:
+                turn.guard.resize(*winsize)
+            except OSError as e:
+                raise ProtocolError(
+                    "failed", f"unable to resize the terminal of turn {turn.id}: {e}"
+                ) from None
 
     def on_guard_hint(self, topic: str, body: dict[str, Any]) -> None:
         parts = topic.split(".")

@@ -133,6 +133,9 @@ def _waiting_turn(manager: Manager, entry: dict[str, Any]) -> None:
         requested_at=float(entry["requested_at"]),
         reservation=args.reservation,
         timeout=args.timeout,
+        env_replace=args.env_replace,
+        stdin=args.stdin,
+        winsize=args.winsize,
     )
     if entry.get("wait_deadline") is not None:
         manager.ledger.deadlines[turn.id] = float(entry["wait_deadline"])
@@ -154,5 +157,9 @@ def _requeue(manager: Manager, item: Item, requester: Identity | None | bool) ->
 
 def _turn_args(entry: dict[str, Any]) -> TurnArgs:
     """A waiting turn from queue.json, checked as strictly as a new request."""
-    names = ("id", "key", "argv", "cwd", "env", "holder", "reservation", "timeout")
+    # env_replace and stdin are absent in a queue.json written before issue 26: the defaults
+    names = (
+        *("id", "key", "argv", "cwd", "env", "holder", "reservation", "timeout"),
+        *("env_replace", "stdin", "winsize"),
+    )
     return parse_turn({name: entry.get(name) for name in names})

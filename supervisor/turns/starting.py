@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -42,6 +43,16 @@ from .seams import Guard, GuardSettings, PendingStart, StartGuard
 from .states import Item, Turn
 
 log = logging.getLogger("ccsup.starting")
+
+
+def _guard_env(turn: Turn) -> dict[str, str | None]:
+    """What the guard starter adds to the supervisor's environment: the turn's `env`; for an
+    `env_replace` turn, also the removal of every variable of ours it does not name, so that its
+    environment is exactly `env` (the caller's, for `ccsup run`)."""
+    if not turn.env_replace:
+        return turn.env
+    drop: dict[str, str | None] = {name: None for name in os.environ if name not in turn.env}
+    return {**drop, **turn.env}
 
 
 class Happen(Protocol):
@@ -110,12 +121,14 @@ class Starter:
                     turn.id,
                     turn.argv,
                     cwd=turn.cwd,
-                    env=turn.env,
+                    env=_guard_env(turn),
                     record_dir=self.paths.guards,
                     grace=settings.grace,
                     scan=settings.scan,
                     bus=settings.bus_in,
                     cgroup=cgroup,
+                    stdin=turn.stdin,
+                    winsize=turn.winsize,
                 )
             )
         except OSError as e:

@@ -127,6 +127,9 @@ class Turn:
     wait_timeout: float | None = None
     reservation: str | None = None
     timeout: float | None = None  # its own runtime limit (supervisor.admission.runtime_limits)
+    env_replace: bool = False  # env is its whole environment, not added to the supervisor's
+    stdin: str = "pipe"  # supervisor.wire.args.STDIN_MODES
+    winsize: tuple[int, int] | None = None  # a "tty" turn's terminal at its start
     state: State = State.NEW
     exit: Outcome | None = None  # once known
     stop_reason: str | None = None
@@ -163,6 +166,9 @@ class Turn:
             "wait_deadline": wait_deadline,
             "reservation": self.reservation,
             "timeout": self.timeout,
+            "env_replace": self.env_replace,
+            "stdin": self.stdin,
+            "winsize": None if self.winsize is None else list(self.winsize),
         }
 
 

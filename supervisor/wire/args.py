@@ -96,9 +96,21 @@ class TurnArgs:
     reservation: str | None = None
     wait_timeout: float | None = None
     timeout: float | None = None  # the turn's runtime limit (seconds)
+    # True: `env` is the turn's whole environment (`ccsup run` sends its caller's); False: it
+    # is added to the supervisor's
+    env_replace: bool = False
+    stdin: str = "pipe"  # STDIN_MODES
+    winsize: tuple[int, int] | None = None  # a "tty" turn's terminal at its start: rows, cols
 
+
+# What a turn's stdin is: a pipe fed by `send` (until `eof`), /dev/null, or a pseudo-terminal
+# that the guard makes (fed by `send`, sized by `resize`).
+STDIN_MODES = ("pipe", "null", "tty")
 
 _TURN_FIELDS = {
+    "env_replace",
+    "stdin",
+    "winsize",
     "timeout",
     "id",
     "key",
@@ -126,6 +138,22 @@ def _reject_unknown(args: dict, known: set[str], what: str) -> None:
             raise bad_request("'ts' must be a number of epoch seconds")
 
 
+MAX_WINSIZE = 0xFFFF  # struct winsize's unsigned short
+
+
+def parse_winsize(value: Any, name: str) -> tuple[int, int] | None:
+    """[rows, cols] of a terminal, each 1..65535; None when absent."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(type(n) is int and 1 <= n <= MAX_WINSIZE for n in value)
+    ):
+        raise bad_request(f"'{name}' must be [rows, cols], each a whole number from 1 to 65535")
+    return value[0], value[1]
+
+
 def parse_turn(args: dict) -> TurnArgs:
     _reject_unknown(args, _TURN_FIELDS, "a turn request")
     turn_id = None if args.get("id") is None else check_id(args["id"])
@@ -151,6 +179,18 @@ def parse_turn(args: dict) -> TurnArgs:
     reservation = (
         None if args.get("reservation") is None else check_id(args["reservation"], "reservation")
     )
+    env_replace = args.get("env_replace", False)
+    if not isinstance(env_replace, bool):
+        raise bad_request("'env_replace' must be true or false")
+    if env_replace and any(value is None for value in env.values()):
+        raise bad_request("'env' with 'env_replace' is the whole environment: no null values")
+    stdin = "pipe" if args.get("stdin") is None else args["stdin"]
+    if stdin not in STDIN_MODES:
+        shown = stdin[:64] if isinstance(stdin, str) else stdin
+        raise bad_request(f"'stdin' must be one of {', '.join(STDIN_MODES)}, not {shown!r}")
+    winsize = parse_winsize(args.get("winsize"), "winsize")
+    if winsize is not None and stdin != "tty":
+        raise bad_request("'winsize' is the size of a terminal: it needs 'stdin': 'tty'")
     return TurnArgs(
         id=turn_id,
         key=key,
@@ -161,6 +201,9 @@ def parse_turn(args: dict) -> TurnArgs:
         reservation=reservation,
         wait_timeout=_wait_timeout(args),
         timeout=_seconds(args, "timeout", MAX_TIMEOUT),
+        env_replace=env_replace,
+        stdin=stdin,
+        winsize=winsize,
     )
 
 
@@ -190,16 +233,20 @@ class SendArgs:
     id: str
     data: bytes
     eof: bool
+    winsize: tuple[int, int] | None = None  # a "tty" turn's new terminal size: rows, cols
 
 
 def parse_send(args: dict) -> SendArgs:
-    """'data' (text, written as UTF-8) or 'data_b64' (any bytes, base64), and 'eof'."""
-    _reject_unknown(args, {"id", "data", "data_b64", "eof"}, "a send request")
+    """'data' (text, written as UTF-8) or 'data_b64' (any bytes, base64), and 'eof'; for a
+    "tty" turn also 'winsize' ([rows, cols]: the terminal is resized, CMD gets SIGWINCH)."""
+    _reject_unknown(args, {"id", "data", "data_b64", "eof", "winsize"}, "a send request")
     data = data_field(args, "a send request")
     eof = args.get("eof", False)
     if not isinstance(eof, bool):
         raise bad_request("'eof' must be true or false")
-    return SendArgs(check_id(args.get("id")), data, eof)
+    return SendArgs(
+        check_id(args.get("id")), data, eof, parse_winsize(args.get("winsize"), "winsize")
+    )
 
 
 def parse_quit(args: dict) -> bool:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,176 @@ def test_ps_cuts_the_command_to_the_terminal_and_json_keeps_it_whole(env, state_
         assert fit(["abc"], None) == ["abc"]
     finally:
         assert ended(proc, go) == 0
+
+
+def test_run_passes_the_callers_environment_and_cwd_and_clean_env_the_supervisors(env, tmp_path):
+    caller = {**env, "MYVAR": "from the caller"}  # the supervisor was started without it
+    said = 'echo "[$MYVAR]"; pwd'
+    done = ccsup(caller, "run", "--", "sh", "-c", said, cwd=str(tmp_path))
+    assert (done.returncode, done.stdout) == (0, f"[from the caller]\n{tmp_path}\n"), done.stderr
+    clean = ccsup(caller, "run", "--clean-env", "--", "sh", "-c", said, cwd=str(tmp_path))
+    assert clean.stdout == f"[]\n{tmp_path}\n"
+    named = ccsup(caller, "run", "--clean-env", "--env", "MYVAR", "--", "sh", "-c", said)
+    assert named.stdout.startswith("[from the caller]\n")
+    over = ccsup(caller, "run", "--env", "MYVAR=over", "--", "sh", "-c", said)
+    assert over.stdout.startswith("[over]\n")
+    # a variable the caller unset is not the supervisor's either: the environment is the caller's
+    gone = {k: v for k, v in env.items() if k != "HOME"}
+    shown = ccsup(gone, "run", "--", "sh", "-c", 'echo "[${HOME-unset}]"')
+    assert shown.stdout == "[unset]\n"
+
+
+def test_the_environment_stays_out_of_every_state_file_event_and_the_history(env, state_dir):
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    caller = {**env, "API_KEY": secret}
+    go = state_dir / "go"
+    first = holding(env, go, "--key", "codex")  # without the secret; the second waits behind it
+    second = None
+    try:
+        assert first.stdout.readline() == b"ready\n"
+        ccsup(env, "pause", "codex", "--for", "60s")  # so the second turn waits, in queue.json
+        second = subprocess.Popen(
+            [*CCSUP, "run", "--json", "--key", "codex", "--"]
+            + ["sh", "-c", 'test "$API_KEY" = "$EXPECTED" && echo same'],
+            env={**caller, "EXPECTED": secret},
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        journal = state_dir / "queue.journal"  # queue.json's journal: 0600, as queue.json is
+        from conftest import wait_until
+
+        wait_until(lambda: secret in journal.read_text(), what="the queued env")
+        assert journal.stat().st_mode & 0o777 == 0o600
+        ccsup(env, "resume", "codex")
+        out, _ = second.communicate(timeout=30)
+        assert second.returncode == 0
+    finally:
+        ended(first, go)
+        if second is not None and second.poll() is None:
+            second.kill()
+            second.wait()
+    events = out.decode()
+    assert '"same' in events and secret not in events
+    ccsup(env, "stop")  # the history and every record written out
+    found = [
+        str(path)
+        for path in state_dir.rglob("*")
+        if path.is_file() and secret.encode() in path.read_bytes()
+    ]
+    assert found == []
+
+
+def under_a_terminal(env, *args: str, timeout: float = 30) -> tuple[int, bytes]:
+    """`ccsup ARGS` with a pty as its stdin, stdout and stderr (as from a shell in a terminal):
+    its exit status and everything it wrote."""
+    import select
+
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [*CCSUP, *args], env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+    )
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every slave is closed
+                    chunk = b""
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+        return proc.wait(timeout=5), out
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_from_a_terminal_a_program_that_reads_stdin_to_its_end_starts_at_once(env):
+    started = time.monotonic()
+    code, out = under_a_terminal(env, "run", "--", "sh", "-c", "wc -c; [ -t 0 ] || echo notty")
+    assert code == 0, out
+    assert out.endswith(b"0\r\nnotty\r\n") and time.monotonic() - started < 20
+    assert b": started\r\n" in out  # the id line: on a terminal, stderr says it
+    # -i forwards the terminal as a pipe (today's behaviour): it then waits for input; here the
+    # turn is cancelled by its timeout, which says it did wait
+    code, out = under_a_terminal(env, "run", "-i", "--timeout", "1s", "--", "cat")
+    assert code == 124, out
+
+
+def test_t_without_a_terminal_is_a_usage_error(env):
+    done = ccsup(env, "run", "-t", "--", "true")
+    assert done.returncode == 2 and "-t/--tty needs a terminal on stdin" in done.stderr
+
+
+class Tmux:
+    """A tmux server of this test's own (its socket in tmp_path), one window running `command`."""
+
+    def __init__(self, env, sock: Path, command: str, width: int = 100, height: int = 30):
+        self.env, self.base = env, ["tmux", "-S", str(sock)]
+        self.tmux("-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y", str(height),
+                  command)  # fmt: skip
+        self.tmux("set-option", "-g", "status", "off")
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            [*self.base, *args], env=self.env, capture_output=True, text=True, timeout=10
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-100")
+
+    def wait_for(self, text: str, timeout: float = 20) -> str:
+        from conftest import wait_until
+
+        try:
+            return wait_until(lambda: text in self.screen() and self.screen(), timeout, what=text)
+        except TimeoutError:
+            raise AssertionError(f"no {text!r} on the screen:\n{self.screen()}") from None
+
+    def close(self) -> None:
+        subprocess.run([*self.base, "kill-server"], env=self.env, capture_output=True, timeout=10)
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
+def test_t_gives_a_working_terminal_shown_in_tmux_typed_into_resized_and_ctrl_c(env, tmp_path):
+    script = tmp_path / "turn.sh"
+    script.write_text(
+        "before=$(stty -g)\n"
+        f"{' '.join(CCSUP)} run -t -- sh -c "
+        '\'[ -t 0 ] && echo "tty $(stty size)"; cat; '
+        'while read line; do echo "size $(stty size) $(tput cols)"; done\'\n'
+        'echo "EXIT=$?"\n'
+        '[ "$(stty -g)" = "$before" ] && echo RESTORED\n'
+        "sleep 60\n"
+    )
+    tmux = Tmux(env, tmp_path / "tmux.sock", f"sh {script}")
+    try:
+        rows, cols = tmux.tmux("display", "-p", "#{pane_height} #{pane_width}").split()
+        tmux.wait_for(f"tty {rows} {cols}")
+        tmux.tmux("send-keys", "-l", "hello there")
+        tmux.tmux("send-keys", "Enter")
+        screen = tmux.wait_for("hello there\nhello there")  # the pty's echo, then cat's
+        tmux.tmux("send-keys", "C-d")  # ^D as a byte: the pty's line discipline ends cat's input
+        tmux.tmux("resize-window", "-x", "72", "-y", "20")
+        from conftest import wait_until
+
+        def sized() -> bool:  # each line typed says the size CMD sees: SIGWINCH's trip is async
+            tmux.tmux("send-keys", "x", "Enter")
+            return "size 20 72 72" in tmux.screen()
+
+        wait_until(sized, 20, 0.2, what="the new size inside")
+        tmux.tmux("send-keys", "C-c")  # ^C as a byte: SIGINT to CMD's foreground group
+        screen = tmux.wait_for("EXIT=130")
+        assert "RESTORED" in tmux.wait_for("RESTORED"), screen
+    finally:
+        tmux.close()
