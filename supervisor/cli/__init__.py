@@ -117,11 +117,21 @@ def _set_global(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def _add_examples(command: click.Command, name: str) -> None:
-    from .help_text import examples_epilog
+    """Examples under the command's help (supervisor.cli.help_text), imported only when the help
+    is shown: a command that runs pays nothing for them."""
+    own = command.format_epilog
 
-    epilog = examples_epilog(name, command.help)
-    if epilog is not None:
-        command.epilog = f"{command.epilog}\n\n{epilog}" if command.epilog else epilog
+    def format_epilog(ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from .help_text import examples_epilog
+
+        own(ctx, formatter)
+        epilog = examples_epilog(name, command.help)
+        if epilog is not None:
+            formatter.write_paragraph()
+            with formatter.indentation():
+                formatter.write_text(epilog)
+
+    command.format_epilog = format_epilog  # type: ignore[method-assign]
 
 
 def _take_global_options(command: click.Command) -> None:

@@ -62,8 +62,12 @@ def _command(parent: click.Context, name: str, command: click.Command, prefix: s
     usage = " ".join(command.collect_usage_pieces(ctx))
     out = [f".SS {_roff(prefix + name)}", f".B {_roff(prefix + name)}\n{_roff(usage)}", ".PP"]
     out.append(_paragraphs(command.help or ""))
-    if command.epilog:
-        out += [".PP", _paragraphs(command.epilog)]
+    from .help_text import examples_epilog
+
+    examples = examples_epilog(name, command.help) if prefix == "ccsup " else None
+    for epilog in (command.epilog, examples):
+        if epilog:
+            out += [".PP", _paragraphs(epilog)]
     out += _options(ctx, command)
     if isinstance(command, click.Group):
         for sub_name in command.list_commands(ctx):
