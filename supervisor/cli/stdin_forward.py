@@ -10,7 +10,9 @@ prints the file.
 Back-pressure: the supervisor queues what the turn's pipe has not taken yet and says how much
 (`pending` in the reply); above PENDING_LIMIT the forwarder waits (polling with an empty send)
 before it reads more, so a slow consumer never makes the supervisor hold more than about
-PENDING_LIMIT + CHUNK bytes of it. When the turn has ended (the send is refused) the forwarder
+PENDING_LIMIT + CHUNK bytes of it (under the supervisor's own bound, STDIN_MAX_PENDING in
+supervisor.turns.manager; a `busy` answer, when another client fills it, is waited out the same
+way). When the turn has ended (the send is refused) the forwarder
 stops reading. A terminal as stdin is forwarded too (line by line, as the terminal delivers it).
 
 Knows file descriptors and the `send` command; nothing of events or exit codes.
@@ -55,7 +57,7 @@ class StdinForwarder:
                     except OSError as e:
                         self.error = f"unable to read stdin: {e.strerror}"
                         data = b""
-                    reply = self._send(client, data, eof=not data)
+                    reply = self._send_when_room(client, data, eof=not data)
                     self.sent += len(data)
                     while data and reply.get("pending", 0) > PENDING_LIMIT:
                         time.sleep(POLL)
@@ -64,6 +66,19 @@ class StdinForwarder:
                         return
         except CcsupError as e:  # the turn ended (or the supervisor went): nothing to write to
             self.error = e.message
+
+    def _send_when_room(self, client, data: bytes, *, eof: bool) -> dict:
+        """Send, waiting while the supervisor answers `busy` (the turn's stdin is full: another
+        client sends to it too), so nothing read here is dropped."""
+        from ..client.control import RemoteError
+
+        while True:
+            try:
+                return self._send(client, data, eof=eof)
+            except RemoteError as e:
+                if e.code != "busy":
+                    raise
+            time.sleep(POLL)
 
     def _send(self, client, data: bytes, *, eof: bool) -> dict:
         try:

@@ -8,6 +8,20 @@ publishers, so nobody can forge a turn's events. The supervisor's own events go 
 the XPUB with a per-supervisor `seq`. High-water marks are raised for bursts (the default 1000
 lost up to half of a 100k burst here); a subscriber that still misses one sees a `seq` gap.
 
+A bound in bytes per subscriber (`HwmByBytes`). ZeroMQ's high-water mark counts messages, and
+an output chunk is up to ~64 KiB (more once JSON escapes it): at 500,000 messages a suspended
+`ccsup events turn.` (Ctrl-Z) while a turn wrote 400 MB took the supervisor from 27 to 438 MiB,
+all of it queued for that one subscriber. So the XPUB's SNDHWM follows the size of what is sent:
+each message falls in a size class (powers of 4 from 256 bytes) and the mark is
+SUBSCRIBER_BYTES divided by its class (131,072 messages of 256 bytes, 512 of 64 KiB), set on the
+socket when the class changes (libzmq 4.3 applies it to every existing pipe: ~15 us with 20
+subscribers). A larger class lowers the mark at once; a smaller one raises it only after
+RAISE_AFTER without larger messages, so mixed traffic does not set it at every message. A message
+is queued for a subscriber only while that subscriber holds fewer than the mark, so it holds at
+most SUBSCRIBER_BYTES of each class (in practice of one: output is the bulk); past it, that
+subscriber alone loses messages (XPUB drops per pipe) and sees the gap by `seq` and its offsets;
+the log files are still exact.
+
 Counters for narrow subscribers (`Counters`). `seq` counts every event, so only a subscriber to
 everything can tell a hole from a filtered-out event, and subscribing to everything made each
 sidecar receive and decode every turn's output. So each family also has its own count: a
@@ -49,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -65,7 +80,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ccsup.server")
 
-HWM = 500_000
+HWM = 500_000  # the most messages a subscriber's queue holds (small events, in bursts)
+SUBSCRIBER_BYTES = 32 << 20  # what one subscriber's queue may hold on bus-out, per size class
+MIN_CLASS = 256  # bytes: the smallest size class (its mark: SUBSCRIBER_BYTES // 256)
+MIN_HWM = 16  # messages: even the largest (8 MiB) keeps a few queued
+RAISE_AFTER = 1.0  # seconds without a larger message before the mark goes back up
 MAX_MESSAGE = 8 * protocol.MAX_FRAME
 RESERVED_TOPICS = ("turn.", "supervisor.", "slot.")
 SUPERVISOR_PREFIX = "supervisor."
@@ -181,6 +200,48 @@ def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
     return True
 
 
+def size_class(size: int) -> int:
+    """The power of 4 (at least MIN_CLASS) that holds a message of `size` bytes."""
+    bound = MIN_CLASS
+    while bound < size:
+        bound <<= 2
+    return bound
+
+
+class HwmByBytes:
+    """The bus-out XPUB's SNDHWM, following the size of what is sent (see the module's note)."""
+
+    def __init__(self, sock: zmq.Socket, budget: int | None = None, clock=time.monotonic):
+        self.sock = sock
+        self.budget = SUBSCRIBER_BYTES if budget is None else budget
+        self.clock = clock
+        self.size_class = MIN_CLASS
+        self.hwm = self.mark(MIN_CLASS)
+        self.changes = 0  # how often the socket's mark was set (a cost: one command per pipe)
+        self._larger_at = 0.0  # when a message of the current class was last sent
+        sock.setsockopt(zmq.SNDHWM, self.hwm)
+
+    def mark(self, size_class: int) -> int:
+        return max(MIN_HWM, min(HWM, self.budget // size_class))
+
+    def before_send(self, size: int) -> None:
+        cls = size_class(size)
+        if cls == self.size_class:
+            self._larger_at = self.clock()
+            return
+        now = self.clock()
+        if cls > self.size_class:
+            self._larger_at = now
+        elif now - self._larger_at < RAISE_AFTER:
+            return  # a smaller one amid larger ones: keep the lower mark a while
+        self.size_class = cls
+        hwm = self.mark(cls)
+        if hwm != self.hwm:
+            self.hwm = hwm
+            self.changes += 1
+            self.sock.setsockopt(zmq.SNDHWM, hwm)
+
+
 class Server:
     def __init__(
         self,
@@ -241,7 +302,7 @@ class Server:
                     pass  # an older libzmq: the ZAP socket bound above is what keeps it closed
         self.control.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.bus_in.setsockopt(zmq.RCVHWM, HWM)
-        self.bus_out.setsockopt(zmq.SNDHWM, HWM)
+        self.bus_out_hwm = HwmByBytes(self.bus_out)
         self.bus_out.setsockopt(zmq.XPUB_VERBOSE, 1)
         for sock, name in (
             (self.control, "control"),
@@ -318,7 +379,9 @@ class Server:
         """Publish one of the supervisor's own events, with its counters (see `Counters`)."""
         counters, ended = self.counters.stamp(topic, fields)
         body = protocol.event_body(fields, seq=self.counters.seq, counters=counters)
-        if not _send_nowait(self.bus_out, [topic.encode(), protocol.dumps(body)]):
+        frames = [topic.encode(), protocol.dumps(body)]
+        self.bus_out_hwm.before_send(len(frames[0]) + len(frames[1]))
+        if not _send_nowait(self.bus_out, frames):
             log.warning("bus-out is full: dropped %s (seq %d)", topic, self.counters.seq)
         for observe in self.observers:
             observe(topic, body)
@@ -398,6 +461,7 @@ class Server:
                 topic[:128],
             )
             return
+        self.bus_out_hwm.before_send(sum(len(frame) for frame in frames))
         if not _send_nowait(self.bus_out, frames):
             log.warning("bus-out is full: dropped a forwarded %s", topic[:128])
         self._on_bus(topic, body)

@@ -99,6 +99,10 @@ class _GateFailed(Exception):
         self.error = error
 
 
+# Bytes a turn's stdin may hold that its pipe has not taken: a `send` past it is refused `busy`
+# (nothing of it taken), so a turn that does not read costs the supervisor at most this much.
+# Above `ccsup run`'s own hold-back (1 MiB + a 64 KiB chunk) and a whole 1 MiB frame.
+STDIN_MAX_PENDING = 4 << 20
 RETRY_INTERVAL = 0.25  # how often waiters retry slots that other processes may have freed
 
 
@@ -411,6 +415,7 @@ class Manager:
         if turn.state is State.GRANTED and turn.guard is None:  # its guard is being started
             if turn.early_eof:
                 raise ProtocolError("failed", f"the stdin of turn {args.id} is closed")
+            _check_room(args.id, len(turn.early_stdin), len(args.data))
             turn.early_stdin += args.data
             turn.early_eof = args.eof
             return {"id": args.id, "written": len(args.data), "pending": len(turn.early_stdin)}
@@ -418,6 +423,7 @@ class Manager:
             raise ProtocolError(
                 "failed", f"turn {args.id} is {turn.state.value}, not running: nothing to write to"
             )
+        _check_room(args.id, turn.guard.stdin_pending, len(args.data))
         try:
             written = turn.guard.write_stdin(args.data, args.eof)
         except OSError as e:
@@ -611,3 +617,14 @@ class Manager:
     def close(self) -> None:
         self.requesters.close()
         self.ledger.files.stop()
+
+
+def _check_room(turn_id: str, pending: int, size: int) -> None:
+    """`busy` when `size` more bytes would put the turn's unread stdin past STDIN_MAX_PENDING."""
+    if size and pending + size > STDIN_MAX_PENDING:
+        raise ProtocolError(
+            "busy",
+            f"the stdin of turn {turn_id} holds {pending} bytes its command has not read yet "
+            f"(at most {STDIN_MAX_PENDING}): {size} more were not taken; send them again once "
+            "`pending` (an empty send answers it) is lower",
+        )

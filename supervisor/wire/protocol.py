@@ -58,6 +58,7 @@ ERROR_CODES = (
     "conflict",  # an id reused for a different request, a reservation of another holder
     "stopping",  # the supervisor is shutting down and takes no new work
     "no_space",  # the request could not be saved (a full disk): nothing of it was queued
+    "busy",  # a send past what a turn's stdin may hold unread: nothing taken, retry later
     "failed",  # the command was understood but could not be carried out
 )
 
