@@ -78,6 +78,9 @@ class ScriptedProvider:
                 if self.path.split("?")[0].endswith("/count_tokens"):
                     self._json(200, {"input_tokens": 10})
                     return
+                if self.path.split("?")[0].endswith("/chat/completions"):
+                    self._chunks(provider.answer_chat(body))
+                    return
                 if self.path.split("?")[0].endswith("/responses"):
                     self._sse(responses_events(provider.answer_responses(body)))
                     return
@@ -106,6 +109,15 @@ class ScriptedProvider:
 
             def _stream(self, message: dict) -> None:
                 self._sse(anthropic_events(message))
+
+            def _chunks(self, chunks: list[dict]) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()
+                for chunk in chunks:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
 
             def _sse(self, events: list[tuple[str, dict]]) -> None:
                 self.send_response(200)
@@ -166,6 +178,77 @@ class ScriptedProvider:
                 model, [{"type": "text", "text": f"no tool {name} offered"}], "end_turn"
             )
         return _message(model, [{"type": "text", "text": self.final}], "end_turn")
+
+    def answer_chat(self, body: dict) -> list[dict]:
+        """Chat Completions (OpenCode's custom provider), streamed as chunks."""
+        messages = body.get("messages") or []
+        seen = [
+            (str(m.get("tool_call_id")), _text_of(m.get("content")))
+            for m in messages
+            if isinstance(m, dict) and m.get("role") == "tool"
+        ]
+        results = [text for _, text in seen]
+        offered = {
+            (t.get("function") or {}).get("name")
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+        }
+        with self._lock:
+            self.requests.append(body)
+            if seen and seen[-1][0] not in self._seen_ids:
+                self._seen_ids.add(seen[-1][0])
+                self.results.append(seen[-1][1])
+        call = None
+        if offered and len(results) < len(self.steps):
+            step = self.steps[len(results)]
+            try:
+                call = step(results) if callable(step) else step
+            except (ValueError, KeyError, IndexError, AttributeError):
+                call = None
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+            "object": "chat.completion.chunk",
+            "model": "scripted",
+            "created": 0,
+        }
+        if call is None or call[0] not in offered:
+            return [
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": self.final},
+                            "finish_reason": None,
+                        }
+                    ],
+                },
+                {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            ]
+        name, arguments = call
+        tool_call = {
+            "index": 0,
+            "id": f"call_{uuid.uuid4().hex[:12]}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)},
+        }
+        return [
+            {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "tool_calls": [tool_call]},
+                        "finish_reason": None,
+                    }
+                ],
+            },
+            {
+                **base,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            },
+        ]
 
     def answer_responses(self, body: dict) -> dict:
         """The OpenAI Responses API (Codex): the same script, function calls for tool calls."""

@@ -1,0 +1,141 @@
+"""OpenCode itself (the npm package, pinned), against a scripted Chat Completions provider on
+127.0.0.1 (a custom provider in its opencode.json): with `ccsup hook install opencode` (a
+plugin's tool.execute.before) its bash calls run as ccsup turns."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+from conftest import PYTHON, wait_until
+from npm_harness import PINNED, cache_dir, harness_bin
+
+from supervisor.agents.scripted import ScriptedProvider
+from supervisor.history import db
+
+CCSUP = [PYTHON, "-m", "supervisor"]
+
+
+@pytest.fixture(scope="module")
+def opencode():
+    return harness_bin("opencode")
+
+
+@pytest.fixture
+def sandbox(daemon, state_dir, tmp_path):
+    d = daemon(caps="default = 1")
+    home = tmp_path / "home"
+    config = home / ".config"
+    (config / "opencode").mkdir(parents=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "OPENCODE", "CCSUP_"))
+    }
+    env.update(
+        CCSUP_TEST_RUN=os.environ["CCSUP_TEST_RUN"],
+        PWD=str(work),  # OpenCode takes its project directory from $PWD
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(config),
+        # OpenCode installs its provider's SDK package (from npm) into its cache: kept between tests
+        XDG_CACHE_HOME=str(cache_dir().parent / "opencode-cache"),
+        CCSUP_STATE_DIR=str(state_dir),
+        CCSUP_CONFIG=str(d.config),
+        CCSUP_HOOK_LOG=str(tmp_path / "hook.log"),
+        OPENCODE_DISABLE_MODELS_FETCH="1",
+        OPENCODE_DISABLE_AUTOUPDATE="1",
+        OPENCODE_DISABLE_LSP_DOWNLOAD="1",
+    )
+    return {"env": env, "config": config, "work": work, "state_dir": state_dir, "tmp": tmp_path}
+
+
+def provider_config(config, provider: ScriptedProvider) -> None:
+    (config / "opencode" / "opencode.json").write_text(
+        json.dumps(
+            {
+                "$schema": "https://opencode.ai/config.json",
+                "provider": {
+                    "scripted": {
+                        "npm": "@ai-sdk/openai-compatible",
+                        "name": "scripted",
+                        "options": {"baseURL": f"{provider.url}/v1", "apiKey": "sk-scripted"},
+                        "models": {"m": {"name": "m", "tool_call": True}},
+                    }
+                },
+                "model": "scripted/m",
+                "autoupdate": False,
+                "share": "disabled",
+            }
+        )
+    )
+
+
+@pytest.mark.timeout(240)  # OpenCode's first start installs its provider SDK (30-60 s here)
+def test_a_bash_call_runs_as_a_turn_with_the_session_and_its_setsid_daemon_ends_with_it(
+    opencode, sandbox
+):
+    plugins = sandbox["config"] / "opencode" / "plugins"
+    done = subprocess.run(
+        [*CCSUP, "hook", "install", "opencode", "--settings", str(plugins)],
+        env=sandbox["env"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    pidfile = sandbox["tmp"] / "daemon.pid"
+    command = (
+        "go test ./... >/dev/null 2>&1; "
+        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
+        "</dev/null >/dev/null 2>&1 & "
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD"
+    )
+    provider = ScriptedProvider([("bash", {"command": command, "description": "tests"})])
+    provider_config(sandbox["config"], provider)
+    daemon_pid = None
+    try:
+        ran = subprocess.run(
+            [str(opencode), "run", "run it", "--model", "scripted/m"],
+            cwd=sandbox["work"],
+            env=sandbox["env"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        daemon_pid = int(pidfile.read_text())
+        [seen] = provider.results
+        match = re.search(r"turn=(\S+) in (\S+)", seen)
+        assert match and match.group(1) != "none", seen
+        assert match.group(2) == str(sandbox["work"])
+        turn = db.show(sandbox["state_dir"], match.group(1))
+        assert turn["holder"]["harness"] == "opencode" and turn["holder"]["session"].startswith(
+            "ses"
+        )
+        wait_until(
+            lambda: not os.path.exists(f"/proc/{daemon_pid}") or _zombie(daemon_pid),
+            15,
+            0.05,
+            "the setsid daemon to end",
+        )
+    finally:
+        provider.close()
+        if daemon_pid and os.path.exists(f"/proc/{daemon_pid}") and not _zombie(daemon_pid):
+            os.kill(daemon_pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_versions_are_the_pinned_ones(opencode):
+    out = subprocess.run([str(opencode), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == PINNED["opencode"][1]
