@@ -52,7 +52,10 @@ The state question:
   its work says; so is a record file that cannot be parsed but was last changed before this boot
   (slot_record's boot rule). Old records without a boot id are judged by their work.
 - Empty, corrupt or newer-version records of this boot, a directory that cannot be read, or a
-  guard record named by the work that cannot be read: *unreadable*. Counted as taken, never handed out, shown
+  guard record named by the work that cannot be read: *unreadable*. So are planted files (issue
+  27, B4): a record or guard record that is a symlink, a FIFO or over guardd.record's size bound
+  (read_file: never followed, never blocked on, never read whole), and a lock file that is no
+  regular file (BadLockFile: the grant passes over that index). Counted as taken, never handed out, shown
   with an error naming the file. Nothing here deletes or rewrites them; a person fixes or removes
   the file (a reaper does act on a slot whose own record is readable but whose guard record is not:
   it ends what it knows of and releases).
@@ -101,7 +104,7 @@ from .record import (  # noqa: F401  (re-exported: the gate's public names stay 
     write_slot_record,
     written_before_boot,
 )
-from .views import SlotReader, _indices, held_locks  # noqa: F401  (held_locks: re-exported)
+from .views import BadLockFile, SlotReader, _indices, held_locks  # noqa: F401  (held_locks: re-exported)
 
 _RACY_NS = 50_000_000  # a directory changed this recently may change again within its mtime tick
 # Indices of a key made ahead at most (`prepare`): a cap meant as "no limit" (say 1000000) must not
@@ -315,7 +318,10 @@ class SlotGate(SlotReader):
             for index in range(min(cap, PREPARE_MAX)):
                 if index in present:
                     continue
-                fd = self._lock(directory, index)
+                try:
+                    fd = self._lock(directory, index)
+                except BadLockFile:
+                    continue  # a symlink or FIFO as its lock: shown unreadable, for a person
                 if fd is None:
                     continue  # someone holds it: theirs to write
                 try:
@@ -439,10 +445,13 @@ class SlotGate(SlotReader):
             taken = [v for v in views if v.state in TAKEN]
             if len(taken) >= cap:
                 raise _Full(UNREADABLE if any(v.state == UNREADABLE for v in taken) else "full")
-        for index in self._unheld_of(
-            key, cap
-        ):  # held is not changed in this loop: it returns first
-            fd = self._lock(directory, index)
+        # held is not changed in this loop: it returns first
+        for index in self._unheld_of(key, cap):
+            try:
+                fd = self._lock(directory, index)
+            except BadLockFile:  # a symlink or FIFO as its lock: counted as taken, never used
+                unreadable = True
+                continue
             if fd is None:
                 continue
             try:

@@ -9,8 +9,10 @@ also acquires. The state question is answered in supervisor.slots.gate and super
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 from collections.abc import Callable, Container
 from typing import TypedDict
 
@@ -18,7 +20,7 @@ from guardd.procs import file_key, held_locks
 from guardd.record import RecordError, record_dir_scope
 
 from ..caps import MACHINE_KEY, Caps, check_key, key_problem
-from ..errors import os_failure
+from ..errors import CcsupError, os_failure
 from ..guards.containment import remove_cgroup
 from ..guards.reaper import end_work
 from .record import (
@@ -80,10 +82,33 @@ class LazyLocks:
         return file_key in self._held
 
 
+class BadLockFile(CcsupError):
+    """A slot's lock file that is no lock file: a symlink, a FIFO, a directory (issue 27, B4).
+    The slot counts as unreadable (taken); a person removes the file."""
+
+
+def _open_lock(path: str) -> int:
+    """The lock file at path, opened (made when missing); BadLockFile when it is not a regular
+    file. O_NOFOLLOW: a symlink is refused, not followed; O_NONBLOCK: a FIFO does not block."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise BadLockFile(
+                f"unable to lock slot file {path}: it is not a regular file"
+            ) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadLockFile(f"unable to lock slot file {path}: it is not a regular file")
+    return fd
+
+
 def _try_lock(path: str) -> int | None:
     """Lock the slot file at path without blocking: the fd, or None when someone else holds it."""
     for _ in range(_LOCK_RETRIES):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = _open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -128,6 +153,8 @@ class SlotReader:
             return _try_lock(path)
         except FileNotFoundError:
             pass
+        except OSError as e:
+            raise os_failure("lock slot file", path, e) from None
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             return _try_lock(path)
@@ -225,7 +252,16 @@ class SlotReader:
             return self._judge(key, index, cap, own, True, "")
         directory = self._dir(key)
         try:
-            locked = file_key(os.stat(f"{directory}/slot-{index}.lock")) in locks
+            lock_stat = os.lstat(f"{directory}/slot-{index}.lock")
+            if not stat.S_ISREG(lock_stat.st_mode):  # a symlink or FIFO put there: no lock
+                return SlotView(
+                    key,
+                    index,
+                    cap,
+                    UNREADABLE,
+                    error=f"{directory}/slot-{index}.lock is not a regular file",
+                )
+            locked = file_key(lock_stat) in locks
         except FileNotFoundError:
             locked = False
         except OSError as e:

@@ -19,7 +19,10 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from guardd.record import RecordError
+
 from ..filework import FileWorker
+from ..paths import TURN_ID
 from . import store
 
 log = logging.getLogger("ccsup.finished")
@@ -70,10 +73,23 @@ class FinishedIds:
     def load(self, legacy: Mapping[str, object]) -> list[str]:
         """Take finished.log back (and `finished` of an older queue.json); returns problems."""
         problems: list[str] = []
-        finished, skipped = store.load_finished(self.path)
+        try:
+            finished, skipped = store.load_finished(self.path)
+        except (RecordError, OSError) as e:  # a FIFO or symlink in its place, or far too long
+            why = (
+                str(e)
+                if isinstance(e, RecordError)
+                else f"unable to read {self.path}: {e.strerror}"
+            )
+            problems.append(store.move_aside(self.path, why))
+            finished, skipped = {}, 0
         if skipped:
             problems.append(f"{self.path}: {skipped} unreadable lines skipped")
         for item_id, entry in legacy.items():
+            if not isinstance(item_id, str) or not TURN_ID.match(item_id):
+                # checked as a request's id is: one with a newline became two lines of the log
+                problems.append(f"finished entry {str(item_id)[:200]!r} is not a turn id")
+                continue
             try:
                 finished.setdefault(item_id, (str(entry[0]), float(entry[1])))  # type: ignore[index]
             except (TypeError, ValueError, IndexError, KeyError):

@@ -15,6 +15,8 @@ states a live one can, by the same steps.
 - Waiting turns and reservations: back in the queue at their old place (request time, then id),
   with their wait deadline; cancelled (`requester_gone`) when their requester has died.
 A malformed entry is skipped and named in the problems returned (the daemon publishes each).
+Every entry is checked as a new request is (supervisor.wire.args): its id a turn id, its key a
+cap key that is not reserved (issue 27, B4: a reservation of `_machine` stopped the start).
 
 Knows queue.json's entries and the manager's collaborators; nothing of sockets.
 """
@@ -28,8 +30,8 @@ from guardd.procs import Identity
 from ..caps import SlotState
 from ..holder import Holder
 from ..slots.gate import SlotView
-from ..wire.args import TurnArgs, parse_holder, parse_turn
-from ..wire.protocol import ProtocolError
+from ..wire.args import TurnArgs, parse_holder, parse_key, parse_turn
+from ..wire.protocol import ProtocolError, check_id
 from .endings import What
 from .requesters import GONE
 from .states import Event, Item, Reservation, State, Turn
@@ -48,13 +50,13 @@ def restore(manager: Manager, data: dict[str, Any], slot_views: list[SlotView]) 
     with ledger.batch():
         problems = manager.finished.load(data["finished"])
         for entry in data["running"]:
-            if (
-                not isinstance(entry, dict)
-                or not isinstance(entry.get("id"), str)
-                or not isinstance(entry.get("key"), str)
-            ):
-                problems.append(f"running entry {str(entry)[:200]} is malformed")
-            elif entry["id"] not in manager.finished:
+            try:  # checked as a request's id and key are (a key `../../x` names a directory)
+                check_id(entry["id"])
+                parse_key(entry["key"])
+            except MALFORMED as e:
+                problems.append(f"running entry {str(entry)[:200]} is malformed: {e}")
+                continue
+            if entry["id"] not in manager.finished:
                 ledger.lost_running.append({"id": entry["id"], "key": entry["key"]})
         settle_lost(manager, slot_views)
         for entry in data["reservations"]:
@@ -91,8 +93,12 @@ def settle_lost(manager: Manager, slot_views: list[SlotView]) -> None:
 
 def _reservation(manager: Manager, entry: dict[str, Any], now: float) -> None:
     holder = parse_holder(entry["holder"])
+    # id and key checked as a new request's are: `_machine` or `../../x` stopped the start (exit 2)
     reservation = Reservation(
-        str(entry["id"]), str(entry["key"]), holder, requested_at=float(entry["requested_at"])
+        check_id(entry["id"]),
+        parse_key(entry["key"]),
+        holder,
+        requested_at=float(entry["requested_at"]),
     )
     if entry.get("wait_deadline") is not None:
         manager.ledger.deadlines[reservation.id] = float(entry["wait_deadline"])

@@ -39,6 +39,10 @@ The state question:
   moved aside to `queue.journal.bad-<epoch>` the same way (the lines before a bad one are kept).
 - finished.log: a line that cannot be parsed (a torn last line after a crash) is skipped and
   counted; a queue.json of an older build that still holds `finished` is read too.
+- Planted or oversized: each file is read by guardd.record.read_file (no symlink followed, no
+  FIFO opened blocking, at most QUEUE_LIMIT bytes); a file that fails it is corrupt (moved aside,
+  finished.log too: FinishedIds.load), and a journal line that is JSON but no object is a bad
+  line (issue 27, B4).
 Knows the files; nothing of turns' logic.
 """
 
@@ -51,11 +55,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from guardd.record import RecordError, encode, read_json
+from guardd.record import RecordError, encode, read_file, read_json
 
 from ..filework import FileWorker
 
 QUEUE_VERSION = 1
+QUEUE_LIMIT = 1 << 30  # bytes of queue.json, its journal or finished.log read at most
 SECTIONS = ("waiting", "reservations", "running")
 COMPACT_MIN = 256  # journal lines below which the journal is never compacted
 
@@ -182,10 +187,10 @@ def _disk_gen(path: Path, journal: Path) -> int:
     gens = [0]
     for file in (path, journal):
         try:
-            with open(file, "rb") as f:
-                first = f.readline() if file == journal else f.read()
+            raw = read_file(file, QUEUE_LIMIT)  # no FIFO, no symlink (guardd.record)
+            first = raw.split(b"\n", 1)[0] if file == journal else raw
             gen = json.loads(first).get("gen")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError):  # RecordError is a ValueError
             continue
         if isinstance(gen, int) and not isinstance(gen, bool):
             gens.append(gen)
@@ -239,7 +244,7 @@ def load_finished(path: Path) -> tuple[dict[str, tuple[str, float]], int]:
     finished: dict[str, tuple[str, float]] = {}
     skipped = 0
     try:
-        text = path.read_bytes().decode(errors="replace")
+        text = read_file(path, QUEUE_LIMIT).decode(errors="replace")
     except FileNotFoundError:
         return finished, 0
     for line in text.splitlines():
@@ -252,7 +257,7 @@ def load_finished(path: Path) -> tuple[dict[str, tuple[str, float]], int]:
     return finished, skipped
 
 
-def _move_aside(path: Path, why: str) -> str:
+def move_aside(path: Path, why: str) -> str:
     aside = path.with_name(f"{path.name}.bad-{int(time.time())}")
     try:
         os.replace(path, aside)
@@ -263,7 +268,7 @@ def _move_aside(path: Path, why: str) -> str:
 
 def _read_snapshot(path: Path) -> dict:
     """queue.json checked (RecordError when unusable); FileNotFoundError passes through."""
-    data = read_json(path, max_version=QUEUE_VERSION)
+    data = read_json(path, max_version=QUEUE_VERSION, limit=QUEUE_LIMIT)
     for name, kind in (
         ("waiting", list),
         ("reservations", list),
@@ -284,7 +289,7 @@ def _replay(path: Path, gen: int, entries: dict[str, Entry]) -> str | None:
     RecordError when the journal as a whole cannot be used (the caller moves it aside).
     """
     try:
-        raw = path.read_bytes()
+        raw = read_file(path, QUEUE_LIMIT)
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -310,6 +315,8 @@ def _replay(path: Path, gen: int, entries: dict[str, Entry]) -> str | None:
     for number, line in enumerate(lines[1:], start=2):
         try:
             op = json.loads(line)
+            if not isinstance(op, dict):  # valid JSON, but `[1, 2]` is no entry
+                raise ValueError("not an object")
             if "del" in op:
                 entries.pop(str(op["del"]), None)
             elif op.get("put") in SECTIONS and isinstance(op["item"]["id"], str):
@@ -345,9 +352,9 @@ def _load(path: Path, move: bool) -> tuple[dict, str | None]:
     except RecordError as e:
         if not move:
             raise
-        problems.append(_move_aside(path, str(e)))
+        problems.append(move_aside(path, str(e)))
         if journal.exists():
-            problems.append(_move_aside(journal, f"{journal} belongs to it"))
+            problems.append(move_aside(journal, f"{journal} belongs to it"))
         return empty, "; ".join(problems)
     entries: dict[str, Entry] = {}
     for section in SECTIONS:
@@ -362,7 +369,7 @@ def _load(path: Path, move: bool) -> tuple[dict, str | None]:
     except RecordError as e:
         if not move:
             raise
-        problems.append(_move_aside(journal, str(e)))
+        problems.append(move_aside(journal, str(e)))
     result = {**empty, "finished": data.get("finished", {})}
     for section, item in entries.values():
         result[section].append(item)

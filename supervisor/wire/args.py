@@ -50,7 +50,7 @@ def _opt_int(args: dict, name: str, low: int, high: int) -> int | None:
     return value
 
 
-def _key(value: Any) -> str:
+def parse_key(value: Any) -> str:
     """A request's cap key (caps.check_key), refused as a bad_request."""
     try:
         return check_key(value, name="'key'")
@@ -157,7 +157,7 @@ def parse_winsize(value: Any, name: str) -> tuple[int, int] | None:
 def parse_turn(args: dict) -> TurnArgs:
     _reject_unknown(args, _TURN_FIELDS, "a turn request")
     turn_id = None if args.get("id") is None else check_id(args["id"])
-    key = _key(args.get("key"))
+    key = parse_key(args.get("key"))
     argv = args.get("argv")
     if not isinstance(argv, list) or not argv or len(argv) > MAX_ARGV:
         raise bad_request(f"'argv' must be a non-empty list of at most {MAX_ARGV} strings")
@@ -219,7 +219,7 @@ def parse_reserve(args: dict) -> ReserveArgs:
     _reject_unknown(args, {"id", "key", "holder", "wait_timeout", "v", "ts"}, "a reserve request")
     res_id = None if args.get("id") is None else check_id(args["id"])
     return ReserveArgs(
-        res_id, _key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args)
+        res_id, parse_key(args.get("key")), parse_holder(args.get("holder")), _wait_timeout(args)
     )
 
 
@@ -261,7 +261,7 @@ def parse_quit(args: dict) -> bool:
 def parse_reap(args: dict) -> str | None:
     _reject_unknown(args, {"key"}, "a reap request")
     key = args.get("key")
-    return None if key is None else _key(key)
+    return None if key is None else parse_key(key)
 
 
 def _seconds(args: dict, name: str, limit: float) -> float | None:
@@ -298,7 +298,7 @@ def parse_pause(args: dict) -> PauseArgs:
     known = {"id", "key", "for", "until", "reason", "by", "v", "ts"}
     _reject_unknown(args, known, "a pause request")
     pause_id = None if args.get("id") is None else check_id(args["id"])
-    key = _key(args.get("key"))
+    key = parse_key(args.get("key"))
     for_ = _seconds(args, "for", MAX_PAUSE_ASKED)
     until = args.get("until")
     if until is not None and (
@@ -327,4 +327,4 @@ class ResumeArgs:
 
 def parse_resume(args: dict) -> ResumeArgs:
     _reject_unknown(args, {"key", "reason"}, "a resume request")
-    return ResumeArgs(_key(args.get("key")), _opt_str(args, "reason", 1024))
+    return ResumeArgs(parse_key(args.get("key")), _opt_str(args, "reason", 1024))
