@@ -105,7 +105,7 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except CcsupError as e:
             if e.message:
-                click.echo(f"ccsup: {e.message}", err=True)
+                click.echo(f"{_error_prefix()} {e.message}", err=True)
             ctx.exit(e.exit_code)
 
 
@@ -114,6 +114,15 @@ def _set_global(ctx: click.Context, param: click.Parameter, value: str | None) -
         found = ctx.find_object(Where)
         if found is not None:
             found.set_option(str(param.name), value)
+
+
+def _error_prefix() -> str:
+    """`ccsup:` before an error, in red on a terminal (supervisor.cli.colour's rule)."""
+    import sys
+
+    from .colour import enabled
+
+    return click.style("ccsup:", fg="red", bold=True) if enabled(sys.stderr) else "ccsup:"
 
 
 def _add_examples(command: click.Command, name: str) -> None:

@@ -76,5 +76,10 @@ def history(
         return
     from .formats import terminal_width
 
-    for line in format_history(records, terminal_width()):
+    lines = format_history(records, terminal_width())
+    from . import colour
+
+    if colour.enabled():  # exit 0 green, failures red
+        lines = colour.paint_column(lines, "OUTCOME", colour.outcome_colour)
+    for line in lines:
         click.echo(line)

@@ -45,5 +45,10 @@ def ps(ctx: click.Context, keys: list[str] | None, as_json: bool) -> None:
         from .cluster_formats import format_cluster_ps
 
         lines += format_cluster_ps(result["cluster"], time.time())
+    from . import colour
+
+    if colour.enabled():  # state words and why a waiter waits
+        for column in ("STATE", "WHY"):
+            lines = colour.paint_column(lines, column, colour.state_colour)
     for line in lines:
         click.echo(line)

@@ -144,7 +144,7 @@ def render(model: Model, now: float, width: int, height: int, message: str = "")
             if record.get("ended_at")
             else "-"
         )
-        style = "plain" if outcome in ("exit 0",) else "failed"
+        style = "plain" if outcome in ("ok", "exit 0") else "failed"
         recent_lines.append(
             Line(
                 _cut(

@@ -14,6 +14,8 @@ Routes:
                                   bytes that are not UTF-8 show as U+FFFD), then `end`; with tail,
                                   first `skipped` {bytes} when the log was longer
   POST /api/turn/<id>/cancel      cancel the turn through the control socket
+  POST /api/key/<key>/pause       pause a key ({"for": "10m"}), reason "paused from the page"
+  POST /api/key/<key>/resume      end a key's pause
   GET  /login?code=<one-time>     set the session cookie; POST /login (token=...) likewise
 
 The app is a client of the supervisor: what the page shows lives in the Hub (supervisor.web.hub:
@@ -274,6 +276,46 @@ async def api_cancel(request: web.Request) -> web.Response:
     return _json(result)
 
 
+async def api_key_pause(request: web.Request) -> web.Response:
+    """Pause a key from the page: `{"for": "10m"}` (a duration), through the control socket."""
+    return await _key_call(request, "pause")
+
+
+async def api_key_resume(request: web.Request) -> web.Response:
+    return await _key_call(request, "resume")
+
+
+async def _key_call(request: web.Request, action: str) -> web.Response:
+    from ..caps import check_key
+    from ..config.values import duration
+
+    hub = request.app[HUB]
+    try:
+        key = check_key(request.match_info["key"])
+        args: dict[str, object] = {"key": key}
+        if action == "pause":
+            body = await request.json() if request.can_read_body else {}
+            span = body.get("for", "10m") if isinstance(body, dict) else None
+            if not isinstance(span, str):
+                return _error(400, 'give the pause\'s length as {"for": "10m"}')
+            args["for"] = duration(span, where="for")
+            args["reason"] = "paused from the page"
+    except ValueError:
+        return _error(400, "the body is not JSON")
+    except CcsupError as e:
+        return _error(400, e.message)
+    try:
+        result = await hub.link.call(action, **args)
+    except RemoteError as e:
+        return _error(400 if e.code == "bad_request" else 409, e.message)
+    except NotRunning as e:
+        return _error(503, e.message)
+    except CcsupError as e:
+        return _error(502, e.message)
+    log.info("key %s: %s from the page (%s)", key, action, request.remote)
+    return _json(result)
+
+
 def _logged_in(session: str) -> web.Response:
     """To the main page, with the session cookie."""
     response = web.Response(status=303, headers={"Location": "/"})
@@ -314,6 +356,8 @@ def make_app(hub: Hub, gate: Gate) -> web.Application:
     app.router.add_get("/api/turn/{id}", api_turn)
     app.router.add_get("/api/turn/{id}/output", api_output)
     app.router.add_post("/api/turn/{id}/cancel", api_cancel)
+    app.router.add_post("/api/key/{key}/pause", api_key_pause)
+    app.router.add_post("/api/key/{key}/resume", api_key_resume)
     app.router.add_get("/login", login_get)
     app.router.add_post("/login", login_post)
 

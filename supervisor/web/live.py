@@ -91,6 +91,7 @@ class WaitView(TypedDict):
     since: float | None
     reservation: bool
     why: str | None
+    why_word: str | None  # the one word (`key_full`, `paused`, `rate`): the queue's column
     command: str | None
     cwd: str | None
 
@@ -192,6 +193,14 @@ def _why(value: object) -> str | None:
     if isinstance(value, dict):
         return _str(value.get("detail")) or _str(value.get("reason"))
     return _str(value)
+
+
+def _why_word(value: object) -> str | None:
+    """The reason word of `ps`'s why ({reason, ...}); a sentence's first word otherwise."""
+    if isinstance(value, dict):
+        return _str(value.get("reason"))
+    text = _str(value)
+    return text.split(" ", 1)[0] if text else None
 
 
 def _int(value: object) -> int | None:
@@ -379,6 +388,7 @@ class Live:
                     since=_num(wait.get("since")),
                     reservation=wait.get("reservation") is True,
                     why=_why(wait.get("why")),
+                    why_word=_why_word(wait.get("why")),
                     command=_command(wait.get("argv")),
                     cwd=_str(wait.get("cwd")),
                 )

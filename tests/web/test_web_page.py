@@ -476,3 +476,30 @@ def test_a_rate_held_key_shows_when_it_may_start_again(daemon, state_dir, web, b
         second = hold(client, "codex", "s2", "beta")  # a free slot, but the window is spent
         expect(page.locator(f'#queue tr[data-turn="{second}"]')).to_be_visible()
         expect(row.locator("td.rate")).to_contain_text("next start in 9 min")
+
+
+def test_pause_and_resume_buttons_and_the_queues_one_word_why(daemon, state_dir, web, browser):
+    d = start_supervisor(daemon, state_dir, "codex = 1")
+    w = web(d.config)
+    page = page_of(browser, w.url)
+    row = page.locator('#keys tr[data-key="codex"]')
+    expect(row).to_be_visible()
+    with d.client() as client:
+        holder = hold(client, "codex", "s1", "alpha")
+        waiter = hold(client, "codex", "s2", "beta")
+        # The queue says why in one word; the sentence is its title.
+        why = page.locator(f'#queue tr[data-turn="{waiter}"] td.why')
+        expect(why).to_have_text("key_full")
+        holder_row = page.locator(f'#holders tr[data-turn="{holder}"]')
+        expect(holder_row.locator("td.command")).to_have_text("sleep 300")
+        page.once("dialog", lambda dialog: dialog.accept("5m"))
+        row.locator("button.pause-key").click()
+        expect(page.locator("#keys-result")).to_contain_text("codex paused until")
+        keys = {k["key"]: k for k in client.status()["keys"]}
+        assert keys["codex"]["paused"]["reason"] == "paused from the page"
+        assert 280 < keys["codex"]["paused"]["until"] - time.time() <= 300
+        expect(row.locator("td.pause")).to_contain_text("paused from the page")
+        row.locator("button.resume-key").click()
+        expect(page.locator("#keys-result")).to_have_text("codex resumed")
+        expect(row.locator("button.resume-key")).to_have_count(0)
+        assert not any(k.get("paused") for k in client.status()["keys"])

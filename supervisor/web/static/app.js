@@ -35,7 +35,10 @@
         el("td", { class: "n" + (k.orphaned ? " warn" : "") }, k.orphaned),
         el("td", { class: "n", "data-field": "waiting" }, k.waiting),
         el("td", { class: "pause " + (paused ? "paused" : "muted") }, paused || "–"),
-        el("td", { class: "rate muted" }, rateText(k) || "–"));
+        el("td", { class: "rate muted" }, rateText(k) || "–"),
+        el("td", { class: "actions" },
+          el("button", { class: "pause-key", title: "grant nothing of " + k.key + " for a while" }, "pause"),
+          paused ? el("button", { class: "resume-key", title: "end the pause of " + k.key }, "resume") : null));
     });
     ccsup.replaceRows(document.querySelector("#keys tbody"), rows);
     // Pauses and start rates show only where the supervisor has them.
@@ -81,7 +84,7 @@
       el("td", { class: "mono" }, turnLink(w.id), w.reservation ? el("span", { class: "badge" }, "reservation") : null),
       el("td", {}, who(w.session, w.agent)),
       el("td", { title: "since " + clock(w.since) }, w.since ? age(now - w.since) : "–"),
-      el("td", { class: "why muted" }, w.why || ""),
+      el("td", { class: "why muted", title: w.why || "" }, w.why_word || w.why || ""),
       el("td", { class: "mono command", title: commandTitle(w) }, w.command || "–")));
     if (state.waits.length > MAX_ROWS) {
       rows.push(el("tr", {}, el("td", { colspan: 7, class: "muted" }, `and ${state.waits.length - MAX_ROWS} more waiting`)));
@@ -90,6 +93,37 @@
     document.getElementById("queue").classList.toggle("no-why", !state.waits.some((w) => w.why));
     document.getElementById("queue-empty").hidden = rows.length > 0;
   }
+
+  // Pause and resume a key: a POST through the supervisor's own checks (its answer is shown).
+  async function keyAction(key, action, body) {
+    const note = document.getElementById("keys-result");
+    note.textContent = action + " " + key + "…";
+    try {
+      const response = await fetch(`/api/key/${encodeURIComponent(key)}/${action}`, {
+        method: "POST", credentials: "same-origin",
+        headers: { "X-Ccsup-Csrf": ccsup.csrf(), "Content-Type": "application/json" },
+        body: JSON.stringify(body || {}),
+      });
+      const answer = await response.json();
+      note.textContent = response.ok
+        ? (action === "pause" ? `${key} paused until ${clock(answer.until)}` : `${key} resumed`)
+        : `${action} refused: ${answer.error}`;
+    } catch (err) {
+      note.textContent = `${action} failed: ${err}`;
+    }
+  }
+
+  document.querySelector("#keys tbody").addEventListener("click", (ev) => {
+    const row = ev.target.closest("tr[data-key]");
+    if (!row) return;
+    const key = row.getAttribute("data-key");
+    if (ev.target.classList.contains("pause-key")) {
+      const span = window.prompt(`Pause ${key} for how long? (90s, 15m, 1h)`, "10m");
+      if (span) keyAction(key, "pause", { for: span });
+    } else if (ev.target.classList.contains("resume-key")) {
+      keyAction(key, "resume");
+    }
+  });
 
   function renderHeader() {
     const s = state.supervisor || {};
