@@ -154,7 +154,7 @@ class Turn:
         return {"id": self.id, "key": self.key}
 
     def to_json(self, wait_deadline: float | None) -> dict[str, Any]:
-        """A waiting turn as queue.json keeps it (env included: the file is 0600)."""
+        """A waiting turn's entry (the env goes to a file of its own: supervisor.turns.store)."""
         return {
             "id": self.id,
             "key": self.key,

@@ -1,17 +1,24 @@
 """queue.json, queue.journal and finished.log: what the supervisor acknowledged, kept across restarts.
 
-queue.json and its journal hold the waiting turns (with their env: it may hold API keys, so both
-files are 0600), the reservations, and the turns that were running (so a restarted supervisor can
-end their story with one terminal event), each an entry under its id.
+queue.json and its journal hold the waiting turns, the reservations, and the turns that were
+running (so a restarted supervisor can end their story with one terminal event), each an entry
+under its id (both files 0600). A waiting turn's env (it may hold API keys) is in neither: it is
+in `secrets/<id>.json` (the directory 0700, the file 0600), and the entry says `"env_file": true`.
 
 Design note. Rewriting queue.json whole at every change cost O(turns) per change (13 % of the
 supervisor's time with 400 turns). Now each save appends one line per changed entry to
 `queue.journal` (`{"put": "<section>", "item": {...}}` or `{"del": "<id>"}`, one write per save,
 fsynced soon after by a thread, see supervisor.filework), and queue.json is the snapshot the journal starts from. When the journal holds
-more than twice the live entries (and at least COMPACT_MIN lines), or when an entry that held an
-env leaves (the env must not outlive the wait in any file), the state is compacted: queue.json is
+more than twice the live entries (and at least COMPACT_MIN lines), the state is compacted: queue.json is
 written atomically with the next generation number `gen`, then the journal is replaced by one
 holding only its header `{"v": 1, "gen": <that number>}`. O(1) per change, amortized.
+
+The env of a waiting turn must not outlive the wait in any file. It was kept in the entry, so
+each such turn's leaving compacted (rewrote queue.json whole): O(queue length) per leaving turn,
+14.6 ms of CPU at 1,000 env-carrying waiters and 40 at 3,000 (tests/bench/bench_env_waiters.py).
+Now it is written to its own file before the journal line that names it, and that file is
+removed (by the file thread) once a line says the turn left the wait: one line and one unlink,
+flat (0.5-1.2 ms at both sizes, as for waiters without env).
 
 finished.log holds the finished ids with their terminal state (remembered ten minutes, so a retried
 request is answered, not rerun): one line `<id> <state> <epoch>` appended per ending, so an ending
@@ -37,6 +44,11 @@ The state question:
   and logs the path; the supervisor starts with an empty queue. A journal whose header is corrupt
   or newer, whose generation is ahead of the snapshot's, or with a bad line before its last, is
   moved aside to `queue.journal.bad-<epoch>` the same way (the lines before a bad one are kept).
+- Env files: one whose line was never written (a crash in between), or whose turn left the wait
+  before its removal ran, is a stray: removed at the writer's first compaction (at start). An
+  entry whose env file is missing or unreadable (a power loss before its fsync, a person) cannot
+  run as asked: it is not restored, and `load` says so, naming the file. An older build's
+  queue.json with the env inline is read as before; the first compaction moves it to its file.
 - finished.log: a line that cannot be parsed (a torn last line after a crash) is skipped and
   counted; a queue.json of an older build that still holds `finished` is read too.
 - Planted or oversized: each file is read by guardd.record.read_file (no symlink followed, no
@@ -71,6 +83,27 @@ def journal_path(queue: Path) -> Path:
     return queue.with_name("queue.journal")
 
 
+def secrets_dir(queue: Path) -> Path:
+    """Where waiting turns' env files are (0700; each `<id>.json`, 0600)."""
+    return queue.with_name("secrets")
+
+
+def _secret_env(entry: Entry | None) -> dict[str, Any] | None:
+    """The env a waiting entry carries (kept in a file of its own), else None."""
+    if entry is None or entry[0] != "waiting":
+        return None
+    env = entry[1].get("env")
+    return env if isinstance(env, dict) and env else None
+
+
+def _on_disk(entry: Entry) -> dict[str, Any]:
+    """The item as queue.json and the journal hold it: a waiting turn's env only named."""
+    section, item = entry
+    if _secret_env(entry) is None:
+        return item
+    return {**{k: v for k, v in item.items() if k != "env"}, "env_file": True}
+
+
 class QueueFile:
     """The writer of queue.json + queue.journal: knows what is on disk, appends what changed."""
 
@@ -78,36 +111,37 @@ class QueueFile:
         self.path = path
         self.files = FileWorker() if files is None else files  # fsyncs appends off the caller
         self.journal = journal_path(path)
-        self.entries: dict[str, Entry] = {}
+        self.secrets = secrets_dir(path)
+        self.entries: dict[str, Entry] = {}  # as the manager gave them: env included
         self.gen = 0
         self.lines = 0  # journal lines since the last compaction
         self.compactions = 0
+        self._secret_ids: set[str] = set()  # ids whose env file this writer wrote
 
     def update(self, changes: dict[str, Entry | None]) -> None:
         """Persist these entries (None: the id is gone): one append for all of them, synced soon.
 
-        All or nothing: on OSError (a full disk) the files and what this object knows are as
-        before, and the caller may try again."""
+        A waiting turn's env goes to its own file first (`secrets/<id>.json`), never into the
+        journal; it is removed once the journal says the turn left the wait. All or nothing: on
+        OSError (a full disk) the files and what this object knows are as before, and the caller
+        may try again."""
         lines: list[dict[str, Any]] = []
         applied: dict[str, Entry | None] = {}
-        secret = False
         for item_id, new in changes.items():
             old = self.entries.get(item_id)
             if new == old:
                 continue
-            if old is not None and old[1].get("env") and (new is None or not new[1].get("env")):
-                secret = True
             applied[item_id] = new
             if new is None:
                 lines.append({"del": item_id})
             else:
-                lines.append({"put": new[0], "item": new[1]})
+                lines.append({"put": new[0], "item": _on_disk(new)})
         if not lines:
             return
         live = len(self.entries) + sum(
             (new is not None) - (item_id in self.entries) for item_id, new in applied.items()
         )
-        if secret or self.lines + len(lines) > max(COMPACT_MIN, 2 * live):
+        if self.lines + len(lines) > max(COMPACT_MIN, 2 * live):
             before = {item_id: self.entries.get(item_id) for item_id in applied}
             self._apply(applied)
             try:
@@ -115,19 +149,77 @@ class QueueFile:
             except OSError:
                 self._apply(before)
                 raise
+            self._forget_secrets(before, applied)
             return
+        written = self._write_secrets(applied)
         body = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
-        fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            size = os.fstat(fd).st_size
-            if size == 0:  # a journal removed by hand: its header comes first
-                body = _header(self.gen) + body
-            append_whole(fd, body.encode(), size, self.journal)
-        finally:
-            os.close(fd)
+            fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                size = os.fstat(fd).st_size
+                if size == 0:  # a journal removed by hand: its header comes first
+                    body = _header(self.gen) + body
+                append_whole(fd, body.encode(), size, self.journal)
+            finally:
+                os.close(fd)
+        except OSError:
+            for item_id in written:  # no line names them: they must not stay behind
+                self._remove_secret(item_id, now=True)
+            raise
+        before = {item_id: self.entries.get(item_id) for item_id in applied}
         self._apply(applied)
         self.lines += len(lines)
         self.files.sync_soon(self.journal)
+        self._forget_secrets(before, applied)
+
+    def _write_secrets(self, changes: dict[str, Entry | None]) -> list[str]:
+        """The env file of each entry that now waits with an env it did not have on file."""
+        written: list[str] = []
+        try:
+            for item_id, new in changes.items():
+                env = _secret_env(new)
+                if env is None:
+                    continue
+                old = self.entries.get(item_id)
+                if item_id in self._secret_ids and _secret_env(old) == env:
+                    continue
+                self._write_secret(item_id, env)
+                written.append(item_id)
+        except OSError:
+            for item_id in written:
+                self._remove_secret(item_id, now=True)
+            raise
+        return written
+
+    def _write_secret(self, item_id: str, env: dict[str, Any]) -> None:
+        os.makedirs(self.secrets, mode=0o700, exist_ok=True)
+        path = self.secrets / f"{item_id}.json"
+        # Written in place, not renamed: its journal line comes after it, so a file torn by a
+        # crash is named by no line (a stray, removed at the next start).
+        body = encode({"v": QUEUE_VERSION, "id": item_id, "env": env})
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(path, flags, 0o600)
+        try:
+            append_whole(fd, body, 0, path)
+        finally:
+            os.close(fd)
+        self._secret_ids.add(item_id)
+        self.files.sync_soon(path)
+
+    def _remove_secret(self, item_id: str, *, now: bool = False) -> None:
+        self._secret_ids.discard(item_id)
+        path = self.secrets / f"{item_id}.json"
+        if now:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        else:
+            self.files.unlink_soon(path)  # the journal no longer names it: soon is enough
+
+    def _forget_secrets(self, before: dict[str, Entry | None], after: dict[str, Entry | None]):
+        """Env files of entries that left the wait (or the env) since `before`: removed soon."""
+        for item_id, new in after.items():
+            if _secret_env(before.get(item_id)) is not None and _secret_env(new) is None:
+                self._remove_secret(item_id)
 
     def _apply(self, changes: dict[str, Entry | None]) -> None:
         for item_id, new in changes.items():
@@ -150,8 +242,14 @@ class QueueFile:
             self.gen = max(self.gen, _disk_gen(self.path, self.journal))
         gen = self.gen + 1
         sections: dict[str, list] = {name: [] for name in SECTIONS}
-        for section, item in self.entries.values():
-            sections[section].append(item)
+        missing: dict[str, Entry | None] = {}
+        for item_id, (section, item) in self.entries.items():
+            sections[section].append(_on_disk((section, item)))
+            env = _secret_env((section, item))
+            if env is not None and item_id not in self._secret_ids:
+                missing[item_id] = (section, item)
+        first = not self.compactions
+        self._write_secrets(missing)  # (an older build's inline env, or a restored one's file)
         snapshot = {"v": QUEUE_VERSION, "gen": gen, "saved_at": time.time(), **sections}
         _write_atomic(self.path, encode(snapshot))
         self.gen = gen  # the snapshot is in place: the old journal is now stale, never replayed
@@ -160,6 +258,23 @@ class QueueFile:
         _write_atomic(self.journal, _header(gen).encode())
         self.lines = 0
         self.compactions += 1
+        if first:
+            self._remove_stray_secrets()
+
+    def _remove_stray_secrets(self) -> None:
+        """Env files no entry names (a crash between one's writing and its journal line, or
+        after the line that ended its wait): removed at this writer's first compaction."""
+        try:
+            names = os.listdir(self.secrets)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, os.fspath(self.secrets)) from None
+        for name in names:
+            item_id = name[: -len(".json")] if name.endswith(".json") else None
+            if item_id is None or _secret_env(self.entries.get(item_id)) is None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.secrets / name)
 
 
 def append_whole(fd: int, data: bytes, size: int, path: str | os.PathLike[str]) -> None:
@@ -371,6 +486,29 @@ def _load(path: Path, move: bool) -> tuple[dict, str | None]:
             raise
         problems.append(move_aside(journal, str(e)))
     result = {**empty, "finished": data.get("finished", {})}
+    secrets = secrets_dir(path)
     for section, item in entries.values():
+        if isinstance(item, dict) and item.get("env_file") is True:
+            problem = _take_env(secrets, item)
+            if problem:
+                problems.append(problem)
+                continue
         result[section].append(item)
     return result, "; ".join(problems) or None
+
+
+def _take_env(secrets: Path, item: dict[str, Any]) -> str | None:
+    """Put the waiting turn's env back from its file; the problem (it is then not restored)."""
+    item_id = item.get("id")
+    path = secrets / f"{item_id}.json"
+    try:
+        data = read_json(path, max_version=QUEUE_VERSION)
+        env = data.get("env")
+        if data.get("id") != item_id or not isinstance(env, dict):
+            raise RecordError(f"{path} is not the env of {item_id}")
+    except (OSError, RecordError) as e:
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        return f"unable to read the env of waiting turn {item_id} ({path}): {why}; not restored"
+    del item["env_file"]
+    item["env"] = env
+    return None

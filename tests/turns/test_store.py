@@ -53,14 +53,56 @@ def test_the_journal_is_compacted_so_each_change_costs_o1(tmp_path):
     assert [w["id"] for w in data["waiting"]] == [f"w{i}" for i in range(2990, 3000)]
 
 
-def test_an_env_leaving_the_wait_leaves_every_file_at_once(tmp_path):
+def test_a_waiting_env_is_a_file_of_its_own_and_leaving_costs_one_line(tmp_path):
     q = store.QueueFile(tmp_path / "queue.json")
     q.replace({})
-    q.update({"w0": waiting(0, {"TOKEN": "s3cret"})})
-    assert "s3cret" in (tmp_path / "queue.journal").read_text()
+    for i in range(50):
+        q.update({f"w{i}": waiting(i, {"TOKEN": f"s3cret{i}"})})
+    secret = tmp_path / "secrets" / "w0.json"
+    assert (tmp_path / "secrets").stat().st_mode & 0o777 == 0o700
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert json.loads(secret.read_text())["env"] == {"TOKEN": "s3cret0"}
+    data, problem = store.load(tmp_path / "queue.json")
+    assert problem is None and data["waiting"][0]["env"] == {"TOKEN": "s3cret0"}
+    lines = len(journal_lines(tmp_path / "queue.journal"))
     q.update({"w0": ("running", {"id": "w0", "key": "k"})})
-    for path in tmp_path.iterdir():
-        assert "s3cret" not in path.read_text(), path
+    q.update({"w1": None})
+    # one line each, no rewrite of what else waits
+    assert q.compactions == 1 and len(journal_lines(tmp_path / "queue.journal")) == lines + 2
+    assert q.files.drain()
+    assert not secret.exists() and not (tmp_path / "secrets" / "w1.json").exists()
+    for path in [tmp_path / "queue.json", tmp_path / "queue.journal"]:
+        assert "s3cret" not in path.read_text(), path  # never in queue.json or its journal
+    q.compact()
+    assert "s3cret" not in (tmp_path / "queue.json").read_text()
+    data, _ = store.load(tmp_path / "queue.json")
+    assert [w["env"]["TOKEN"] for w in data["waiting"]][:2] == ["s3cret2", "s3cret3"]
+
+
+def test_an_inline_env_of_an_older_build_moves_to_its_file_and_strays_are_removed(tmp_path):
+    path = tmp_path / "queue.json"
+    path.write_text(json.dumps({"v": 1, "waiting": [waiting(0, {"TOKEN": "old"})[1]]}))
+    (tmp_path / "secrets").mkdir(mode=0o700)
+    stray = tmp_path / "secrets" / "gone.json"  # a crash after the line that ended its wait
+    stray.write_text('{"v": 1, "id": "gone", "env": {"TOKEN": "x"}}')
+    data, _ = store.load(path)
+    q = store.QueueFile(path)
+    q.replace({w["id"]: ("waiting", w) for w in data["waiting"]})
+    assert "old" not in path.read_text()
+    assert json.loads((tmp_path / "secrets" / "w0.json").read_text())["env"] == {"TOKEN": "old"}
+    assert not stray.exists()
+    assert store.load(path)[0]["waiting"][0]["env"] == {"TOKEN": "old"}
+
+
+def test_a_waiting_turn_whose_env_file_is_gone_is_not_restored_and_said(tmp_path):
+    q = store.QueueFile(tmp_path / "queue.json")
+    q.replace({})
+    q.update({"w0": waiting(0, {"TOKEN": "a"}), "w1": waiting(1, {"TOKEN": "b"})})
+    (tmp_path / "secrets" / "w0.json").unlink()
+    data, problem = store.load(tmp_path / "queue.json")
+    assert [w["id"] for w in data["waiting"]] == ["w1"]
+    assert "unable to read the env of waiting turn w0" in problem
+    assert str(tmp_path / "secrets" / "w0.json") in problem
 
 
 def test_a_torn_last_line_is_skipped_and_said(tmp_path):
