@@ -36,12 +36,14 @@ and at every change (guardd.record.Rewriter: a spare beside it until the last wr
 killed outright leaves both, state "running" (or "stopping") and its groups: the supervisor's
 reaper ends those groups. A guard that runs again is a new process with a new identity and a new
 record; it never reads old ones. A guard that cannot end the work exits 125 and leaves state
-"stopping" with a reason.
+"stopping" with a reason. Where the guard is in all this is one `Phase`; the record's `state` is
+read from it (`_record_state`: both stopping phases write "stopping").
 """
 
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # signal without its enum wrappers (see uses)
+import enum
 import os
 import select
 import signal
@@ -67,6 +69,28 @@ _STOP_SCAN_MAX = 0.4
 _GIVE_UP_GRACES = 10
 _MIN_GIVE_UP = 1.0  # seconds; so that --grace 0 does not give up at once
 _DEADLINE_POLL = 0.25  # seconds: how late a suspended-then-resumed machine may see its deadline
+
+
+class Phase(enum.StrEnum):
+    """Where the guard is in ending the turn's work (the loop's one state)."""
+
+    RUNNING = "running"  # CMD runs; nothing is being ended
+    TERMINATING = "terminating"  # SIGTERM sent to every group; the grace runs
+    KILLING = "killing"  # the grace is over: SIGKILL each round until all is gone, else give up
+    GONE = "gone"  # the work is all gone (or CMD never started): the record's last state
+
+
+# Module names, so that the loop reads a global, not an attribute of the class, at each check.
+RUNNING, TERMINATING, KILLING, GONE = Phase.RUNNING, Phase.TERMINATING, Phase.KILLING, Phase.GONE
+
+
+def _record_state(phase: Phase) -> str:
+    """The record's `state`, which the supervisor reads: both stopping phases are "stopping" (and
+    a guard that gave up stays so). Compared by identity, not looked up: an enum member's hash is
+    Python code (Enum.__hash__), which a forked guard would pay for in pages it writes."""
+    if phase is RUNNING:
+        return "running"
+    return "gone" if phase is GONE else "stopping"
 
 
 class GuardFailure(Exception):
@@ -107,10 +131,9 @@ class Guard:
         self.scanner = scan.Scanner(pid)  # holds /proc files of what it saw: cheaper rescans
         self.exit: Exit | None = None
         self.exit_told = False  # the exited hint is sent once
-        self.state = "running"
+        self.phase = RUNNING  # -> TERMINATING -> KILLING, and GONE at the end
         self.reason: str | None = None
         self.has_children = True
-        self.phase = "running"  # running -> terminating -> killing
         self.deadline = 0.0
         self.eperm: list[str] = []
         self.usage = usage.Usage(self.opts.cgroup)
@@ -199,7 +222,7 @@ class Guard:
         self.reason = failed.reason
         _say(failed.message)
         self.exit = Exit(failed.code, None)
-        self.state = "gone"
+        self.phase = GONE
         self._write_record(last=True)
         return failed.code
 
@@ -212,7 +235,7 @@ class Guard:
         next_scan = self.clock() + self.opts.scan
         while True:
             timeout = next_scan - self.clock()
-            if self.phase != "running":
+            if self.phase is not RUNNING:
                 timeout = min(self._next_stop_scan, self.deadline) - self.clock()
             elif self.opts.deadline_file is not None:
                 timeout = min(timeout, self._check_deadline())
@@ -237,16 +260,16 @@ class Guard:
                     self._begin_stop(f"signal:{signal.Signals(sig).name}")
             cmd_exited = self._reap()
             if cmd_exited:
-                if self.phase == "running" and self._all_gone():
+                if self.phase is RUNNING and self._all_gone():
                     # The common end: CMD exited and left nothing. One record write says both.
                     self.reason = "exited"
                     return self._finish()
-                if self.phase == "running":
+                if self.phase is RUNNING:
                     self._begin_stop("exited")  # writes the record, exit included
                 else:
                     self._record_due = True  # at the end of this pass, with "gone" if all is
             now = self.clock()
-            if self.phase != "running":
+            if self.phase is not RUNNING:
                 # Spaced (_STOP_SCAN): orphans dying wake the loop all the time, a scan costs.
                 if now >= self._next_stop_scan:
                     self._scan()
@@ -255,15 +278,15 @@ class Guard:
             elif signal.SIGCHLD in sigs or now >= next_scan:
                 self._scan()
                 next_scan = now + self.opts.scan
-            if self.phase != "running":
+            if self.phase is not RUNNING:
                 if self._all_gone():
                     return self._finish()
-                if self.phase == "terminating" and self.clock() >= self.deadline:
-                    self.phase = "killing"
+                if self.phase is TERMINATING and self.clock() >= self.deadline:
+                    self.phase = KILLING
                     self._scan()  # scans were spaced: what started since the last one dies too
                     self._kill_all()
                     self.deadline = self.clock() + self._give_up_after
-                elif self.phase == "killing":
+                elif self.phase is KILLING:
                     if self.eperm or self.clock() >= self.deadline:
                         return self._give_up()
                     self._kill_all()
@@ -347,16 +370,15 @@ class Guard:
             self._write_record()  # a group is on record before anything signals it
         elif changed:
             self._record_due = True  # usage figures alone: with the pass's other changes
-        if new and self.phase == "terminating":
+        if new and self.phase is TERMINATING:
             self._signal_groups(new, signal.SIGTERM, signal.SIGCONT)
-        elif new and self.phase == "killing":
+        elif new and self.phase is KILLING:
             self._signal_groups(new, signal.SIGKILL)
 
     def _begin_stop(self, reason: str) -> None:
-        if self.phase != "running":
+        if self.phase is not RUNNING:
             return
-        self.phase = "terminating"
-        self.state = "stopping"
+        self.phase = TERMINATING
         self.reason = reason
         self._reap()
         self._scan()
@@ -421,7 +443,7 @@ class Guard:
         return not procs.live_groups(self._all_groups())
 
     def _finish(self) -> int:
-        self.state = "gone"
+        self.phase = GONE
         self._write_record(last=True)
         self._close_hints()
         return self.exit.exit_code() if self.exit is not None else EXIT_GUARD_FAILURE
@@ -444,7 +466,7 @@ class Guard:
     def _close_hints(self) -> None:
         if self.hints is None:
             return
-        if self.state == "gone":
+        if self.phase is GONE:
             self.hints.publish("gone", record=str(self.record_file) if self.record_file else None)
         self.hints.close()
 
@@ -459,7 +481,7 @@ class Guard:
             "cwd": self.cwd,
             "own_group": self.own.to_json() if self.own else None,
             "groups": [{**g.to_json(), "seen_at": seen} for g, seen in self.groups.items()],
-            "state": self.state,
+            "state": _record_state(self.phase),
             "exit": self.exit.to_json() if self.exit else None,
             "reason": self.reason,
             "started_at": self.started_at,

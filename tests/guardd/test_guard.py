@@ -409,3 +409,27 @@ def test_launch_command_skips_site_and_ignores_a_guardd_in_cwd(tmp_path):
     assert (proc.returncode, proc.stderr) == (6, b"")
     (rec,) = (tmp_path / "rec").glob("*.json")
     assert json.loads(rec.read_text())["exit"] == {"code": 6, "signal": None}
+
+
+def test_the_record_says_stopping_through_both_stopping_phases(tmp_path):
+    """The guard's one Phase (running, terminating, killing, gone) is written as the record's
+    `state` the supervisor reads: "stopping" through the grace and after it, as before."""
+    g = GuardRun(tmp_path, py("setsid-child", "stay"), grace=30)
+    child, _ = g.announced("child")  # in a session of its own; ignores SIGTERM
+    g.announced("ready")
+    g.proc.send_signal(signal.SIGTERM)
+
+    def stopping():
+        try:
+            rec = g.record()
+        except (ValueError, FileNotFoundError):  # between a rewrite's two files
+            return None
+        return rec if rec["state"] == "stopping" else None
+
+    rec = wait_until(stopping, what="the record saying stopping")
+    assert rec["reason"] == "signal:SIGTERM" and not gone(child)  # the grace runs: terminating
+    g.proc.kill()  # a guard killed while stopping leaves its record saying so
+    g.wait()
+    assert g.record()["state"] == "stopping"
+    procs.signal_process(child, signal.SIGKILL)
+    wait_until(lambda: gone(child), what="the setsid child ended")
