@@ -302,6 +302,9 @@ class _TurnRunner:
         self._shown_position = None
         self._waiting: tuple | None = None
         self.granted = False
+        from .wait_line import WaitLine  # on a terminal: one line kept current while waiting
+
+        self.wait_line = WaitLine(turn_id, key, self._why) if sys.stderr.isatty() else None
         paths = client.paths
         self.outputs = {
             stream: OutputFollower(paths.output_log(turn_id, stream), getattr(sys, stream).buffer)
@@ -318,6 +321,8 @@ class _TurnRunner:
         if self._waiting is None or self.granted or self.quiet:
             return
         position, since = self._waiting
+        if self.wait_line is not None and time.monotonic() - since >= WAIT_NOTICE:
+            return self.wait_line.show(position, since)
         if position == self._shown_position or time.monotonic() - since < WAIT_NOTICE:
             return
         self._shown_position = position
@@ -351,6 +356,8 @@ class _TurnRunner:
         quiet_since = time.monotonic()
         while True:
             if interrupts and not cancel_sent:
+                if self.wait_line is not None:
+                    self.wait_line.finish()
                 cancel_sent = True
                 self.interrupted = True
                 click.echo(
@@ -411,6 +418,8 @@ class _TurnRunner:
             self.waiting(body.get("position"))
         elif kind in ("granted", "started"):
             self.granted = True
+            if self.wait_line is not None:
+                self.wait_line.finish()
             if kind == "started" and not self.quiet and sys.stderr.isatty():
                 # on a terminal only: a script's stderr stays CMD's own (--json has the id)
                 click.echo(f"ccsup: turn {self.turn_id}: started", err=True)
@@ -428,6 +437,8 @@ class _TurnRunner:
             self.exited = body
         if not is_terminal(topic):
             return None
+        if self.wait_line is not None:
+            self.wait_line.finish()
         if self.raw is not None:
             self.raw.restore()  # before the last output and our own lines
         if not self.as_json:

@@ -13,53 +13,11 @@ import subprocess
 import pytest
 from cli_daemon import CCSUP, ccsup, cli_daemon_fixture  # noqa: F401 (the cli_daemon fixture)
 from conftest import wait_until
+from tmux_pane import Pane
 
 from supervisor.cli.top_view import Model, render
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-
-
-class Pane:
-    def __init__(self, name: str, command: str, env: dict):
-        self.name = name
-        self.socket = ["-L", name]  # a tmux server of the test's own
-        subprocess.run(
-            [
-                "tmux",
-                *self.socket,
-                "new-session",
-                "-d",
-                "-s",
-                name,
-                "-x",
-                "80",
-                "-y",
-                "24",
-                command,
-            ],
-            env=env,
-            check=True,
-        )
-
-    def screen(self) -> str:
-        done = subprocess.run(
-            ["tmux", *self.socket, "capture-pane", "-p", "-t", self.name],
-            capture_output=True,
-            text=True,
-        )
-        return done.stdout
-
-    def keys(self, *keys: str) -> None:
-        subprocess.run(["tmux", *self.socket, "send-keys", "-t", self.name, *keys], check=True)
-
-    def alive(self) -> bool:
-        done = subprocess.run(
-            ["tmux", *self.socket, "has-session", "-t", self.name], capture_output=True
-        )
-        return done.returncode == 0
-
-    def close(self) -> None:
-        subprocess.run(["tmux", *self.socket, "kill-server"], capture_output=True)
 
 
 def test_top_shows_a_new_waiter_without_a_key_press_and_cancels_it_with_c(cli_daemon, tmp_path):
