@@ -16,8 +16,9 @@ supervisor releases a slot only after that report (supervisor.guards.handle wait
 next turn never runs beside a stray.
 
 Which guard a stray belongs to. Reparenting says nothing of where a process came from, so a stray
-is attributed when first seen: to the guards lost since the last look (usually one: the guard
-whose death just reparented it), else to its parent's guards when its parent is a known stray
+is attributed when first seen: to the guards found dead since the last look (usually one: the
+guard whose death just reparented it; with several killed at once, each dead one not yet reaped
+counts too, so a stray is never counted against another guard alone), else to its parent's guards when its parent is a known stray
 (forked since), else to every guard still waiting. A doubtful stray thus holds every guard it may
 belong to; none is ever released early. Strays are looked for at each lost guard's reap and every
 LOOK seconds while one waits (an orphan reparented when a deeper stray dies brings no SIGCHLD).
@@ -48,8 +49,8 @@ LOOK = 0.05  # seconds between looks for strays while a lost guard waits
 class _Lost:
     __slots__ = ("code", "kill_at", "strays")
 
-    def __init__(self, code: int, kill_at: float):
-        self.code = code
+    def __init__(self, kill_at: float):
+        self.code: int | None = None  # None: dead but not reaped yet (its exit still to come)
         self.kill_at = kill_at
         self.strays: set[Identity] = set()
 
@@ -57,16 +58,17 @@ class _Lost:
 class Strays:
     """The strays of the zygote's lost guards, and the exits held back until they are gone.
 
-    zygote_pid: the subreaper (this process); known: a callable giving the pids of its own
-    children (guards and spares), which are never strays."""
+    zygote_pid: the subreaper (this process); guards: a callable giving its guards not reaped
+    yet, pid -> grace; spares: one giving its spares' pids. Neither is ever a stray."""
 
-    def __init__(self, zygote_pid: int, known, clock=time.monotonic):
+    def __init__(self, zygote_pid: int, guards, spares, clock=time.monotonic):
         self.zygote_pid = zygote_pid
-        self.known = known
+        self.guards = guards
+        self.spares = spares
         self.clock = clock
         self.waiting: dict[int, _Lost] = {}  # guard pid -> its held exit
-        self._fresh: list[int] = []  # guards lost since the last look
         self._owners: dict[Identity, set[int]] = {}
+        self._fresh_guards: set[int] = set()  # guards found dead since the last look
         self._next_look = 0.0
 
     def guard_ended(self, pid: int, code: int, grace: float) -> list[tuple[int, int]]:
@@ -74,9 +76,16 @@ class Strays:
         strays (then held until they are gone)."""
         if not self.waiting and not self._unknown_children():
             return [(pid, code)]  # the common end: one read of our children, none unknown
-        self.waiting[pid] = _Lost(code, self.clock() + grace)
-        self._fresh.append(pid)
+        lost = self.waiting.get(pid)
+        if lost is None:
+            lost = self.waiting[pid] = _Lost(self.clock() + grace)
+            self._fresh(pid)
+        lost.code = code
         return self.look()
+
+    def _fresh(self, pid: int) -> None:
+        """A guard just found dead: what has no owner yet may be its."""
+        self._fresh_guards.add(pid)
 
     def timeout(self) -> float | None:
         """Seconds until the next look is due (0: now); None when no guard waits."""
@@ -86,12 +95,21 @@ class Strays:
         """Find, attribute and signal the strays; the held exits whose strays are all gone."""
         if not self.waiting:
             return []
-        self._next_look = self.clock() + LOOK
+        now = self.clock()
+        self._next_look = now + LOOK
         tree = self._stray_tree()
+        if any(ident not in self._owners for ident in tree):
+            # Guards dead but not reaped yet (several can die at once): their orphans may be
+            # here already, so they are candidates for what is new, not only the one reaped.
+            for pid, grace in self.guards().items():
+                stat = procs.read_stat(pid)
+                if pid not in self.waiting and (stat is None or stat.zombie):
+                    self.waiting[pid] = _Lost(now + grace)
+                    self._fresh(pid)
         for ident, parent in tree.items():
             if ident in self._owners:
                 continue
-            owners = set(self._fresh)
+            owners = set(self._fresh_guards)
             if not owners and parent is not None:
                 owners = self._owners.get(parent, set())
             owners = owners or set(self.waiting)
@@ -100,16 +118,15 @@ class Strays:
                 self.waiting[guard].strays.add(ident)
             procs.signal_process(ident, signal.SIGTERM)
             procs.signal_process(ident, signal.SIGCONT)
-        self._fresh.clear()
+        self._fresh_guards.clear()
         self._owners = {i: o for i, o in self._owners.items() if i in tree}
-        now = self.clock()
         ready: list[tuple[int, int]] = []
         for guard, lost in list(self.waiting.items()):
             lost.strays &= tree.keys()
-            if not lost.strays:
+            if not lost.strays and lost.code is not None:
                 del self.waiting[guard]
                 ready.append((guard, lost.code))
-            elif now >= lost.kill_at:
+            elif lost.strays and now >= lost.kill_at:
                 for ident in lost.strays:
                     procs.signal_process(ident, signal.SIGKILL)
         return ready
@@ -120,7 +137,7 @@ class Strays:
             procs.signal_process(ident, signal.SIGKILL)
 
     def _unknown_children(self) -> list[int]:
-        known = self.known()
+        known = {*self.guards(), *self.spares()}
         return [c for c in scan.children_of(self.zygote_pid) if c not in known]
 
     def _stray_tree(self) -> dict[Identity, Identity | None]:

@@ -97,7 +97,7 @@ class _Zygote:
         self.inbox = Inbox()
         # Children announced to the supervisor, not yet reaped -> their guard's grace.
         self.spawned: dict[int, float] = {}
-        self.strays = Strays(os.getpid(), self._own_children)
+        self.strays = Strays(os.getpid(), lambda: self.spawned, self._spare_pids)
         self.spares: list[_Spare] = []  # forked ahead, oldest first
         self.spare_failed = False  # a spare's fork failed: no more tries until the next request
         # What a fresh interpreter has, so that each child gets it back (we change SIGCHLD only).
@@ -168,9 +168,8 @@ class _Zygote:
         for pid, code in exits:
             send(self.sock, ("exited", pid, code))
 
-    def _own_children(self) -> set[int]:
-        """Our children that are not strays: the guards not reaped yet, and the spares."""
-        return {*self.spawned, *(spare.pid for spare in self.spares)}
+    def _spare_pids(self) -> set[int]:
+        return {spare.pid for spare in self.spares}
 
     def _spawn(self, args: list[str], cwd: str | None, env: dict, stdio: list[int]) -> None:
         child = self._hand_to_spare(("spawn", args, cwd, env), stdio)

@@ -988,3 +988,47 @@ def test_a_zygote_is_launched_after_guardd_is_compiled(monkeypatch):
         zygote.wait_ready()
     finally:
         zygote.close()
+
+
+def test_two_guards_killed_at_once_each_report_only_after_their_stubborn_strays_are_gone(
+    zygote, tmp_path
+):
+    """guardd.strays: the zygote is the subreaper of what its lost guards leave; a guard's exit
+    is reported only once none of its strays lives, whichever guard a stray is counted against."""
+    strays, guards, fds = [], [], []
+    for n in range(2):
+        pidfile = tmp_path / f"stray{n}.pid"
+        # A stray that left the group and session, dropped the environment and ignores SIGTERM.
+        cmd = f"setsid env -i sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 30' & wait"
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            spawned = zygote.spawn(
+                ["--grace", "0.5", "--scan", "30", "--", "sh", "-c", cmd],
+                cwd=None,
+                env=dict(os.environ),
+                stdio=(null, null, null),
+            )
+        finally:
+            os.close(null)
+        fds.append(spawned.pidfd)
+        guards.append(spawned.pid)
+        pid = int(wait_until(lambda p=pidfile: p.exists() and p.read_text().strip()))
+        strays.append(procs.identity_of(pid))
+    killed_at = time.monotonic()
+    for pid in guards:
+        os.kill(pid, signal.SIGKILL)
+    reported: dict[int, float] = {}
+    deadline = time.monotonic() + 15
+    while len(reported) < 2:
+        for pid, code in zygote.poll_reports():
+            assert code == -9
+            # Its stray ignored SIGTERM: only the SIGKILL after the grace ended it, before this.
+            assert not procs.process_running(strays[guards.index(pid)])
+            reported[pid] = time.monotonic()
+        assert time.monotonic() < deadline, f"reports so far: {reported}"
+        select.select([zygote.fileno()], [], [], 0.2)
+    assert set(reported) == set(guards)
+    assert min(reported.values()) - killed_at >= 0.5
+    assert not any(procs.process_running(s) for s in strays)
+    for fd in fds:
+        os.close(fd)
