@@ -13,13 +13,15 @@ another key). Grants are saved before any guard starts: a crash in between leave
 `running` list of queue.json, never back in the queue to be run a second time. Slots freed by
 other processes are noticed by `tick`, a short periodic retry while anyone waits.
 
-A grant pass is all or nothing per item, and a failing key touches no other: when the gate raises
-for a key (a lock that is a symlink, a record that a full disk will not take), that key's head
-stays queued, its waiters read `unreadable` in ps, one `supervisor.error` event (with `key`) and
-one log line say why (again only when the error changes), and the pass goes on with the other
-keys; turns granted earlier in the pass are started whatever happens later in it. A request is
-therefore answered with what it became (queued), never with an internal error for a turn that
-was queued all the same; `tick` retries the key until the gate works again.
+A grant pass is all or nothing per item, and a failing key touches no other: when the gate
+raises for a key (a record that a full disk will not take), or passes over slot files it cannot
+use (`unreadable`: a lock that is a symlink, a corrupt record), that key's head stays queued, its
+waiters read `unreadable` in ps, one `supervisor.error` event (with `key`) and one log line say
+why (again only when the error changes), and the pass goes on with the other keys; turns granted
+earlier in the pass are started whatever happens later in it. A request is therefore answered
+with what it became (queued), never with an internal error for a turn that was queued all the
+same; `tick` retries the key until the gate works again. A grant is started only once it is
+saved (see supervisor.turns.ledger on a full disk).
 
 Reservations wait in the same queue as turns and hold a slot (state `reserved` in ps) until a turn
 binds it, it expires, or it is cancelled. A holder (session + agent) has at most one per key.
@@ -509,11 +511,29 @@ class Manager:
                 return
             if not taken:
                 # the gate's word ("key_full", "machine_full", ...) for why the key waits
-                self.refused[key] = Refusal(getattr(self.gate, "last_refusal", None) or "key_full")
+                word = getattr(self.gate, "last_refusal", None) or "key_full"
+                self.refused[key] = Refusal(word)
+                if word == "unreadable":
+                    self._unreadable(key)
+                else:
+                    self.gate_errors.pop(key, None)
                 return
             self.gate_errors.pop(key, None)
             if isinstance(item, Turn):
                 granted.append(item)
+
+    def _unreadable(self, key: str) -> None:
+        """The gate passed over slot files of key it cannot use (a lock that is a symlink, a
+        corrupt record): said once, with what the gate's view says of them, until it changes."""
+        if key in self.gate_errors:
+            return
+        inspect = getattr(self.gate, "inspect", None)
+        views = inspect(key) if inspect is not None else []
+        errors = [v.error for v in views if v.state == "unreadable" and v.error]
+        message = "; ".join(errors) or f"a slot file of key {key} cannot be used"
+        self.gate_errors[key] = message
+        log.error("%s: key %s waits until it is repaired", message, key)
+        self.ledger.emit("supervisor.error", {"message": message, "key": key})
 
     def _gate_failed(self, key: str, error: OSError | CcsupError) -> None:
         """The gate failed for key: its head waits (`unreadable`), said once per distinct error."""
