@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..admission.control import KeyControl, admission_settings
-from ..caps import cap_sources
+from ..caps import SlotState, cap_sources
 from ..cluster.wiring import cluster_wiring
 from ..config import Config, load
 from ..config.metrics import metrics_address
@@ -54,7 +54,7 @@ from ..history import writer as history_writer
 from ..holder import Holder
 from ..output import retention
 from ..paths import StatePaths, ipc_path
-from ..slots.gate import ORPHANED, SlotGate
+from ..slots.gate import SlotGate
 from ..turns import restore, store, views
 from ..turns.manager import RETRY_INTERVAL, Manager, Settings
 from ..wire import args as command_args
@@ -396,7 +396,7 @@ class Daemon:
     async def reap_orphans(self, key: str | None = None) -> list[dict]:
         """Find orphaned slots, end their work and release them (in a thread: it waits a grace)."""
         views = self.gate.inspect(key) if key else self.gate.inspect_all()
-        orphans = [v for v in views if v.state == ORPHANED]
+        orphans = [v for v in views if v.state is SlotState.ORPHANED]
         for view in orphans:
             self.server.publish(f"slot.{view.key}.orphaned", view.to_json())
         if not orphans:

@@ -78,33 +78,24 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from guardd.procs import Group, Identity, available_memory
+from guardd.procs import Group, Identity, available_memory, held_locks
 from guardd.record import RecordError
 
 from ..caps import MACHINE_KEY, TAKEN, Caps, check_key
 from ..errors import CcsupError, UsageError, os_failure
-from .record import (  # noqa: F401  (re-exported: the gate's public names stay here)
-    FREE,
-    HELD,
-    LABELS,
-    ORPHANED,
-    RESERVED,
+from .record import (
     SLOT_VERSION,
     UNREADABLE,
     Holder,
     SlotView,
-    from_earlier_boot,
     live_work,
     open_record,
-    read_settled,
     read_slot_record,
     work_alive,
-    work_groups,
-    work_parts,
     write_slot_record,
     written_before_boot,
 )
-from .views import BadLockFile, SlotReader, _indices, held_locks  # noqa: F401  (held_locks: re-exported)
+from .views import BadLockFile, SlotReader, _indices
 
 _RACY_NS = 50_000_000  # a directory changed this recently may change again within its mtime tick
 # Indices of a key made ahead at most (`prepare`): a cap meant as "no limit" (say 1000000) must not
