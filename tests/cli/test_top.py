@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -88,3 +89,32 @@ def test_the_view_fits_80_by_24_with_many_turns():
     assert any(t.startswith("TURN") for t in texts) and any(t.startswith("WAITING") for t in texts)
     assert any("more holders" in t for t in texts) and any("more waiting" in t for t in texts)
     assert texts[-1].startswith("c cancel")
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_top_colours_the_holders_unless_no_color(cli_daemon, tmp_path, no_color):
+    state_dir = cli_daemon("[slots]\ncaps = { t = 1 }\n")
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env |= {"CCSUP_STATE_DIR": str(state_dir), "TERM": "xterm-256color"}
+    env["CCSUP_CONFIG"] = str(state_dir / "ccsup.toml")
+    if no_color:
+        env["NO_COLOR"] = "1"
+    holder = subprocess.Popen(
+        [*CCSUP, "run", "--key", "t", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    pane = Pane(f"ccsup-top-c{os.getpid()}", f"{CCSUP[0]} -m supervisor top; sleep 60", env)
+    try:
+        wait_until(lambda: "1 held" in pane.screen(), what="top showing the holder")
+        # The key's line (not selectable, so not drawn reversed): held, so green unless NO_COLOR.
+        plain = re.compile(r"\x1b\[[0-9;]*m")
+        key_line = next(
+            x for x in pane.screen(escapes=True).splitlines() if plain.sub("", x).startswith("t ")
+        )
+        assert ("\x1b[32m" not in key_line) == no_color, repr(key_line)
+        pane.keys("q")
+    finally:
+        go.touch()
+        pane.close()
+        holder.wait(timeout=20)

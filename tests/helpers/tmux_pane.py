@@ -28,9 +28,18 @@ class Pane:
             check=True,
         )
 
-    def screen(self) -> str:
+    def screen(self, escapes: bool = False) -> str:
+        """The pane's text; with `escapes`, its colours and attributes as escape sequences."""
         done = subprocess.run(
-            ["tmux", *self.socket, "capture-pane", "-p", "-t", self.name],
+            [
+                "tmux",
+                *self.socket,
+                "capture-pane",
+                "-p",
+                *(["-e"] if escapes else []),
+                "-t",
+                self.name,
+            ],
             capture_output=True,
             text=True,
         )
