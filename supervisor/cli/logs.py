@@ -7,6 +7,7 @@ beside the log, supervisor.output.line_times); `-n N` starts at the last N lines
 printing until the turn ends (woken by the turn's events on the bus), and works with -t and -n.
 `--key K` prints the logs of the turns of K that hold a slot now, each line led by the turn's
 short id; with -f it also follows each turn of K that starts meanwhile, until Ctrl-C (exit 130).
+`--session S` does the same for the turns whose holder session is S (`run --session S`).
 
 A turn still waiting for a slot says so on stderr (`turn X is waiting: position 2, key_full`):
 without -f the command then exits 0 having printed no output; with -f it follows the turn once it
@@ -122,6 +123,11 @@ def _readers(client: Client, turn_id: str, streams: list[str], prefix: str = "")
     "--key", callback=lambda c, p, v: None if v is None else key_option(c, p, v), metavar="KEY",
     help="The turns of this key that hold a slot now (with -f: and those that start later).",
 )  # fmt: skip
+@click.option(
+    "--session",
+    metavar="S",
+    help="The same for the turns of this holder session (--session of run).",
+)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the turn ends.")
 @click.option("--stdout", "only", flag_value="stdout", help="Only stdout, its exact bytes.")
 @click.option("--stderr", "only", flag_value="stderr", help="Only stderr, its exact bytes.")
@@ -136,6 +142,7 @@ def logs(
     ctx: click.Context,
     turn_id: str | None,
     key: str | None,
+    session: str | None,
     follow: bool,
     only: str | None,
     timestamps: bool,
@@ -147,14 +154,15 @@ def logs(
     Examples:
       ccsup logs 3f2a -f -t          follow a turn, each line with its time
       ccsup logs 3f2a --stderr -n 20 the last 20 lines of its stderr
-      ccsup logs --key codex -f      every turn of codex, as they run"""
-    if (turn_id is None) == (key is None):
-        raise click.UsageError("give a turn ID or --key KEY (one of them)")
+      ccsup logs --key codex -f      every turn of codex, as they run
+      ccsup logs --session s1 -f     every turn of session s1, as they run"""
+    if [turn_id, key, session].count(None) != 2:
+        raise click.UsageError("give one of a turn ID, --key KEY and --session S")
     streams = [only] if only else ["stdout", "stderr"]
     client = where(ctx).client()
     try:
-        if key is not None:
-            _follow_key(ctx, client, key, streams, follow, timestamps, tail)
+        if key is not None or session is not None:
+            _follow_key(ctx, client, key, session, streams, follow, timestamps, tail)
             return
         assert turn_id is not None
         for stream in streams:
@@ -254,18 +262,25 @@ def _follow_turn(
 def _follow_key(
     ctx: click.Context,
     client: Client,
-    key: str,
+    key: str | None,
+    session: str | None,
     streams: list[str],
     follow: bool,
     timestamps: bool,
     tail: int | None,
 ) -> None:
-    """The logs of every turn of `key` holding a slot, each line led by its short id; with
-    `follow`, also each turn of the key that starts, until Ctrl-C."""
+    """The logs of every turn of `key` (or of holder `session`) holding a slot, each line led by
+    its short id; with `follow`, also each such turn that starts, until Ctrl-C."""
     from ..client.subscription import is_terminal
 
     printer = Printer(timestamps, marker=True, tail=tail)
     turns: dict[str, list] = {}
+    what = f"key {key}" if key is not None else f"session {session}"
+
+    def matches(entry: dict) -> bool:
+        if key is not None:
+            return entry.get("key") == key
+        return (entry.get("holder") or {}).get("session") == session
 
     def add(turn_id: str) -> None:
         if turn_id not in turns:
@@ -274,16 +289,22 @@ def _follow_key(
     def show(final: bool = False) -> None:
         printer.show([r for readers in turns.values() for r in readers], final=final)
 
+    def started(turn_id: str, body: dict) -> bool:
+        if key is not None:
+            return body.get("key") == key
+        slots = client.ps().get("slots", [])  # the event has no holder: its slot has
+        return any(s.get("turn") == turn_id and matches(s) for s in slots)
+
     with client.subscribe(["turn."]) if follow else contextlib.nullcontext() as sub:
         ps = client.ps()
         for slot in ps.get("slots", []):
-            if slot.get("key") == key and slot.get("turn") and slot.get("state") == SlotState.HELD:
+            if matches(slot) and slot.get("turn") and slot.get("state") == SlotState.HELD:
                 add(slot["turn"])
         for wait in ps.get("waits", []):
-            if wait.get("key") == key:
+            if matches(wait):
                 _say_waiting(wait["id"], wait)
         if not turns and not follow:
-            click.echo(f"no turn of {key} is running", err=True)
+            click.echo(f"no turn of {what} is running", err=True)
             return
         show()
         try:
@@ -292,7 +313,7 @@ def _follow_key(
                 if event is not None:
                     topic, body = event
                     turn_id = topic.split(".")[1]
-                    if topic.endswith(".started") and body.get("key") == key:
+                    if topic.endswith(".started") and started(turn_id, body):
                         add(turn_id)
                     show()
                     if is_terminal(topic) and turn_id in turns:

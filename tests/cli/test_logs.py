@@ -93,7 +93,7 @@ def test_a_waiting_turn_says_it_waits_and_key_follows_the_keys_turns(cli_daemon,
     state_dir = cli_daemon(CONFIG)
     go = tmp_path / "go"
     holder = subprocess.Popen(
-        [*CCSUP, "--state-dir", str(state_dir), "run", "--key", "t", "--", "sh", "-c",
+        [*CCSUP, "--state-dir", str(state_dir), "run", "--key", "t", "--session", "s1", "--", "sh", "-c",
          f"echo holding; while [ ! -e {go} ]; do sleep 0.05; done"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -126,6 +126,11 @@ def test_a_waiting_turn_says_it_waits_and_key_follows_the_keys_turns(cli_daemon,
             ),
             what="the holder's line under --key",
         )
+        by_session = ccsup("logs", "--session", "s1", state_dir=state_dir)
+        assert by_session.stdout == f"{holding[:8]} out | holding\n"
+        other = ccsup("logs", "--session", "s2", state_dir=state_dir)
+        assert (other.returncode, other.stdout) == (0, "")
+        assert other.stderr == "no turn of session s2 is running\n"
     finally:
         go.touch()
         holder.wait(timeout=20)
