@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import click
 
-from .options import turn_id_argument
+from .options import complete_ids, turn_id_argument
 from .where import emit_json, where
 
 
 @click.command()
-@click.argument("turn_id", metavar="ID", callback=turn_id_argument)
+@click.argument("turn_id", metavar="ID", callback=turn_id_argument, shell_complete=complete_ids)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def cancel(ctx: click.Context, turn_id: str, as_json: bool) -> None:

@@ -15,7 +15,7 @@ import click
 
 from ..errors import CcsupError
 from ..history import db as turn_history
-from .options import DURATION, optional_key_option
+from .options import DURATION, complete_keys, optional_key_option
 from .records import format_history
 from .where import where
 
@@ -35,7 +35,12 @@ def _outcome_option(
 
 
 @click.command()
-@click.option("--key", callback=optional_key_option, help="Only turns of this cap key.")
+@click.option(
+    "--key",
+    callback=optional_key_option,
+    shell_complete=complete_keys,
+    help="Only turns of this cap key.",
+)
 @click.option(
     "--since",
     type=DURATION,

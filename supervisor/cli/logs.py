@@ -28,7 +28,7 @@ import click
 
 from ..caps import SlotState
 from ..errors import CcsupError
-from .options import key_option, turn_id_argument
+from .options import complete_ids, complete_keys, key_option, turn_id_argument
 from .where import where
 
 if TYPE_CHECKING:
@@ -118,9 +118,13 @@ def _readers(client: Client, turn_id: str, streams: list[str], prefix: str = "")
     metavar="[ID]",
     required=False,
     callback=lambda c, p, v: None if v is None else turn_id_argument(c, p, v),
+    shell_complete=complete_ids,
 )
 @click.option(
-    "--key", callback=lambda c, p, v: None if v is None else key_option(c, p, v), metavar="KEY",
+    "--key",
+    callback=lambda c, p, v: None if v is None else key_option(c, p, v),
+    shell_complete=complete_keys,
+    metavar="KEY",
     help="The turns of this key that hold a slot now (with -f: and those that start later).",
 )  # fmt: skip
 @click.option(

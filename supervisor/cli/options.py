@@ -72,10 +72,29 @@ def optional_key_option(
 
 
 def turn_id_argument(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A turn id, or a unique prefix of one (supervisor.cli.ids): the whole id."""
     from ..paths import TURN_ID
 
     if not TURN_ID.match(value):
         raise click.BadParameter(
             f"{value!r} is not a turn id (1 to 128 letters, digits, '_' or '-')"
         )
-    return value
+    if ctx.resilient_parsing:  # completing the command line: nothing is looked up yet
+        return value
+    from .ids import resolve
+
+    return resolve(ctx, value)  # a unique prefix names its turn (supervisor.cli.ids)
+
+
+def complete_ids(ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+    """Shell completion of turn ids (supervisor.cli.ids, imported only when completing)."""
+    from . import ids
+
+    return ids.complete_ids(ctx, param, incomplete)
+
+
+def complete_keys(ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+    """Shell completion of cap keys (supervisor.cli.ids, imported only when completing)."""
+    from . import ids
+
+    return ids.complete_keys(ctx, param, incomplete)

@@ -18,7 +18,7 @@ import click
 
 from ..errors import UsageError
 from .keys import clock_time, known_key
-from .options import DURATION, key_option
+from .options import DURATION, complete_keys, key_option
 from .where import emit_json, where
 
 
@@ -43,7 +43,7 @@ def _until(ctx, param, value: str | None) -> float | None:
 
 
 @click.command()
-@click.argument("key", callback=key_option)
+@click.argument("key", callback=key_option, shell_complete=complete_keys)
 @click.option("--for", "for_", type=DURATION, metavar="D", help='How long: "90s", "5m".')
 @click.option("--until", callback=_until, metavar="T", help="Until a local time: 2026-12-01T10:00.")
 @click.option("--reason", help="Why (shown by ps and in the key.<key>.paused event).")

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from .options import key_matches, key_patterns_option
+from .options import complete_keys, key_matches, key_patterns_option
 from .where import emit_json, where
 
 
@@ -17,6 +17,7 @@ from .where import emit_json, where
     "keys",
     multiple=True,
     callback=key_patterns_option,
+    shell_complete=complete_keys,
     metavar="KEY",
     help="Only this cap key, or keys matching this glob ('opencode:*'); repeatable.",
 )

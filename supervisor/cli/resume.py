@@ -6,12 +6,12 @@ from __future__ import annotations
 import click
 
 from .keys import clock_time
-from .options import key_option
+from .options import complete_keys, key_option
 from .where import emit_json, where
 
 
 @click.command()
-@click.argument("key", callback=key_option)
+@click.argument("key", callback=key_option, shell_complete=complete_keys)
 @click.option("--reason", help='Said in the key.<key>.resumed event (default "resumed").')
 @click.option("--json", "as_json", is_flag=True, help="Print the supervisor's answer as JSON.")
 @click.pass_context

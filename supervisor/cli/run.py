@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .options import DURATION, key_option
+from .options import DURATION, complete_keys, key_option
 from .output import OutputFollower
 from .where import emit_json, where
 
@@ -75,6 +75,7 @@ def _run_epilog() -> str:
 @click.option(
     "--key",
     callback=run_key_option,
+    shell_complete=complete_keys,
     help="The cap key, e.g. codex or opencode:xai (default: $CCSUP_KEY, else `default`).",
 )
 @click.option("--session", help="The holder's session label.")

@@ -13,13 +13,13 @@ import click
 
 from ..errors import CcsupError
 from ..history import db as history
-from .options import turn_id_argument
+from .options import complete_ids, turn_id_argument
 from .records import format_story
 from .where import where
 
 
 @click.command()
-@click.argument("turn_id", metavar="ID", callback=turn_id_argument)
+@click.argument("turn_id", metavar="ID", callback=turn_id_argument, shell_complete=complete_ids)
 @click.option("--json", "as_json", is_flag=True, help="Print the record (with its events) as JSON.")
 @click.pass_context
 def show(ctx: click.Context, turn_id: str, as_json: bool) -> None:

@@ -16,7 +16,7 @@ import sys
 
 import click
 
-from .options import turn_id_argument
+from .options import complete_ids, turn_id_argument
 from .where import emit_json, where
 
 FOREVER = 366 * 24 * 3600.0
@@ -39,7 +39,7 @@ def ended_status(view: dict) -> int:
 
 
 @click.command()
-@click.argument("turn_id", metavar="ID", callback=turn_id_argument)
+@click.argument("turn_id", metavar="ID", callback=turn_id_argument, shell_complete=complete_ids)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),

@@ -279,6 +279,22 @@ def query(
         db.close()
 
 
+def ids_with_prefix(state_dir: Path, prefix: str, limit: int = 100) -> list[str]:
+    """Turn ids that start with prefix, at most `limit` (a range on the primary key: ids are
+    ASCII letters, digits, '_' and '-', all below DEL). HistoryError as `query`."""
+    db = _connect_ro(state_dir)
+    try:
+        rows = db.execute(
+            "SELECT id FROM turns WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
+            (prefix, prefix + "\x7f", int(limit)),
+        )
+        return [row[0] for row in rows]
+    except sqlite3.Error as e:
+        raise HistoryError(f"unable to read history {history_path(state_dir)}: {e}") from None
+    finally:
+        db.close()
+
+
 def show(state_dir: Path, turn_id: str) -> TurnStory | None:
     """One turn's whole record with its lifecycle events in order, running or finished; None
     when the history does not know it."""

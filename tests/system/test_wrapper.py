@@ -274,3 +274,51 @@ def test_t_gives_a_working_terminal_shown_in_tmux_typed_into_resized_and_ctrl_c(
         assert "RESTORED" in tmux.wait_for("RESTORED"), screen
     finally:
         tmux.close()
+
+
+def test_a_unique_prefix_names_a_turn_and_an_ambiguous_one_lists_the_matches(env, state_dir):
+    from conftest import wait_until
+
+    from supervisor.client.control import Client
+
+    with Client(state_dir) as client:
+        for turn_id in ("abc1230000", "abc4560000", "xyz7890000"):
+            client.turn("default", ["true"], id=turn_id)
+    wait_until(lambda: len(json.loads(ccsup(env, "history", "--json").stdout)) == 3, what="3 ended")
+    shown = ccsup(env, "show", "--json", "xyz")
+    assert json.loads(shown.stdout)["id"] == "xyz7890000"
+    assert ccsup(env, "logs", "abc4").returncode == 0
+    cancel = ccsup(env, "cancel", "abc1")
+    assert "abc1230000" in cancel.stdout + cancel.stderr
+    for command in (["show"], ["cancel"], ["logs"], ["wait"]):
+        ambiguous = ccsup(env, *command, "abc")
+        assert ambiguous.returncode == 2, (command, ambiguous.stderr)
+        assert "'abc' is the start of 2 turn ids: abc1230000, abc4560000" in ambiguous.stderr
+    unknown = ccsup(env, "show", "nope")
+    assert unknown.returncode == 1 and "no turn nope" in unknown.stderr
+
+    # shell completion (contrib/completion: click's) offers the ids and the keys
+    def completed(*words: str) -> list[str]:
+        line = {**env, "COMP_WORDS": " ".join(["ccsup", *words]), "COMP_CWORD": str(len(words))}
+        done = ccsup({**line, "_CCSUP_COMPLETE": "bash_complete"})
+        return [item.split(",", 1)[1] for item in done.stdout.split()]
+
+    assert completed("show", "abc") == ["abc1230000", "abc4560000"]
+    assert "default" in completed("run", "--key", "")
+
+
+def test_the_shipped_completion_scripts_are_what_click_makes_today():
+    script = Path(sys.executable).parent / "ccsup"  # the console script, as installed
+    if not script.exists():
+        pytest.skip("no ccsup console script beside this interpreter")
+    contrib = Path(__file__).parents[2] / "contrib" / "completion"
+    for shell in ("bash", "zsh", "fish"):
+        made = subprocess.run(
+            [str(script)],
+            env={**os.environ, "_CCSUP_COMPLETE": f"{shell}_source"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert made.returncode == 0 and "_CCSUP_COMPLETE" in made.stdout
+        assert (contrib / f"ccsup.{shell}").read_text() == made.stdout, f"regenerate ccsup.{shell}"
