@@ -136,11 +136,16 @@ def test_the_environment_stays_out_of_every_state_file_event_and_the_history(env
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
         )
-        journal = state_dir / "queue.journal"  # queue.json's journal: 0600, as queue.json is
         from conftest import wait_until
 
-        wait_until(lambda: secret in journal.read_text(), what="the queued env")
-        assert journal.stat().st_mode & 0o777 == 0o600
+        def kept() -> list[
+            Path
+        ]:  # a waiting turn's env: its own 0600 file (supervisor.turns.store)
+            files = [p for p in state_dir.rglob("*") if p.is_file()]
+            return [p for p in files if secret.encode() in p.read_bytes()]
+
+        (held,) = wait_until(kept, what="the waiting turn's env on disk")
+        assert held.stat().st_mode & 0o777 == 0o600
         ccsup(env, "resume", "codex")
         out, _ = second.communicate(timeout=30)
         assert second.returncode == 0
