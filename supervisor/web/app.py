@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -46,7 +47,7 @@ from ..client.control import RemoteError
 from ..config.web import Listen
 from ..errors import CcsupError, NotRunning
 from ..paths import TURN_ID
-from .access import COOKIE, CSRF_HEADER, Gate
+from .access import ALLOWED, COOKIE, CSRF_HEADER, Gate, Verdict
 from .hub import Hub
 from .link import Link
 from .log_reader import LogReader
@@ -60,6 +61,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 HUB = web.AppKey("hub", Hub)
 GATE = web.AppKey("gate", Gate)
+# Each open connection's access verdict (rule 0), gone with the connection.
+PEERS = web.AppKey("peers", weakref.WeakKeyDictionary)
 
 
 def _page(name: str, csrf: str) -> str:
@@ -81,11 +84,7 @@ def _error(status: int, message: str) -> web.Response:
 async def access_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     gate = request.app[GATE]
     host = request.headers.get("Host")
-    transport = request.transport
-    verdict = gate.check_peer(
-        transport.get_extra_info("sockname") if transport is not None else None,
-        transport.get_extra_info("peername") if transport is not None else None,
-    )
+    verdict = await _peer_verdict(request)
     if verdict.status == 0:
         verdict = gate.check_host(host)
     # The login page and the page's own code are public (no data); everything else needs the token.
@@ -119,6 +118,24 @@ async def access_middleware(request: web.Request, handler: Handler) -> web.Strea
     response.headers["X-Content-Type-Options"] = "nosniff"
     response.headers["Referrer-Policy"] = "no-referrer"
     return response
+
+
+async def _peer_verdict(request: web.Request) -> Verdict:
+    """Whose the connection is (access rule 0), once per connection: the kernel's socket table
+    takes ~7-9 ms to read here, so in a worker thread, and kept while the connection lives."""
+    gate = request.app[GATE]
+    if gate.token is not None:
+        return ALLOWED
+    transport = request.transport
+    if transport is None:
+        return gate.check_peer(None, None)
+    peers = request.app[PEERS]
+    verdict: Verdict | None = peers.get(transport)
+    if verdict is None:
+        local, peer = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+        verdict = await asyncio.to_thread(gate.check_peer, local, peer)
+        peers[transport] = verdict
+    return verdict
 
 
 async def index(request: web.Request) -> web.Response:
@@ -348,6 +365,7 @@ def make_app(hub: Hub, gate: Gate) -> web.Application:
     app = web.Application(middlewares=[access_middleware], client_max_size=64 * 1024)
     app[HUB] = hub
     app[GATE] = gate
+    app[PEERS] = weakref.WeakKeyDictionary()
     app.router.add_get("/", index)
     app.router.add_get("/turn/{id}", turn_page)
     app.router.add_get("/static/{name}", static)

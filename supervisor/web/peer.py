@@ -15,8 +15,11 @@ root). Rejected: a token always required on loopback (a one-time link per browse
 given a secret, for what the kernel can say), and identd-style lookups by port alone (a port
 pair is unique per address pair, so both addresses are matched).
 
-The cost is one read of the socket tables per request (they grow with the machine's connections;
-a few hundred rows read in well under a millisecond). Reads only; holds no state.
+The cost: the kernel walks its whole connection table for a read, ~7-9 ms a table here whatever
+its rows, so the page looks once per connection (keep-alive reuses it), in a worker thread
+(supervisor.web.app), the likelier table first. Rejected for now: NETLINK_SOCK_DIAG, which looks
+up the one socket by its four-tuple (faster, but a binary protocol of its own to maintain).
+Reads only; holds no state.
 """
 
 from __future__ import annotations
@@ -45,7 +48,12 @@ def _proc_address(host: str, port: int, width: int) -> str:
 def peer_uid(local: tuple, peer: tuple) -> int | None:
     """The uid owning the socket at `peer` connected to our `local` (each an address tuple as
     getsockname/getpeername give it); None when no open socket of this machine matches."""
-    for table, width in zip(TABLES, (4, 16), strict=True):
+    # A v4 peer's connection is in tcp (tcp6 only for a v4-mapped one on a v6 socket): each table
+    # costs ~7-9 ms to read here, so the likelier one first.
+    order = list(zip(TABLES, (4, 16), strict=True))
+    if ":" in str(peer[0]) and not str(peer[0]).startswith("::ffff:"):
+        order.reverse()
+    for table, width in order:
         theirs = _proc_address(peer[0], peer[1], width)
         ours = _proc_address(local[0], local[1], width)
         if not theirs or not ours:
