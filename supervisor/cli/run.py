@@ -187,6 +187,11 @@ def run(
     if want_tty and not os.isatty(0):
         raise click.UsageError(tty_needed_message())
     mode = stdin_mode(want_tty=want_tty, interactive=interactive)
+    from ..wire.args import exec_size_problem
+
+    too_big = exec_size_problem(list(cmd), env if clean_env else {**os.environ, **env})
+    if too_big is not None:  # E2BIG, said before asking: the supervisor would refuse it too
+        raise click.UsageError(too_big)
 
     holder: dict[str, int | str | None] = {"pid": os.getpid(), "start": start_ticks(os.getpid())}
     if session:

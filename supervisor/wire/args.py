@@ -17,6 +17,7 @@ exists: that is the manager's to answer.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,11 @@ from ..holder import Holder
 from .protocol import bad_request, check_id, check_version, data_field
 
 MAX_ARGV = 4096
+# What exec takes (Linux): each argument or NAME=VALUE string at most MAX_ARG_STRLEN, 32 pages
+# with its NUL (so 131,071 bytes), and all of them with their pointers at most ARG_MAX (the
+# stack limit's quarter, 2 MiB by default), less EXEC_MARGIN for what the guard adds (CCSUP_TURN).
+MAX_ARG_BYTES = 32 * 4096 - 1
+EXEC_MARGIN = 8192
 MAX_WAIT_TIMEOUT = 7 * 24 * 3600.0
 MAX_TIMEOUT = 366 * 24 * 3600.0  # a turn's runtime limit
 MAX_PAUSE_ASKED = 366 * 24 * 3600.0  # a pause asked for longer is refused (max_pause caps less)
@@ -154,6 +160,43 @@ def parse_winsize(value: Any, name: str) -> tuple[int, int] | None:
     return value[0], value[1]
 
 
+def exec_size_problem(argv: list[str], env: dict) -> str | None:
+    """Why exec would refuse this command with E2BIG (the size and the limit named), or None.
+
+    env: the environment CMD gets as far as it is known here (a turn's own, or the whole one
+    with env_replace); None values (removals) count nothing."""
+
+    def size(text: str) -> int:
+        return len(text.encode("utf-8", "surrogateescape"))
+
+    total = 0
+    for i, arg in enumerate(argv):
+        n = size(arg)
+        if n > MAX_ARG_BYTES:
+            return (
+                f"argument {i} of 'argv' is {n:,} bytes; exec takes at most {MAX_ARG_BYTES:,} "
+                "bytes an argument (Linux's MAX_ARG_STRLEN, 128 KiB): pass it in a file or on stdin"
+            )
+        total += n + 1 + 8
+    for name, value in env.items():
+        if value is None:
+            continue
+        n = size(name) + 1 + size(value)
+        if n > MAX_ARG_BYTES:
+            return (
+                f"the variable {name[:64]!r} of 'env' is {n:,} bytes; exec takes at most "
+                f"{MAX_ARG_BYTES:,} bytes a variable (Linux's MAX_ARG_STRLEN, 128 KiB)"
+            )
+        total += n + 1 + 8
+    limit = os.sysconf("SC_ARG_MAX") - EXEC_MARGIN
+    if total > limit:
+        return (
+            f"'argv' and 'env' together are {total:,} bytes; exec takes at most {limit:,} "
+            "here (ARG_MAX, less what the guard adds): pass the data in a file or on stdin"
+        )
+    return None
+
+
 def parse_turn(args: dict) -> TurnArgs:
     _reject_unknown(args, _TURN_FIELDS, "a turn request")
     turn_id = None if args.get("id") is None else check_id(args["id"])
@@ -188,6 +231,9 @@ def parse_turn(args: dict) -> TurnArgs:
     if stdin not in STDIN_MODES:
         shown = stdin[:64] if isinstance(stdin, str) else stdin
         raise bad_request(f"'stdin' must be one of {', '.join(STDIN_MODES)}, not {shown!r}")
+    too_big = exec_size_problem(argv, env)
+    if too_big is not None:  # refused before any guard starts, zygote or direct, as E2BIG would
+        raise bad_request(too_big)
     winsize = parse_winsize(args.get("winsize"), "winsize")
     if winsize is not None and stdin != "tty":
         raise bad_request("'winsize' is the size of a terminal: it needs 'stdin': 'tty'")

@@ -327,3 +327,28 @@ def test_the_shipped_completion_scripts_are_what_click_makes_today():
         )
         assert made.returncode == 0 and "_CCSUP_COMPLETE" in made.stdout
         assert (contrib / f"ccsup.{shell}").read_text() == made.stdout, f"regenerate ccsup.{shell}"
+
+
+def test_an_argument_over_128_kib_is_refused_with_one_clear_error_and_nothing_runs(env, state_dir):
+    from supervisor.client.control import Client, RemoteError
+    from supervisor.wire.args import MAX_ARG_BYTES
+
+    with Client(state_dir) as client:
+        with pytest.raises(RemoteError) as caught:
+            client.turn("default", ["sh", "-c", "echo ran", "x" * 200_000], id="toobig01")
+        assert caught.value.code == "bad_request"
+        assert "argument 3 of 'argv' is 200,000 bytes" in caught.value.message
+        assert "at most 131,071 bytes" in caught.value.message
+        listing = client.ps()
+    assert [s for s in listing["slots"] if s.get("turn")] == [] and listing["waits"] == []
+    # the largest argument exec takes runs, through the guard's usual start
+    done = ccsup(env, "run", "--quiet", "--", "sh", "-c", 'echo "${#1}"', "_", "y" * MAX_ARG_BYTES)
+    assert (done.returncode, done.stdout) == (0, f"{MAX_ARG_BYTES}\n"), done.stderr
+    # ccsup run says so itself, before asking, exit 2: in-process here, since no exec of ccsup
+    # with such an argument would start (the shell gets E2BIG first)
+    from click.testing import CliRunner
+
+    from supervisor.cli import main
+
+    big = CliRunner().invoke(main, ["run", "--clean-env", "--env", "BIG=" + "z" * 140_000, "true"])
+    assert big.exit_code == 2 and "is 140,004 bytes; exec takes at most 131,071" in big.output

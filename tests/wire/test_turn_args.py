@@ -40,3 +40,21 @@ def test_a_wrong_value_is_a_bad_request_naming_the_field(extra, says):
     with pytest.raises(ProtocolError) as caught:
         parse_turn({**BASE, **extra})
     assert caught.value.code == "bad_request" and says in caught.value.message
+
+
+def test_a_command_exec_would_refuse_with_e2big_is_a_bad_request_naming_size_and_limit():
+    from supervisor.wire.args import MAX_ARG_BYTES
+
+    assert parse_turn({**BASE, "argv": ["echo", "x" * MAX_ARG_BYTES]}).argv[1] == "x" * 131071
+    with pytest.raises(ProtocolError) as caught:
+        parse_turn({**BASE, "argv": ["echo", "é" * 70000]})
+    assert (
+        "argument 1 of 'argv' is 140,000 bytes; exec takes at most 131,071" in caught.value.message
+    )
+    with pytest.raises(ProtocolError) as caught:
+        parse_turn({**BASE, "env": {"BIG": "x" * MAX_ARG_BYTES}})
+    assert "the variable 'BIG' of 'env' is 131,075 bytes" in caught.value.message
+    many = ["x" * 100_000] * 30  # each fits, all together do not (ARG_MAX)
+    with pytest.raises(ProtocolError) as caught:
+        parse_turn({**BASE, "argv": many})
+    assert "'argv' and 'env' together are 3,000," in caught.value.message
