@@ -31,15 +31,15 @@ supervisor is down (`down-<hash>` beside the log; removing it says it again). No
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 if __name__ == "__main__" and not __package__:  # run by path (the fast form): find the package
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from supervisor.agents import harnesses, rules  # noqa: E402
+from supervisor.agents import rules  # noqa: E402
 
+HARNESSES = ("claude", "codex", "opencode")  # as supervisor.agents.harnesses (not imported here)
 USAGE = "usage: hook <claude|codex|opencode> [--key K] [--match PATTERN]..."
 
 
@@ -66,7 +66,7 @@ def log(message: str) -> None:
 
 class Options:
     def __init__(self, argv: list[str]):
-        if not argv or argv[0] not in harnesses.HARNESSES:
+        if not argv or argv[0] not in HARNESSES:
             raise ValueError(USAGE)
         self.harness = argv[0]
         self.key: str | None = None
@@ -102,6 +102,8 @@ def _settings(table: dict) -> tuple[list[str], bool, str | None, str]:
 
 
 def emit(text: str) -> None:
+    import json
+
     try:
         data = text.encode("utf-8", "surrogateescape")  # bytes that came in not UTF-8 go out as-is
     except UnicodeEncodeError:
@@ -117,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         log(str(e))
         return 0
     raw = sys.stdin.buffer.read()
+    if not options.match and rules.surely_unmatched(raw) and not rules.has_hooks_table(os.environ):
+        return 0  # the common case: nothing parsed, no json imported
+    import json
+
+    from supervisor.agents import harnesses
+
     try:
         payload = json.loads(raw.decode("utf-8", "surrogateescape"))
         call = harnesses.parse(options.harness, payload)
@@ -135,17 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         log(problem)
     extra, defaults, key, when_down = _settings(table)
     try:
-        compiled = rules.compile_rules([*extra, *options.match], defaults=defaults)
+        rule = rules.rule_for(call.command, [*extra, *options.match], defaults=defaults)
     except rules.RuleError as e:
-        log(f"{e}; using the defaults")
-        compiled = rules.compile_rules(options.match if defaults else [], defaults=True)
-    rule = rules.matching(call.command, compiled)
+        log(f"{e}; using the default rules alone")
+        rule = rules.rule_for(call.command, [], defaults=True)
     if rule is None:
         return 0
     from supervisor.agents.route import route  # the slow path: the client, zmq, the config
 
     try:
-        out = route(options.harness, call, options.key or key, when_down, rule.pattern)
+        out = route(options.harness, call, options.key or key, when_down, rule)
     except Exception as e:  # noqa: BLE001 - a broken hook must never stop an agent: pass, say why
         log(f"{options.harness}: passed untouched after a failure: {type(e).__name__}: {e}")
         return 0

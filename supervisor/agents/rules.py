@@ -16,10 +16,10 @@ State: none.
 from __future__ import annotations
 
 import os
-import re
 
 TYPE_CHECKING = False  # typing itself costs the hook a few ms on every shell command
 if TYPE_CHECKING:
+    import re
     from collections.abc import Iterable, Mapping
     from typing import Any
 
@@ -38,10 +38,26 @@ DEFAULT_RULES: tuple[str, ...] = tuple(
         r"(?:docker|podman|docker-compose)\b",
     )
 )
+# A word every default rule needs: a command with none of them is passed without compiling a rule
+# (compiling the defaults costs more than the rest of the hook's own work).
+DEFAULT_WORDS = frozenset(
+    "pytest tox nox unittest npm pnpm yarn bun jest vitest mocha playwright go cargo make ninja "
+    "bazel bazelisk meson cmake mvn gradle gradlew ./gradlew sbt pip pip3 uv poetry apt-get apt "
+    "dnf docker podman docker-compose".split()
+)
+# Substrings of the raw hook JSON one of which any default rule's word holds: a payload with none
+# of them passes before any JSON is parsed (importing json costs more than the rest of the hook).
+# JSON encoders never escape ASCII letters, digits or '-', so a word in the command is in the
+# payload as it is.
+PAYLOAD_HINTS = tuple(
+    w.encode()
+    for w in "pytest tox nox unittest npm yarn bun jest mocha playwright go cargo make ninja bazel "
+    "meson mvn gradle sbt pip uv poetry apt dnf docker podman wait".split()
+)
+_SEPARATORS = str.maketrans({c: " " for c in ";&|()`$<>\"'\t\n\r{}"})
 # The doctor's canary matches whatever the rules say (supervisor.agents.doctor).
 CANARY = "ccsup-canary"
-_CANARY_RULE = re.compile(re.escape(CANARY))
-_ALREADY = re.compile(r"^\s*(?:\S*/)?(?:ccsup|ccsup-hook)\b|-m\s+supervisor\b")
+_ALREADY = r"^\s*(?:\S*/)?(?:ccsup|ccsup-hook)\b|-m\s+supervisor\b"
 WHEN_DOWN = ("pass", "refuse")
 
 
@@ -50,6 +66,8 @@ class RuleError(ValueError):
 
 
 def compile_rules(extra: Iterable[str], *, defaults: bool = True) -> list[re.Pattern[str]]:
+    import re
+
     patterns = []
     for text in [*(DEFAULT_RULES if defaults else ()), *extra]:
         try:
@@ -59,23 +77,79 @@ def compile_rules(extra: Iterable[str], *, defaults: bool = True) -> list[re.Pat
     return patterns
 
 
+def surely_unmatched(raw: bytes) -> bool:
+    """True when a payload is a JSON object with a string command that cannot be one the default
+    rules (or the canary, or `ccsup wait`) would take: then nothing needs parsing. Only for the
+    defaults alone (no extra rules). Anything else (not an object, no string command) is parsed,
+    so that a bad payload is logged."""
+    body = raw.strip()
+    if not (body.startswith(b"{") and body.endswith(b"}")):
+        return False
+    at = body.find(b'"command"')
+    if at < 0 or not body[at + 9 :].lstrip(b" \t\r\n:").startswith(b'"'):
+        return False
+    return CANARY.encode() not in raw and not any(hint in raw for hint in PAYLOAD_HINTS)
+
+
+def has_hooks_table(env: Mapping[str, str]) -> bool:
+    """Whether the config file may hold a `[hooks]` table (read as bytes: no TOML parsed)."""
+    path = config_path(env)
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as f:
+            return b"hooks" in f.read()
+    except OSError:
+        return True  # unreadable: the full path says why in the log
+
+
+def words(command: str) -> set[str]:
+    """The command's words, split at blanks and shell punctuation, paths also as their names."""
+    found = set(command.translate(_SEPARATORS).split())
+    return found | {w.rsplit("/", 1)[-1] for w in found if "/" in w}
+
+
+def rule_for(command: str, extra: list[str], *, defaults: bool = True) -> str | None:
+    """The rule (its pattern) that sends `command` through ccsup, or None. RuleError for an extra
+    rule that is not a regular expression. Compiles nothing for a command that holds no default
+    rule's word when there are no extra rules: the common case, before every shell command."""
+    if CANARY in command:
+        return CANARY
+    mine = words(command)
+    if "ccsup" in mine or "supervisor" in mine:
+        import re
+
+        if re.search(_ALREADY, command):
+            return None
+    if not extra and not (defaults and mine & DEFAULT_WORDS):
+        return None
+    rule = matching(command, compile_rules(extra, defaults=defaults))
+    return rule.pattern if rule is not None else None
+
+
 # `ccsup wait <id>` as the hook's refusal told the model to run it (either form of ccsup).
-_WAIT = re.compile(
+_WAIT = (
     r"^\s*(?:\S*/)?(?:ccsup|python3?(?:\.\d+)?\s+-m\s+supervisor)\s+wait\s+[A-Za-z0-9_-]{1,128}\s*$"
 )
 
 
 def is_wait(command: str) -> bool:
     """A bare `ccsup wait <id>`: the hook lets it run without asking (it only waits)."""
-    return _WAIT.match(command) is not None
+    if " wait " not in command:
+        return False
+    import re
+
+    return re.match(_WAIT, command) is not None
 
 
 def matching(command: str, rules: Iterable[re.Pattern[str]]) -> re.Pattern[str] | None:
     """The first rule that finds heavy work in `command`; None for one that runs through ccsup."""
-    if _ALREADY.search(command):
+    import re
+
+    if re.search(_ALREADY, command):
         return None
     if CANARY in command:
-        return _CANARY_RULE
+        return re.compile(re.escape(CANARY))
     for rule in rules:
         if rule.search(command):
             return rule

@@ -61,8 +61,9 @@ def test_a_command_that_matches_nothing_passes_untouched_without_click_or_zmq(ba
         timeout=30,
     )
     imported = {line.rsplit("|", 1)[-1].strip() for line in traced.stderr.decode().splitlines()}
-    assert "json" in imported and "supervisor.agents.rules" in imported
-    assert not {m for m in imported if m.split(".")[0] in ("click", "zmq", "typing")}
+    assert "supervisor.agents.rules" in imported
+    # nothing parsed: not even json (nor re), let alone click or zmq
+    assert not {m for m in imported if m.split(".")[0] in ("json", "re", "click", "zmq", "typing")}
 
 
 @pytest.mark.parametrize(
@@ -231,3 +232,38 @@ def test_codex_and_opencode_payloads_and_rules_from_flags_and_config(env, tmp_pa
     assert (
         hook("codex", {**codex, "tool_input": {"command": "cargo test"}}, with_config).stdout == b""
     )
+
+
+MATCHED = [
+    "pytest -q",
+    "cd x && python -m pytest",
+    "FOO=1 make -j4",
+    "docker compose up",
+    "npm test",
+    "cargo build --release",
+    "sudo apt-get install -y x",
+    "(cd a; make)",
+    "pip install -e .",
+    "go test ./...",
+    "uv pip install x",
+    "yarn build",
+    "./gradlew build",
+    "echo ccsup-canary-1",
+]
+PASSED = ["ls -la", "git status", "echo pytest", "grep make x", "mypytest", "ccsup run -- pytest"]
+
+
+@pytest.mark.parametrize("command", MATCHED + PASSED)
+def test_the_payload_prefilter_never_passes_a_command_the_rules_take(command):
+    from supervisor.agents import rules
+
+    taken = rules.rule_for(command, []) is not None
+    assert taken == (command in MATCHED)
+    for payload in (
+        json.dumps(claude_payload(command)),
+        json.dumps(claude_payload(command), separators=(",", ":")),
+    ):
+        if taken:
+            assert not rules.surely_unmatched(payload.encode())
+    assert rules.surely_unmatched(json.dumps(claude_payload("ls -la")).encode())
+    assert not rules.surely_unmatched(b'{"tool_input": {"command": 7}}')  # parsed, then logged

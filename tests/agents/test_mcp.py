@@ -120,7 +120,7 @@ def test_a_busy_key_queues_within_the_bound_with_progress_then_wait_resumes_by_i
     holder, queued, took, why = go(first, env)
     assert holder["state"] == "running" and "call `wait`" in holder["next"]
     assert queued["state"] == "queued" and queued["position"] == 1
-    assert 2.0 <= took < 4.0, took  # the bound (2 s here), whatever happens
+    assert 2.0 <= took < 6.0, took  # the bound (2 s here), whatever happens (a loaded machine)
     assert len(progress) >= 3 and "queued" in (progress[0][1] or "")
     assert why["state"] == "queued" and why["why"]
 
@@ -226,4 +226,4 @@ def test_the_default_bound_is_25_seconds(env, tmp_path):
 
     holder, queued, took = go(main, env)
     assert holder["state"] == "running" and queued["state"] == "queued"
-    assert 25.0 <= took < 28.0, took
+    assert 25.0 <= took < 30.0, took
