@@ -1,8 +1,12 @@
 """`ccsup-guard` / `python -m guardd`: parse the arguments, then run one turn under a guard.
 
     ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]
-                [--cgroup PATH] [--deadline-file F] [--tty] -- CMD [ARG...]
+                [--cgroup PATH] [--deadline-file F] [--tty] [--log-dir D [--log-limit N]]
+                -- CMD [ARG...]
 
+--log-dir D: CMD's stdout and stderr go into D/stdout.log and D/stderr.log (and the times of their
+reads into D/stdout.idx, D/stderr.idx), written by the guard itself (guardd.output), so they outlive
+whoever started it; --log-limit N: both logs together stop growing at N bytes.
 --cgroup PATH: run CMD in that cgroup2 cgroup (created when missing; see guardd.cgroup).
 --tty: the guard's stdin is a terminal (a pty's slave, `ccsup run -t`): CMD gets a session of its
 own with it as its controlling terminal (guardd.child), rather than only a group of its own.
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
 
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
-    " [--cgroup PATH] [--deadline-file F] [--tty] -- CMD [ARG...]"
+    " [--cgroup PATH] [--deadline-file F] [--tty] [--log-dir D [--log-limit N]] -- CMD [ARG...]"
 )
 _OPTIONS = {
     "--record-dir": "record_dir",
@@ -42,6 +46,8 @@ _OPTIONS = {
     "--bus": "bus",
     "--cgroup": "cgroup",
     "--deadline-file": "deadline_file",
+    "--log-dir": "log_dir",
+    "--log-limit": "log_limit",
 }
 
 
@@ -118,6 +124,14 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
     turn = values.get("turn")
     if turn is not None and not turn:
         raise UsageError("--turn must not be empty")
+    log_limit = None
+    if "log_limit" in values:
+        text = values["log_limit"]
+        if not text.isdigit():
+            raise UsageError(f"--log-limit: {text!r} is not a number of bytes")
+        log_limit = int(text)
+        if not values.get("log_dir"):
+            raise UsageError("--log-limit needs --log-dir")
     return Options(
         argv=argv,
         record_dir=values.get("record_dir") or env.get("CCSUP_GUARD_DIR") or None,
@@ -129,6 +143,8 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
         deadline_file=values.get("deadline_file") or env.get("CCSUP_GUARD_DEADLINE_FILE") or None,
         env=env,
         tty="tty" in values,
+        log_dir=values.get("log_dir") or None,
+        log_limit=log_limit,
     )
 
 

@@ -50,7 +50,7 @@ import signal
 import sys
 import time
 
-from guardd import cgroup, child, deadman, linux, procs, record, scan, usage
+from guardd import cgroup, child, deadman, linux, output, procs, record, scan, usage
 from guardd.exits import EXIT_GUARD_FAILURE, Exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
@@ -148,11 +148,16 @@ class Guard:
         # The dead-man deadline (guardd.deadman), on CLOCK_BOOTTIME; re-read only when it comes.
         self.stop_at = float("inf")
         self.kill_at = float("inf")
+        # CMD's output, kept by the guard itself (guardd.output) when it is given a log directory.
+        self.logs = output.Logs(opts.log_dir, opts.log_limit) if opts.log_dir else None
+        self._truncation_recorded = False
 
     # --- the whole life, one call per step --------------------------------------------------
 
     def run(self) -> int:
         wake_fd = self._install_signals()
+        if self.logs is not None:
+            self._open_logs()  # first: what the guard says from now on reaches the stderr log
         linux.register_subreaper()
         self.parent_fd = (
             self._given_parent_fd
@@ -186,6 +191,16 @@ class Guard:
         # A parent may have blocked them; handlers come first so a pending one is not fatal.
         _signal.pthread_sigmask(signal.SIG_UNBLOCK, _WATCHED_SIGNALS)
         return rfd
+
+    def _open_logs(self) -> None:
+        assert self.logs is not None
+        try:
+            self.logs.open()
+        except OSError as e:
+            why = f"unable to open the logs in {self.opts.log_dir}: {e.strerror}"
+            raise GuardFailure(why) from None
+        for fd in self.logs.fds:
+            self.poller.register(fd, select.POLLIN)
 
     def _prepare_record_dir(self, record_dir: str) -> None:
         try:
@@ -244,7 +259,11 @@ class Guard:
             events = poller.poll(max(0, int(timeout * 1000) + 1))
             sigs = set()
             for fd, _ in events:
-                if fd == wake_fd:
+                if self.logs is not None and fd in self.logs.fds:
+                    self.logs.read(fd)
+                    if self.logs.truncated is not None and not self._truncation_recorded:
+                        self._truncation_recorded = self._record_due = True
+                elif fd == wake_fd:
                     sigs.update(_drain(wake_fd))
                 elif fd == events_fd:
                     cgroup.rearm(events_fd)  # populated changed: the checks below look
@@ -336,6 +355,8 @@ class Guard:
             if pid == self.cmd_pid and self.exit is None:
                 self.exit = Exit.from_status(status)
                 cmd_exited = True
+                if self.logs is not None:
+                    self.logs.drain()  # CMD's last bytes are logged before its exit is recorded
 
     def _scan(self) -> None:
         found = self.scanner.descendants()
@@ -443,6 +464,8 @@ class Guard:
         return not procs.live_groups(self._all_groups())
 
     def _finish(self) -> int:
+        if self.logs is not None:
+            self.logs.drain()  # what the last descendants wrote
         self.phase = GONE
         self._write_record(last=True)
         self._close_hints()
@@ -454,6 +477,8 @@ class Guard:
         why = "; ".join(self.eperm) or (f"still alive {_GIVE_UP_GRACES} graces after SIGKILL")
         self.reason = f"unkillable: groups {left}: {why}"
         _say(f"unable to end the work of turn {self.turn}: {self.reason}")
+        if self.logs is not None:
+            self.logs.drain()  # that line too
         self._write_record(last=True)  # state stays "stopping": the slot stays counted
         self._close_hints()
         return EXIT_GUARD_FAILURE
@@ -473,7 +498,7 @@ class Guard:
     # --- the record ----------------------------------------------------------------------------
 
     def to_record(self) -> dict:
-        return {
+        data = {
             "v": 1,
             "guard": self.me.to_json(),
             "turn": self.turn,
@@ -488,6 +513,9 @@ class Guard:
             "cgroup": self.opts.cgroup,
             "usage": self.usage.to_json(),
         }
+        if self.logs is not None:
+            data["truncated"] = self.logs.truncated
+        return data
 
     def _write_record(self, last: bool = False) -> None:  # last: leave no spare (record.Rewriter)
         self._record_due = False
@@ -532,8 +560,12 @@ def _drain(fd: int) -> set[int]:
 
 def run_guard(opts: Options, parent_fd: int | None = None) -> int:
     """Run one turn under a guard; returns the guard's exit status (parent_fd: see Guard)."""
+    guard = None
     try:
-        return Guard(opts, parent_fd=parent_fd).run()
+        guard = Guard(opts, parent_fd=parent_fd)
+        return guard.run()
     except (GuardFailure, OSError) as e:  # GuardFailure: the operation and the reason
         _say(str(e))
+        if guard is not None and guard.logs is not None and guard.logs.fds:
+            guard.logs.drain()  # the line went into the guard's own stderr pipe
         return EXIT_GUARD_FAILURE

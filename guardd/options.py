@@ -25,6 +25,8 @@ class Options:
         "bus",
         "cgroup",
         "deadline_file",
+        "log_dir",
+        "log_limit",
         "env",
         "tty",
     )
@@ -41,10 +43,13 @@ class Options:
         deadline_file: str | None = None,
         env: Mapping[str, str] | None = None,
         tty: bool = False,
+        log_dir: str | None = None,
+        log_limit: int | None = None,
     ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
         self.turn, self.bus, self.cgroup = turn, bus, cgroup
         self.deadline_file = deadline_file
+        self.log_dir, self.log_limit = log_dir, log_limit  # guardd.output
         # The environment the defaults were read from, and CMD's is made from (default: ours).
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.tty = tty  # stdin is a terminal CMD takes as its controlling one (guardd.child)

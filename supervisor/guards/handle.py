@@ -36,6 +36,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from guardd import procs
@@ -45,6 +46,7 @@ from guardd.record import record_path
 
 from ..output import line_times
 from ..output.chunks import Chunk, StreamSplitter
+from ..output.follow import LogFollower
 
 log = logging.getLogger("ccsup.spawn")
 
@@ -96,7 +98,8 @@ class GuardProcess:
         start: int | None = None,
     ):
         """process: a subprocess.Popen (or, for ForkedGuardProcess, a forked guard's _Pipes);
-        stdio: our ends of its stdin, stdout and stderr pipes, ours to close from now on."""
+        stdio: our ends of its stdin, stdout and stderr pipes, ours to close from now on; -1 for
+        stdout and stderr: the guard writes the logs itself (guardd.output), which are followed."""
         self.turn_id = turn_id
         self.popen = process
         self._stdin = stdio[0]
@@ -117,7 +120,8 @@ class GuardProcess:
         self.on_truncated: TruncatedCallback | None = None
         self._logged = 0
         self.truncated = False
-        self._offsets = {"stdout": 0, "stderr": 0}  # bytes read from each pipe
+        self._offsets = {"stdout": 0, "stderr": 0}  # bytes read from each pipe (or log)
+        self._followers: dict[str, LogFollower] = {}  # the logs the guard writes itself
         self._splitters: dict[str, StreamSplitter] = {}  # made at a stream's first read
         self._on_output: OutputCallback = _nothing
         self._stdin_buffer = bytearray()
@@ -148,6 +152,15 @@ class GuardProcess:
         self._on_output = on_output
         for stream in STREAMS:
             pipe = self._pipes[stream]
+            if pipe < 0:  # the guard writes this log: follow it from where we are
+                del self._pipes[stream]
+                self._followers[stream] = LogFollower(
+                    loop,
+                    str(log_dir / f"{stream}.log"),
+                    partial(self._followed, stream),
+                    self._offsets[stream],
+                )
+                continue
             os.set_blocking(pipe, False)
             self._logs[stream] = _open_append(log_dir / f"{stream}.log")
             loop.add_reader(pipe, self._read, stream)
@@ -180,6 +193,22 @@ class GuardProcess:
         if chunk is not None:
             self._on_output(stream, chunk)
 
+    def _followed(self, stream: str, offset: int, data: bytes) -> None:
+        """A read of a log the guard writes (supervisor.output.follow): hand it on."""
+        self._offsets[stream] = offset + len(data)
+        splitter = self._splitters.get(stream)
+        if splitter is None:
+            splitter = self._splitters[stream] = StreamSplitter(offset)
+        chunk = splitter.feed(data)
+        if chunk is not None:
+            self._on_output(stream, chunk)
+        if self.log_limit is not None and not self.truncated:
+            if sum(self._offsets.values()) >= self.log_limit:  # the guard stops both logs there
+                self.truncated = True
+                if self.on_truncated is not None:
+                    end = offset + len(data)
+                    self.on_truncated(self.turn_id, stream, end, self.log_limit)
+
     def _finish(self, stream: str) -> None:
         """Send what the stream's splitter holds back (an incomplete character, for good)."""
         splitter = self._splitters.get(stream)
@@ -196,6 +225,9 @@ class GuardProcess:
         later (a descendant's) follow as a chunk of their own; offsets still tile the stream.
         """
         for stream in STREAMS:
+            follower = self._followers.get(stream)
+            if follower is not None:
+                follower.read()  # the guard logged CMD's last bytes before recording its exit
             while stream in self._logs and stream in self._pipes:
                 before = self._offsets[stream]
                 self._read(stream)
@@ -330,6 +362,9 @@ class GuardProcess:
         self.drain()
         for stream in STREAMS:
             self._close_stream(stream)
+        for follower in self._followers.values():
+            follower.close()
+        self._followers.clear()
         self._close_stdin()
         if self.pidfd >= 0:
             os.close(self.pidfd)
@@ -360,6 +395,14 @@ class GuardSpec:
     cgroup: str | None = None
     stdin: str = "pipe"  # the turn's stdin mode (open_stdio)
     winsize: tuple[int, int] | None = None  # a "tty" turn's terminal at its start: rows, cols
+    log_dir: Path | None = None  # the turn's logs, written by the guard (not for a "tty" turn)
+    log_limit: int | None = None  # [logs] turn_max_bytes, both logs together
+
+    @property
+    def guard_logs(self) -> bool:
+        """The guard writes the logs (guardd.output). A "tty" turn's output is the pty's, which
+        we read from its master (a pty is not a pipe the guard could put on fds 1-2)."""
+        return self.log_dir is not None and self.stdin != "tty"
 
 
 def guard_args(spec: GuardSpec) -> list[str]:
@@ -380,10 +423,16 @@ def guard_args(spec: GuardSpec) -> list[str]:
         args += ["--cgroup", spec.cgroup]
     if spec.stdin == "tty":
         args.append("--tty")
+    if spec.guard_logs:
+        args += ["--log-dir", str(spec.log_dir)]
+        if spec.log_limit is not None:
+            args += ["--log-limit", str(spec.log_limit)]
     return [*args, "--", *spec.argv]
 
 
-def open_stdio(stdin: str, winsize: tuple[int, int] | None = None) -> tuple[tuple, tuple]:
+def open_stdio(
+    stdin: str, winsize: tuple[int, int] | None = None, guard_logs: bool = False
+) -> tuple[tuple, tuple]:
     """The guard's stdin, stdout and stderr, and ours (its stdin's writer, the readers of its
     stdout and stderr), by the turn's stdin mode (supervisor.wire.args.STDIN_MODES):
     - "pipe": three pipes;
@@ -391,6 +440,8 @@ def open_stdio(stdin: str, winsize: tuple[int, int] | None = None) -> tuple[tupl
     - "tty": a pty (sized `winsize`, rows and cols): its three are the slave, our stdin and
       stdout the master (the pty's bytes, exactly as it gives them, are the stdout log) and our
       stderr a pipe already at its end (the pty merges the streams).
+    guard_logs (not with "tty"): the guard writes the logs itself (guardd.output) and puts its own
+    pipes on its fds 1 and 2: its stdout and stderr are /dev/null until then, ours -1.
     Every descriptor is close-on-exec; each of the six is ours to close once."""
     if stdin == "tty":
         master, slave = os.openpty()  # glibc opens the slave O_NOCTTY: never our terminal
@@ -408,6 +459,9 @@ def open_stdio(stdin: str, winsize: tuple[int, int] | None = None) -> tuple[tupl
         stdin_r, stdin_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
     else:
         stdin_r, stdin_w = os.pipe()
+    if guard_logs:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        return (stdin_r, null, os.dup(null)), (stdin_w, -1, -1)
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
     return (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r)
@@ -443,7 +497,7 @@ def start_guard(spec: GuardSpec) -> GuardProcess:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
-    theirs, ours = open_stdio(spec.stdin, spec.winsize)
+    theirs, ours = open_stdio(spec.stdin, spec.winsize, spec.guard_logs)
     (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r) = theirs, ours
     try:
         popen = subprocess.Popen(

@@ -49,6 +49,7 @@ after a loss: the lost zygote's guards run on with statuses unknown (their recor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -207,9 +208,11 @@ class Launcher:
 
     def start_guard(self, spec: GuardSpec) -> GuardProcess | PendingGuard:
         """A GuardProcess started directly (OSError when it cannot be), or a PendingGuard."""
+        if spec.log_dir is not None and spec.log_limit != self.log_limit:
+            spec = dataclasses.replace(spec, log_limit=self.log_limit)  # the guard keeps it
         if self.zygote is None:
             return self._start_directly(spec)
-        theirs, ours = open_stdio(spec.stdin, spec.winsize)
+        theirs, ours = open_stdio(spec.stdin, spec.winsize, spec.guard_logs)
         try:
             self.zygote.request(
                 guard_args(spec), cwd=spec.cwd, env=guard_env(spec.env), stdio=theirs

@@ -129,6 +129,7 @@ class Starter:
                     cgroup=cgroup,
                     stdin=turn.stdin,
                     winsize=turn.winsize,
+                    log_dir=log_dir,
                 )
             )
         except OSError as e:

@@ -88,11 +88,15 @@ def test_a_forked_guard_has_its_own_session_and_inherits_no_fd(daemon, event_log
             )
         held_elsewhere = set(fd_targets(d.proc.pid).values()) | set(fd_targets(zygote).values())
         assert any(t.endswith(".lock") for t in held_elsewhere)  # the daemon holds slot locks
-        for guard in guards:
+        for n, guard in enumerate(guards):
             stat = procs.read_stat(guard)
             assert (stat.ppid, stat.sid, stat.pgid) == (zygote, guard, guard)
             targets = fd_targets(guard)
-            assert all(targets[fd] in held_elsewhere for fd in (0, 1, 2))  # the turn's pipes
+            assert targets[0] in held_elsewhere  # the turn's stdin pipe
+            # stdout and stderr: the guard's own pipes, whose read ends it holds (guardd.output)
+            for fd in (1, 2):
+                assert targets[fd].startswith("pipe:") and targets[fd] not in held_elsewhere
+            logs = str(state_dir / "turns" / f"t{n}") + "/"
             pidfds = [fd for fd, t in targets.items() if t == "anon_inode:[pidfd]"]
             assert [pidfd_target(guard, fd) for fd in pidfds] == [
                 d.proc.pid
@@ -105,6 +109,7 @@ def test_a_forked_guard_has_its_own_session_and_inherits_no_fd(daemon, event_log
                 and not (
                     t.startswith("/proc/")  # the scanner's files
                     or t.endswith("/cgroup.events")  # its turn's cgroup, watched
+                    or t.startswith(logs)  # its turn's logs, which it writes
                     or (t.startswith(("pipe:", "socket:")) and t not in held_elsewhere)
                 )
             }  # its own

@@ -1,4 +1,5 @@
-"""[logs] under a real supervisor: a turn's logs stop at turn_max_bytes while the bus streams on,
+"""[logs] under a real supervisor: a turn's logs stop at turn_max_bytes (the guard drops the rest,
+so the bus, which follows the logs, stops there too),
 pruning at start leaves running turns alone, `ccsup logs` says when logs were pruned and
 `ccsup logs -t` prints arrival times from the index (the log's bytes unchanged)."""
 
@@ -27,12 +28,12 @@ def ccsup(state_dir, *args):
 
 
 @pytest.mark.timeout(60)
-def test_past_turn_max_bytes_the_log_stops_and_the_bus_streams_on(daemon, state_dir):
+def test_past_turn_max_bytes_the_log_and_the_bus_stop_and_truncated_says_where(daemon, state_dir):
     d = daemon(extra=f"[logs]\nturn_max_bytes = {LIMIT}\n")
     # 6000 bytes of stdout; then, once they were seen, 6000 of stderr: the limit falls in those.
     script = (
         "head -c 6000 /dev/zero | tr '\\0' a; read go; "
-        "head -c 6000 /dev/zero | tr '\\0' b >&2; echo end"
+        "head -c 6000 /dev/zero | tr '\\0' b >&2; read go; echo end"
     )
     out, events = TurnOutput("big"), []
     with d.client() as client, client.subscribe(["turn.big."]) as sub:
@@ -43,7 +44,9 @@ def test_past_turn_max_bytes_the_log_stops_and_the_bus_streams_on(daemon, state_
             got = out.feed(topic, body)
             if got and got[0] == "stdout" and out.position["stdout"] == 6000:
                 client.send("big", "go\n")
-    assert out.position == {"stdout": 6004, "stderr": 6000}  # everything came on the bus
+            if got and got[0] == "stderr" and out.position["stderr"] == LIMIT - 6000:
+                client.send("big", "go\n")  # "end" only once the limit was reached
+    assert out.position == {"stdout": 6000, "stderr": LIMIT - 6000}  # what the logs hold
     (truncated,) = [b for t, b in events if t == "turn.big.truncated"]
     assert story(truncated) == {
         "v": 1,
