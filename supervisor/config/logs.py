@@ -37,7 +37,7 @@ SECTION = Section(
             "turn_max_bytes",
             DEFAULT_TURN_MAX_BYTES,
             "A turn's stdout and stderr logs together stop growing here (turn.<id>.truncated\n"
-            "says so; the bus keeps streaming the output). 0: no limit.",
+            "says so; the guard drops the rest, so the bus stops there too). 0: no limit.",
         ),
         Key(
             "keep",
