@@ -352,3 +352,33 @@ def test_an_argument_over_128_kib_is_refused_with_one_clear_error_and_nothing_ru
 
     big = CliRunner().invoke(main, ["run", "--clean-env", "--env", "BIG=" + "z" * 140_000, "true"])
     assert big.exit_code == 2 and "is 140,004 bytes; exec takes at most 131,071" in big.output
+
+
+def test_the_python_client_inherits_the_environment_only_when_asked(env, state_dir, monkeypatch):
+    from conftest import wait_until
+
+    from supervisor.client.control import Client, RemoteError
+
+    monkeypatch.setenv("ONLY_HERE", "client side")
+    with Client(state_dir) as client:
+        client.turn("default", ["sh", "-c", 'echo "[$ONLY_HERE]"'], id="explicit01")
+        client.turn(
+            "default", ["sh", "-c", 'echo "[$ONLY_HERE]"'], id="inherit01", inherit_env=True
+        )
+        client.turn("default", ["sh", "-c", "sleep 30"], id="nullin01", stdin="null")
+        wait_until(
+            lambda: any(s.get("turn") == "nullin01" for s in client.ps()["slots"]),
+            what="the null turn running",
+        )
+        with pytest.raises(RemoteError) as caught:
+            client.send("nullin01", "hello")
+        assert "has no stdin to write to (stdin: null)" in caught.value.message
+        with pytest.raises(RemoteError) as caught:
+            client.call("send", id="nullin01", winsize=[10, 10])
+        assert "no terminal to resize (stdin: null)" in caught.value.message
+        client.cancel("nullin01")
+    logs = state_dir / "turns"
+    wait_until(lambda: (logs / "inherit01" / "stdout.log").read_bytes(), what="its output")
+    wait_until(lambda: (logs / "explicit01" / "stdout.log").read_bytes(), what="its output")
+    assert (logs / "inherit01" / "stdout.log").read_text() == "[client side]\n"
+    assert (logs / "explicit01" / "stdout.log").read_text() == "[]\n"
