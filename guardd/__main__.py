@@ -2,8 +2,11 @@
 
     ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]
                 [--cgroup PATH] [--deadline-file F] [--tty] [--log-dir D [--log-limit N]]
-                -- CMD [ARG...]
+                [--adopt-within T] -- CMD [ARG...]
 
+--adopt-within T (needs a record directory): when the watched supervisor is gone, the work goes
+on for up to T, waiting for a supervisor to adopt the guard over its channel (guardd.channel);
+if none does, the work is ended as always, reason "not_adopted". 0 (the default): ended at once.
 --log-dir D: CMD's stdout and stderr go into D/stdout.log and D/stderr.log (and the times of their
 reads into D/stdout.idx, D/stderr.idx), written by the guard itself (guardd.output), so they outlive
 whoever started it; --log-limit N: both logs together stop growing at N bytes.
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
 
 USAGE = (
     "usage: ccsup-guard [--record-dir D] [--grace T] [--scan T] [--turn ID] [--bus ENDPOINT]"
-    " [--cgroup PATH] [--deadline-file F] [--tty] [--log-dir D [--log-limit N]] -- CMD [ARG...]"
+    " [--cgroup PATH] [--deadline-file F] [--tty] [--log-dir D [--log-limit N]]"
+    " [--adopt-within T] -- CMD [ARG...]"
 )
 _OPTIONS = {
     "--record-dir": "record_dir",
@@ -48,6 +52,7 @@ _OPTIONS = {
     "--deadline-file": "deadline_file",
     "--log-dir": "log_dir",
     "--log-limit": "log_limit",
+    "--adopt-within": "adopt_within",
 }
 
 
@@ -132,6 +137,9 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
         log_limit = int(text)
         if not values.get("log_dir"):
             raise UsageError("--log-limit needs --log-dir")
+    adopt_within = (
+        _duration(values["adopt_within"], "--adopt-within") if "adopt_within" in values else 0.0
+    )
     return Options(
         argv=argv,
         record_dir=values.get("record_dir") or env.get("CCSUP_GUARD_DIR") or None,
@@ -145,6 +153,7 @@ def parse_args(args: list[str], env: Mapping[str, str] | None = None) -> Options
         tty="tty" in values,
         log_dir=values.get("log_dir") or None,
         log_limit=log_limit,
+        adopt_within=adopt_within,
     )
 
 

@@ -50,7 +50,7 @@ import signal
 import sys
 import time
 
-from guardd import cgroup, child, deadman, linux, output, procs, record, scan, usage
+from guardd import cgroup, channel, child, deadman, linux, output, procs, record, scan, usage
 from guardd.exits import EXIT_GUARD_FAILURE, Exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
@@ -151,6 +151,11 @@ class Guard:
         # CMD's output, kept by the guard itself (guardd.output) when it is given a log directory.
         self.logs = output.Logs(opts.log_dir, opts.log_limit) if opts.log_dir else None
         self._truncation_recorded = False
+        # Adoption (guardd.channel): with adopt_within, a supervisor gone is waited for that long.
+        self.channel: channel.Listener | None = None
+        self.waiting_since: float | None = None  # epoch: when the watched supervisor was gone
+        self.adopt_by = float("inf")  # on self.clock
+        self.adopted_at: float | None = None
 
     # --- the whole life, one call per step --------------------------------------------------
 
@@ -166,6 +171,8 @@ class Guard:
         )
         if self.opts.record_dir:
             self._prepare_record_dir(self.opts.record_dir)
+        if self.opts.adopt_within > 0 and self.record_file is not None:
+            self._open_channel(self.record_file)
         if self.opts.cgroup is not None:
             self._prepare_cgroup()
         failed = self._spawn_cmd()
@@ -201,6 +208,65 @@ class Guard:
             raise GuardFailure(why) from None
         for fd in self.logs.fds:
             self.poller.register(fd, select.POLLIN)
+
+    def _open_channel(self, record_file: str) -> None:
+        path = channel.channel_file(record_file)
+        try:
+            self.channel = channel.Listener(path)
+        except OSError as e:
+            raise GuardFailure(f"unable to open the channel {path}: {e.strerror or e}") from None
+        self.poller.register(self.channel.fileno(), select.POLLIN)
+
+    def _on_channel(self, fd: int) -> None:
+        """A supervisor's connection (accepted), or its message (answered, then closed)."""
+        assert self.channel is not None
+        if fd == self.channel.fileno():
+            conn = self.channel.accept()
+            if conn is not None:
+                self.poller.register(conn.fileno(), select.POLLIN)
+            return
+        message, passed = self.channel.receive(fd)
+        if message is None:
+            if fd not in self.channel.conns:
+                self.poller.unregister(fd)
+            return
+        error = None
+        if message.get("v") != channel.CHANNEL_VERSION:
+            error = f"channel version {message.get('v')!r} is not {channel.CHANNEL_VERSION}"
+        elif message.get("op") != "adopt":
+            error = f"unknown op {message.get('op')!r}"
+        elif passed is None:
+            error = "no pidfd came with the adopt"
+        elif self.phase is not RUNNING:
+            error = "the turn is already being ended"
+        self.poller.unregister(fd)
+        if error is not None:
+            if passed is not None:
+                os.close(passed)
+            self.channel.answer(fd, {"ok": False, "error": error})
+            return
+        assert passed is not None
+        if self.parent_fd is not None:
+            self.poller.unregister(self.parent_fd)
+            os.close(self.parent_fd)
+        self.parent_fd = passed
+        self.poller.register(passed, select.POLLIN)
+        waited = time.time() - self.waiting_since if self.waiting_since is not None else 0.0
+        self.waiting_since, self.adopt_by = None, float("inf")
+        self.adopted_at = time.time()
+        self._write_record()
+        self.channel.answer(
+            fd, {"ok": True, "turn": self.turn, "guard": self.me.to_json(), "waited_s": waited}
+        )
+
+    def _parent_gone(self) -> None:
+        """The watched supervisor is gone: wait to be adopted (adopt_within), or end the turn."""
+        if self.channel is None or self.phase is not RUNNING:
+            self._begin_stop("parent_gone")
+            return
+        self.waiting_since = time.time()
+        self.adopt_by = self.clock() + self.opts.adopt_within
+        self._record_due = True
 
     def _prepare_record_dir(self, record_dir: str) -> None:
         try:
@@ -256,6 +322,8 @@ class Guard:
                 timeout = min(timeout, self._check_deadline())
             if self.hints is not None:
                 timeout = min(timeout, self.hints.timeout())
+            if self.waiting_since is not None:
+                timeout = min(timeout, self.adopt_by - self.clock())
             events = poller.poll(max(0, int(timeout * 1000) + 1))
             sigs = set()
             for fd, _ in events:
@@ -271,12 +339,19 @@ class Guard:
                     poller.unregister(fd)
                     os.close(fd)
                     self.parent_fd = None
-                    self._begin_stop("parent_gone")
+                    self._parent_gone()
+                elif self.channel is not None and (
+                    fd == self.channel.fileno() or fd in self.channel.conns
+                ):
+                    self._on_channel(fd)
             if self.hints is not None:
                 self.hints.step(events)  # its socket's events, then its deadlines
             for sig in _STOP_SIGNALS:
                 if sig in sigs:
                     self._begin_stop(f"signal:{signal.Signals(sig).name}")
+            if self.waiting_since is not None and self.clock() >= self.adopt_by:
+                self.waiting_since = None  # nobody came: the dead-man ends the work
+                self._begin_stop("not_adopted")
             cmd_exited = self._reap()
             if cmd_exited:
                 if self.phase is RUNNING and self._all_gone():
@@ -469,6 +544,7 @@ class Guard:
         self.phase = GONE
         self._write_record(last=True)
         self._close_hints()
+        self._close_channel()
         return self.exit.exit_code() if self.exit is not None else EXIT_GUARD_FAILURE
 
     def _give_up(self) -> int:
@@ -481,12 +557,18 @@ class Guard:
             self.logs.drain()  # that line too
         self._write_record(last=True)  # state stays "stopping": the slot stays counted
         self._close_hints()
+        self._close_channel()
         return EXIT_GUARD_FAILURE
 
     def _tell_exit(self) -> None:
         if self.hints is not None and self.exit is not None and not self.exit_told:
             self.exit_told = True
             self.hints.publish("exited", **self.exit.to_json())
+
+    def _close_channel(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
 
     def _close_hints(self) -> None:
         if self.hints is None:
@@ -515,6 +597,13 @@ class Guard:
         }
         if self.logs is not None:
             data["truncated"] = self.logs.truncated
+        if self.opts.adopt_within > 0:
+            data["channel"] = (
+                {"v": channel.CHANNEL_VERSION, "path": self.channel.path} if self.channel else None
+            )
+            data["adopt_within"] = self.opts.adopt_within
+            data["waiting_since"] = self.waiting_since
+            data["adopted_at"] = self.adopted_at
         return data
 
     def _write_record(self, last: bool = False) -> None:  # last: leave no spare (record.Rewriter)
@@ -568,4 +657,6 @@ def run_guard(opts: Options, parent_fd: int | None = None) -> int:
         _say(str(e))
         if guard is not None and guard.logs is not None and guard.logs.fds:
             guard.logs.drain()  # the line went into the guard's own stderr pipe
+        if guard is not None:
+            guard._close_channel()  # no socket left behind by a guard that failed to start
         return EXIT_GUARD_FAILURE

@@ -27,6 +27,7 @@ class Options:
         "deadline_file",
         "log_dir",
         "log_limit",
+        "adopt_within",
         "env",
         "tty",
     )
@@ -45,11 +46,13 @@ class Options:
         tty: bool = False,
         log_dir: str | None = None,
         log_limit: int | None = None,
+        adopt_within: float = 0.0,
     ):
         self.argv, self.record_dir, self.grace, self.scan = argv, record_dir, grace, scan
         self.turn, self.bus, self.cgroup = turn, bus, cgroup
         self.deadline_file = deadline_file
         self.log_dir, self.log_limit = log_dir, log_limit  # guardd.output
+        self.adopt_within = adopt_within  # seconds a gone supervisor is waited for (guardd.channel)
         # The environment the defaults were read from, and CMD's is made from (default: ours).
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.tty = tty  # stdin is a terminal CMD takes as its controlling one (guardd.child)

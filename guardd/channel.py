@@ -1,0 +1,163 @@
+"""The guard's channel: how a supervisor that did not start a guard takes it over (adoption).
+
+Design note. A guard started with `--adopt-within T` outlives its supervisor by up to T: when
+the process it watches (its parent, or the pidfd a zygote handed it) is gone, the turn's work
+keeps running, contained, and the guard waits for a new supervisor (guardd.guard). That one finds
+the guard by its record (`"channel": {"v": 1, "path": ...}`) and speaks to it here: an owner-only
+Unix socket (SOCK_SEQPACKET: one message a read, no framing), `<record-dir>/<pid>-<start>.sock`
+beside the record, mode 0600, and a peer of another uid is refused whatever the mode (SO_PEERCRED).
+It does not depend on the old supervisor, its zygote or the bus.
+
+Version 1 of the wire: the client sends one JSON message `{"v": 1, "op": "adopt"}` with a pidfd
+on itself attached (SCM_RIGHTS): the process whose end ends the turn from now on. The guard
+answers `{"v": 1, "ok": true, "turn", "guard": {"pid", "start"}, "waited_s"}` and watches that
+pidfd instead; or `{"v": 1, "ok": false, "error"}` (a newer version, an unknown op, no pidfd, a
+guard already stopping) and changes nothing. Either way the guard closes the connection.
+Why a pidfd and not the peer's pid: the pid could be reused between the connect and the guard's
+look; the pidfd is the very process.
+
+State: the socket file lives as long as the guard (unlinked when it ends; one killed outright
+leaves it behind: a connect to it is refused, ECONNREFUSED, and the reaper judges the guard by its
+record as before). A guard never reads an old socket: its name holds its own identity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+
+CHANNEL_VERSION = 1
+_MAX = 4096
+
+
+def channel_file(record_file: str) -> str:
+    """The channel's path beside the guard's record (`<pid>-<start>.json` -> `.sock`)."""
+    return record_file[: -len(".json")] + ".sock"
+
+
+class Listener:
+    """The guard's end: a listening socket, and the connections being answered."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self.sock.setblocking(False)
+        head, name = os.path.split(path)
+        # Bound through the directory's fd: a state directory's path may be longer than the 107
+        # bytes a socket address holds. umask: the file is made 0600 (owner-only) from the start.
+        dir_fd = os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            try:
+                os.unlink(path)  # a guard with our very identity died here before (pid reuse)
+            except FileNotFoundError:
+                pass
+            self.sock.bind(f"/proc/self/fd/{dir_fd}/{name}")
+        finally:
+            os.umask(old)
+            os.close(dir_fd)
+        self.sock.listen(8)
+        self.conns: dict[int, socket.socket] = {}
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def accept(self) -> socket.socket | None:
+        """A connection of our own uid, or None (another's is closed at once)."""
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return None
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            conn.close()
+            return None
+        conn.setblocking(False)
+        self.conns[conn.fileno()] = conn
+        return conn
+
+    def receive(self, fd: int) -> tuple[dict | None, int | None]:
+        """The message on that connection and the fd it carried; (None, None) when it has none yet
+        or it was not a message (the connection is then closed)."""
+        conn = self.conns[fd]
+        fds: list[int] = []
+        try:
+            data, ancdata, _flags, _ = conn.recvmsg(_MAX, socket.CMSG_SPACE(4 * 4))
+        except (BlockingIOError, InterruptedError):
+            return None, None
+        except OSError:
+            self.close_conn(fd)
+            return None, None
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+        passed = fds[0] if fds else None
+        for extra in fds[1:]:
+            os.close(extra)
+        try:
+            message = json.loads(data)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            if passed is not None:
+                os.close(passed)
+            self.close_conn(fd)
+            return None, None
+        return message, passed
+
+    def answer(self, fd: int, body: dict) -> None:
+        conn = self.conns.get(fd)
+        if conn is None:
+            return
+        try:
+            conn.send(json.dumps({"v": CHANNEL_VERSION, **body}).encode())
+        except OSError:
+            pass  # the asker is gone: nothing was changed for it to know
+        self.close_conn(fd)
+
+    def close_conn(self, fd: int) -> None:
+        conn = self.conns.pop(fd, None)
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        for fd in list(self.conns):
+            self.close_conn(fd)
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def adopt(path: str, timeout: float = 2.0) -> dict:
+    """The supervisor's end: ask the guard behind `path` to be watched by us from now on.
+
+    Returns the guard's answer (`ok` true or false); OSError when it cannot be reached (a guard
+    killed outright left its socket: ECONNREFUSED)."""
+    pidfd = os.pidfd_open(os.getpid())
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        head, name = os.path.split(path)
+        dir_fd = os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            sock.connect(f"/proc/self/fd/{dir_fd}/{name}")
+        finally:
+            os.close(dir_fd)
+        message = json.dumps({"v": CHANNEL_VERSION, "op": "adopt"}).encode()
+        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", pidfd))])
+        data = sock.recv(_MAX)
+    finally:
+        sock.close()
+        os.close(pidfd)
+    if not data:
+        raise OSError(f"unable to adopt the guard at {path}: it closed the channel unanswered")
+    answer = json.loads(data)
+    if not isinstance(answer, dict):
+        raise OSError(f"unable to adopt the guard at {path}: it answered {data[:100]!r}")
+    return answer

@@ -1,0 +1,159 @@
+"""A guard started with --adopt-within outlives its supervisor (guardd.channel): the work goes on,
+contained, while it waits to be adopted over its channel; adopted, it watches its new supervisor;
+never adopted, it ends the work (a setsid grandchild that ignores SIGTERM too) after adopt_within
+plus the grace, reason "not_adopted"."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import wait_until
+
+from guardd import procs
+
+ADOPT_WITHIN = 1.5
+GRACE = 0.3
+# CMD: a setsid grandchild that ignores SIGTERM (its pid in a file), then CMD itself sleeps.
+SCRIPT = (
+    "setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 300' & "
+    "echo started; exec sleep 300"
+)
+# A stand-in supervisor: starts the guard (its child), prints the guard's pid, waits on stdin.
+PARENT = (
+    "import subprocess, sys\n"
+    "p = subprocess.Popen([sys.executable, '-m', 'guardd', *sys.argv[1:]], start_new_session=True)\n"
+    "print(p.pid, flush=True)\n"
+    "sys.stdin.read()\n"
+)
+# A stand-in adopting supervisor: adopts the guard behind argv[1], prints the answer, waits.
+ADOPTER = (
+    "import json, sys\n"
+    "from guardd import channel\n"
+    "print(json.dumps(channel.adopt(sys.argv[1])), flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def start_parent(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    args = ["--record-dir", str(tmp_path / "guards"), "--log-dir", str(tmp_path)]
+    args += ["--grace", str(GRACE), "--adopt-within", f"{ADOPT_WITHIN}s"]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, *args, "--", "sh", "-c", SCRIPT.format(pidfile=pidfile)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    guard = procs.identity_of(int(parent.stdout.readline()))
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the grandchild")
+    grandchild = procs.identity_of(int(pidfile.read_text()))
+    return parent, guard, grandchild
+
+
+def record(tmp_path, guard) -> dict:
+    path = tmp_path / "guards" / f"{guard.pid}-{guard.start}.json"
+    return wait_until(lambda: _read(path), what="the guard's record")
+
+
+def _read(path):
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+@pytest.fixture
+def cleanup():
+    started: list = []
+    yield started
+    for thing in started:
+        if isinstance(thing, subprocess.Popen):
+            thing.kill()
+            thing.wait()
+        elif procs.process_running(thing):
+            procs.signal_process(thing, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_unadopted_work_runs_adopt_within_then_ends_with_its_setsid_grandchild(tmp_path, cleanup):
+    parent, guard, grandchild = start_parent(tmp_path)
+    cleanup += [parent, guard, grandchild]
+    channel_path = record(tmp_path, guard)["channel"]["path"]
+    assert os.stat(channel_path).st_mode & 0o777 == 0o600  # owner-only
+    parent.kill()  # the supervisor dies outright
+    parent.wait()
+    gone_at = time.monotonic()
+    waiting = wait_until(
+        lambda: (r := record(tmp_path, guard))["waiting_since"] is not None and r,
+        what="the guard waiting to be adopted",
+    )
+    assert waiting["state"] == "running"
+    time.sleep(ADOPT_WITHIN / 2)  # still within adopt_within: nothing of the work has ended
+    assert procs.process_running(grandchild) and procs.process_running(guard)
+    wait_until(lambda: not procs.process_running(grandchild), timeout=10, what="the end")
+    ended_after = time.monotonic() - gone_at
+    assert ADOPT_WITHIN <= ended_after <= ADOPT_WITHIN + GRACE + 2.0
+    final = wait_until(lambda: (r := record(tmp_path, guard))["state"] == "gone" and r, what="gone")
+    assert final["reason"] == "not_adopted"
+    assert not os.path.exists(channel_path)  # the channel goes with the guard
+
+
+@pytest.mark.timeout(60)
+def test_an_adopted_guard_keeps_the_work_and_watches_its_new_supervisor(tmp_path, cleanup):
+    parent, guard, grandchild = start_parent(tmp_path)
+    cleanup += [parent, guard, grandchild]
+    channel_path = record(tmp_path, guard)["channel"]["path"]
+    parent.kill()
+    parent.wait()
+    wait_until(lambda: record(tmp_path, guard)["waiting_since"] is not None, what="waiting")
+    adopter = subprocess.Popen(
+        [sys.executable, "-c", ADOPTER, channel_path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    cleanup.append(adopter)
+    answer = json.loads(adopter.stdout.readline())
+    assert answer["ok"] is True and answer["guard"] == guard.to_json()
+    assert 0 < answer["waited_s"] < ADOPT_WITHIN
+    adopted = record(tmp_path, guard)
+    assert adopted["waiting_since"] is None and adopted["adopted_at"] is not None
+    time.sleep(ADOPT_WITHIN + GRACE + 0.5)  # past the deadline it would have had: it is gone
+    assert procs.process_running(grandchild) and record(tmp_path, guard)["state"] == "running"
+    adopter.kill()  # the adopter dies too: the guard waits for it as it did for the first
+    adopter.wait()
+    wait_until(lambda: not procs.process_running(grandchild), timeout=10, what="the end")
+    final = wait_until(lambda: (r := record(tmp_path, guard))["state"] == "gone" and r, what="gone")
+    assert final["reason"] == "not_adopted"
+
+
+@pytest.mark.timeout(30)
+def test_a_bad_request_on_the_channel_is_refused_and_changes_nothing(tmp_path, cleanup):
+    import socket
+
+    parent, guard, grandchild = start_parent(tmp_path)
+    cleanup += [parent, guard, grandchild]
+    channel_path = record(tmp_path, guard)["channel"]["path"]
+    for message in (b"not json", b'{"v": 2, "op": "adopt"}', b'{"v": 1, "op": "adopt"}'):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.settimeout(5)
+        sock.connect(channel_path)
+        sock.send(message)
+        answer = sock.recv(4096)
+        sock.close()
+        if message == b"not json":
+            assert answer == b""  # closed without a word
+        else:
+            assert json.loads(answer)["ok"] is False  # a newer version; no pidfd with the adopt
+    assert record(tmp_path, guard)["adopted_at"] is None
+    parent.kill()  # its first supervisor is still the one watched: the wait starts now
+    parent.wait()
+    wait_until(lambda: record(tmp_path, guard)["waiting_since"] is not None, what="waiting")
+    procs.signal_process(guard, signal.SIGTERM)  # ended as any guard is
+    wait_until(lambda: record(tmp_path, guard)["state"] == "gone", what="gone")
