@@ -382,3 +382,33 @@ def test_the_python_client_inherits_the_environment_only_when_asked(env, state_d
     wait_until(lambda: (logs / "explicit01" / "stdout.log").read_bytes(), what="its output")
     assert (logs / "inherit01" / "stdout.log").read_text() == "[client side]\n"
     assert (logs / "explicit01" / "stdout.log").read_text() == "[]\n"
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
+def test_t_restores_the_terminal_when_ccsup_run_is_sent_sigterm(env, tmp_path):
+    import signal
+
+    from conftest import wait_until
+
+    script = tmp_path / "turn.sh"
+    script.write_text(
+        "before=$(stty -g)\n"
+        f"{' '.join(CCSUP)} run -t -- sh -c 'echo running; exec sleep 60'\n"
+        'echo "EXIT=$?"\n'
+        '[ "$(stty -g)" = "$before" ] && echo RESTORED\n'
+        "sleep 60\n"
+    )
+    tmux = Tmux(env, tmp_path / "tmux.sock", f"sh {script}")
+    try:
+        tmux.wait_for("running")
+
+        def requester() -> int | None:
+            slots = json.loads(ccsup(env, "ps", "--json").stdout)["slots"]
+            pids = [s["requester"]["pid"] for s in slots if s.get("requester")]
+            return pids[0] if pids else None
+
+        os.kill(wait_until(requester, what="ccsup run's pid"), signal.SIGTERM)
+        tmux.wait_for("EXIT=143")
+        tmux.wait_for("RESTORED")
+    finally:
+        tmux.close()

@@ -456,3 +456,31 @@ def test_the_page_follows_a_supervisor_that_comes_and_goes(daemon, state_dir):
         web.send_signal(signal.SIGTERM)
         assert web.wait(10) == 0
         web.stdout.close()
+
+
+def test_the_page_shows_each_holders_and_waiters_command_and_cwd_never_its_env():
+    live = Live(clock=lambda: 10.0)
+    live.apply_ps(
+        {
+            "slots": [
+                {
+                    "key": "k",
+                    "index": 0,
+                    "cap": 1,
+                    "state": "held",
+                    "turn": "t1",
+                    "since": 5.0,
+                    "argv": ["sh", "-c", "echo 'hi there'"],
+                    "cwd": "/work",
+                }  # fmt: skip
+            ],
+            "waits": [{"id": "t2", "key": "k", "position": 1, "argv": ["true"], "cwd": "/"}],
+        }
+    )
+    state = live.state()
+    assert (state["holders"][0]["command"], state["holders"][0]["cwd"]) == (
+        "sh -c 'echo '\"'\"'hi there'\"'\"''",
+        "/work",
+    )
+    assert (state["waits"][0]["command"], state["waits"][0]["cwd"]) == ("true", "/")
+    assert "env" not in state["holders"][0] and "env" not in state["waits"][0]
