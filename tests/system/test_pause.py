@@ -306,7 +306,8 @@ def test_ccsup_pause_and_resume_from_the_shell(daemon, state_dir):
     with d.client() as client:
         client.turn("codex", ["true"], id="w")
     ps = ccsup("ps")
-    assert "codex paused until" in ps.stdout and "paused until" in ps.stdout.splitlines()[4]
+    waiter = next(x for x in ps.stdout.splitlines() if x.split()[:2] == ["1", "w"])
+    assert "codex paused until" in ps.stdout and "paused until" in waiter  # its WHY
     assert "codex paused until" in ccsup("status").stdout
     resumed = ccsup("resume", "codex")
     assert resumed.returncode == 0 and resumed.stdout == "resumed codex\n"
