@@ -165,3 +165,83 @@ def test_the_doctor_says_the_rewrite_took_effect_in_codex(codex, sandbox):
     ok = doctor("--dangerously-bypass-hook-trust")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "ok: the rewrite took effect" in ok.stdout and PINNED["codex"][1] in ok.stdout
+
+
+def test_three_codex_sessions_on_a_cap_1_key_never_run_two_commands_at_once(codex, sandbox):
+    import threading
+    import time
+
+    hooks = sandbox["home"] / ".codex" / "hooks.json"
+    subprocess.run(
+        [*CCSUP, "hook", "install", "codex", "--settings", str(hooks)],
+        env=sandbox["env"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    running = sandbox["tmp"] / "running"
+    running.mkdir()
+    command = (
+        f"make --version >/dev/null 2>&1; touch {running}/$$; sleep 1; rm {running}/$$; echo ran"
+    )
+
+    def then_wait(results):
+        found = re.search(r"queued as ([0-9a-f]+).*?Run: (.*?) \(it waits", results[-1], re.S)
+        return ("exec_command", {"cmd": found.group(2)}) if found else None
+
+    provider = ScriptedProvider([("exec_command", {"cmd": command}), then_wait])
+    provider_config(sandbox["home"], provider)
+    most = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            most[0] = max(most[0], len(os.listdir(running)))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    args = [
+        str(codex),
+        "exec",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-hook-trust",
+        "-s",
+        "danger-full-access",
+        "run it",
+    ]
+    try:
+        procs = [
+            subprocess.Popen(
+                args,
+                cwd=sandbox["work"],
+                env=sandbox["env"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        outs = [p.communicate(timeout=150) for p in procs]
+    finally:
+        stop.set()
+        sampler.join()
+        provider.close()
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    assert most[0] == 1, provider.results
+    turns = wait_until(
+        lambda: len(db.query(sandbox["state_dir"])) == 3 and db.query(sandbox["state_dir"]),
+        15,
+        0.1,
+        "three turns in the history",
+    )
+    assert {t["outcome"] for t in turns} == {"ok"}
+    sessions = {re.search(r"session id: (\S+)", o[1]).group(1) for o in outs}
+    assert {t["holder"]["session"] for t in turns} == sessions
+    assert sum("Output:\nran" in r for r in provider.results) == 3, provider.results
+    assert any(
+        "Command blocked by PreToolUse hook: ccsup: the machine is busy: your command is queued as"
+        in r
+        for r in provider.results
+    )
