@@ -17,8 +17,10 @@ Needs: the hook installed (the harness's own settings, as the user runs it), a s
 running, and the harness's executable (`--bin`, else on PATH); `--harness-arg` adds arguments to
 the harness's command line (e.g. Codex's `--dangerously-bypass-hook-trust` for a hook not yet
 trusted in /hooks, and its `-s danger-full-access`). Supported: claude (`claude -p`, the Anthropic
-Messages API through ANTHROPIC_BASE_URL) and codex (`codex exec`, a custom model provider with
-the Responses API, given by `-c` overrides). OpenCode: not yet (said so, exit 1).
+Messages API through ANTHROPIC_BASE_URL), codex (`codex exec`, a custom model provider with
+the Responses API, given by `-c` overrides) and opencode (`opencode run`, a custom provider,
+`@ai-sdk/openai-compatible` on Chat Completions, in a config file named by $OPENCODE_CONFIG and
+merged with the user's own; OpenCode installs that package from npm on first use).
 
 State: none; the canary turn is an ordinary, finished turn in the history.
 """
@@ -38,7 +40,7 @@ from .rules import CANARY
 from .scripted import ScriptedProvider
 
 TIMEOUT = 120.0  # seconds the harness may take for the canary
-SUPPORTED = ("claude", "codex")
+SUPPORTED = ("claude", "codex", "opencode")
 
 
 class Verdict:
@@ -71,6 +73,43 @@ def _codex(
         text=True,
         timeout=TIMEOUT,
     )
+
+
+def _opencode(
+    executable: str, provider: ScriptedProvider, cwd: Path, extra: list[str]
+) -> subprocess.CompletedProcess:
+    import json
+    import tempfile
+
+    config = {
+        "provider": {
+            "ccsup_doctor": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "ccsup doctor",
+                "options": {"baseURL": f"{provider.url}/v1", "apiKey": "sk-ccsup-doctor"},
+                "models": {"scripted": {"name": "scripted", "tool_call": True}},
+            }
+        }
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="ccsup-doctor-") as f:
+        json.dump(config, f)
+        f.flush()
+        return subprocess.run(
+            [
+                executable,
+                "run",
+                "ccsup doctor: run the canary",
+                "--model",
+                "ccsup_doctor/scripted",
+                *extra,
+            ],
+            cwd=cwd,
+            env={**os.environ, "OPENCODE_CONFIG": f.name, "PWD": str(cwd)},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
 
 
 def _claude(
@@ -117,6 +156,9 @@ def doctor(
     if harness == "codex":
         provider = ScriptedProvider([("exec_command", {"cmd": canary})])
         drive = _codex
+    elif harness == "opencode":
+        provider = ScriptedProvider([("bash", {"command": canary, "description": "ccsup doctor"})])
+        drive = _opencode
     else:
         provider = ScriptedProvider([("Bash", {"command": canary, "description": "ccsup doctor"})])
         drive = _claude

@@ -139,3 +139,34 @@ def _zombie(pid: int) -> bool:
 def test_versions_are_the_pinned_ones(opencode):
     out = subprocess.run([str(opencode), "--version"], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == PINNED["opencode"][1]
+
+
+@pytest.mark.timeout(300)
+def test_the_doctor_says_the_rewrite_took_effect_in_opencode(opencode, sandbox):
+    plugins = sandbox["config"] / "opencode" / "plugins"
+    args = [
+        *CCSUP,
+        "hook",
+        "doctor",
+        "opencode",
+        "--bin",
+        str(opencode),
+        "--settings",
+        str(plugins),
+    ]
+    missing = subprocess.run(
+        args, cwd=sandbox["work"], env=sandbox["env"], capture_output=True, text=True, timeout=60
+    )
+    assert missing.returncode == 1 and "no ccsup hook" in missing.stdout
+    subprocess.run(
+        [*CCSUP, "hook", "install", "opencode", "--settings", str(plugins)],
+        env=sandbox["env"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    ok = subprocess.run(
+        args, cwd=sandbox["work"], env=sandbox["env"], capture_output=True, text=True, timeout=280
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "ok: the rewrite took effect" in ok.stdout and PINNED["opencode"][1] in ok.stdout
