@@ -252,3 +252,22 @@ async def test_a_grant_that_cannot_be_saved_is_not_started_until_it_is_and_a_sto
         assert h.body("turn.t3.exited")["reason"] == "shutdown before its grant could be saved"
         assert h.held() == {}
         assert h.manager.ledger.idle.is_set()
+
+
+@scenario(caps={"codex": 1})
+async def test_a_restored_waiter_keeps_its_whole_environment_and_stdin_mode(h):
+    h.turn("busy")
+    h.clock.advance(1)
+    h.turn("w", env={"PATH": "/mine"}, env_replace=True, stdin="tty", winsize=[40, 100])
+    saved = h.saved()
+    h.gate.held.clear()  # the old supervisor died with its locks
+    h.starter.guards.clear()
+    m = h.new_manager()
+    assert restore.restore(m, saved, []) == []
+    (waiter,) = [t for t in m.turns.values() if t.id == "w"]
+    assert (waiter.env, waiter.env_replace, waiter.stdin, waiter.winsize) == (
+        {"PATH": "/mine"},
+        True,
+        "tty",
+        (40, 100),
+    )
