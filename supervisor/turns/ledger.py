@@ -79,6 +79,7 @@ class Ledger:
         self.deadlines: dict[str, float] = {}  # wait deadlines (epoch), for queue.json
         self.lost_running: list[dict[str, str]] = []  # a dead supervisor's turns not yet gone
         self.on_finished: list[Callable[[Item], None]] = []
+        self.on_flushed: list[Callable[[], None]] = []  # after each save and its events
         # Called with every event as it is emitted (before the batch is saved and published), so
         # an observer (supervisor.admission.control: rate windows, runtime limits, pause_on) sees a grant
         # before the next head is considered. An observer must be quick and must not emit.
@@ -143,6 +144,12 @@ class Ledger:
         pending, self._pending = self._pending, []
         for topic, body in pending:
             self.publish(topic, body)
+        for hook in self.on_flushed:
+            hook()
+
+    @property
+    def in_batch(self) -> bool:
+        return self._batch_depth > 0
 
     def _finish(self, item: Item) -> None:
         self.turns.pop(item.id, None)

@@ -182,6 +182,7 @@ class Manager:
         self.ledger.on_finished.append(
             lambda item: self.requesters.unwatch(item.requester, item.id)
         )
+        self.ledger.on_flushed.append(self.start_saved_grants)
         self.queue = self.ledger.queue
         self.turns = self.ledger.turns
         self.reservations = self.ledger.reservations
@@ -488,8 +489,8 @@ class Manager:
         """Start the granted turns once their grants are saved: a crash then cannot run them twice
         (a grant not on file would leave the turn `waiting` there, to run again after a restart).
         While queue.json cannot be written they wait, granted, holding their slots."""
-        if self.ledger.save_error is not None or not self.unsaved_grants:
-            return
+        if not self.unsaved_grants or self.ledger.in_batch or self.ledger.save_error is not None:
+            return  # (in a batch: its save comes at its end, which calls this again)
         starting, self.unsaved_grants = self.unsaved_grants, []
         for turn in starting:
             if turn.state is State.GRANTED and turn.guard is None:
