@@ -12,15 +12,14 @@ A bound in bytes per subscriber (`HwmByBytes`). ZeroMQ's high-water mark counts 
 an output chunk is up to ~64 KiB (more once JSON escapes it): at 500,000 messages a suspended
 `ccsup events turn.` (Ctrl-Z) while a turn wrote 400 MB took the supervisor from 27 to 438 MiB,
 all of it queued for that one subscriber. So the XPUB's SNDHWM follows the size of what is sent:
-each message falls in a size class (powers of 4 from 256 bytes) and the mark is
-SUBSCRIBER_BYTES divided by its class (131,072 messages of 256 bytes, 512 of 64 KiB), set on the
-socket when the class changes (libzmq 4.3 applies it to every existing pipe: ~15 us with 20
-subscribers). A larger class lowers the mark at once; a smaller one raises it only after
-RAISE_AFTER without larger messages, so mixed traffic does not set it at every message. A message
-is queued for a subscriber only while that subscriber holds fewer than the mark, so it holds at
-most SUBSCRIBER_BYTES of each class (in practice of one: output is the bulk); past it, that
-subscriber alone loses messages (XPUB drops per pipe) and sees the gap by `seq` and its offsets;
-the log files are still exact.
+the mark is SUBSCRIBER_BYTES divided by the mean size of recent messages (an average over about
+the last MEAN_WINDOW messages), set on the socket when it moves by half or doubles (libzmq 4.3
+applies it to every existing pipe: ~15 us with 20 subscribers). A subscriber's queue then holds
+about SUBSCRIBER_BYTES whatever the mix: a stream of 64 KiB chunks gets ~370 messages, a burst of
+small events the full HWM. (A mark per message's own size class, tried first, set the mark of a
+queue of thousands of small events from one large message: a fuzzed bus and a 100 MB stream on a
+loaded machine lost events with a few KiB queued.) Past it, that subscriber alone loses messages
+(XPUB drops per pipe) and sees the gap by `seq` and its offsets; the log files are still exact.
 
 Counters for narrow subscribers (`Counters`). `seq` counts every event, so only a subscriber to
 everything can tell a hole from a filtered-out event, and subscribing to everything made each
@@ -63,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -81,10 +79,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("ccsup.server")
 
 HWM = 500_000  # the most messages a subscriber's queue holds (small events, in bursts)
-SUBSCRIBER_BYTES = 32 << 20  # what one subscriber's queue may hold on bus-out, per size class
-MIN_CLASS = 256  # bytes: the smallest size class (its mark: SUBSCRIBER_BYTES // 256)
+SUBSCRIBER_BYTES = 32 << 20  # about what one subscriber's queue may hold on bus-out
+MIN_SIZE = 128  # bytes: the mean is taken as at least this (the mark at most HWM anyway)
 MIN_HWM = 16  # messages: even the largest (8 MiB) keeps a few queued
-RAISE_AFTER = 1.0  # seconds without a larger message before the mark goes back up
+MEAN_WINDOW = 64  # messages: the mean size follows about this many of the latest
 MAX_MESSAGE = 8 * protocol.MAX_FRAME
 RESERVED_TOPICS = ("turn.", "supervisor.", "slot.")
 SUPERVISOR_PREFIX = "supervisor."
@@ -200,43 +198,24 @@ def _send_nowait(sock: zmq.asyncio.Socket, frames: list[bytes]) -> bool:
     return True
 
 
-def size_class(size: int) -> int:
-    """The power of 4 (at least MIN_CLASS) that holds a message of `size` bytes."""
-    bound = MIN_CLASS
-    while bound < size:
-        bound <<= 2
-    return bound
-
-
 class HwmByBytes:
-    """The bus-out XPUB's SNDHWM, following the size of what is sent (see the module's note)."""
+    """The bus-out XPUB's SNDHWM, following the mean size of what is sent (see the module's note)."""
 
-    def __init__(self, sock: zmq.Socket, budget: int | None = None, clock=time.monotonic):
+    def __init__(self, sock: zmq.Socket, budget: int | None = None):
         self.sock = sock
         self.budget = SUBSCRIBER_BYTES if budget is None else budget
-        self.clock = clock
-        self.size_class = MIN_CLASS
-        self.hwm = self.mark(MIN_CLASS)
+        self.mean = float(MIN_SIZE)
+        self.hwm = self.mark(self.mean)
         self.changes = 0  # how often the socket's mark was set (a cost: one command per pipe)
-        self._larger_at = 0.0  # when a message of the current class was last sent
         sock.setsockopt(zmq.SNDHWM, self.hwm)
 
-    def mark(self, size_class: int) -> int:
-        return max(MIN_HWM, min(HWM, self.budget // size_class))
+    def mark(self, mean: float) -> int:
+        return max(MIN_HWM, min(HWM, int(self.budget // max(mean, MIN_SIZE))))
 
     def before_send(self, size: int) -> None:
-        cls = size_class(size)
-        if cls == self.size_class:
-            self._larger_at = self.clock()
-            return
-        now = self.clock()
-        if cls > self.size_class:
-            self._larger_at = now
-        elif now - self._larger_at < RAISE_AFTER:
-            return  # a smaller one amid larger ones: keep the lower mark a while
-        self.size_class = cls
-        hwm = self.mark(cls)
-        if hwm != self.hwm:
+        self.mean += (size - self.mean) / MEAN_WINDOW
+        hwm = self.mark(self.mean)
+        if 2 * hwm <= self.hwm or hwm >= 2 * self.hwm or (hwm == HWM) != (self.hwm == HWM):
             self.hwm = hwm
             self.changes += 1
             self.sock.setsockopt(zmq.SNDHWM, hwm)
