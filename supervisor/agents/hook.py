@@ -1,5 +1,6 @@
 """The hook a harness runs before every shell command: `ccsup hook run <harness>`, and the fast
-form that `ccsup hook install` writes, `python -S <this file> <harness> [--key K] [--match P]...`.
+form that `ccsup hook install` writes, `python -S .../fast_hook.py <harness> [--key K]
+[--match P]...` (a three-line script that imports this module from its cached bytecode).
 
 Its stdin is the harness's hook JSON (supervisor.agents.harnesses). A command that matches no rule
 (supervisor.agents.rules) passes untouched: empty output, exit 0, having imported only the

@@ -2,7 +2,7 @@
 through ccsup (supervisor.agents.hook, .install, .doctor), for claude, codex and opencode.
 
 `run` is the hook itself (what the harness calls with its hook JSON on stdin); `install` writes
-the fast form of it (`python -S .../hook.py`, which skips click), so `run` is for trying a payload
+the fast form of it (`python -S .../fast_hook.py`, which skips click), so `run` is for trying a payload
 by hand. Exit codes: 0 (the hook always exits 0: a broken hook never stops an agent), 1 when a
 settings file cannot be written or the doctor finds the rewrite did not take effect, 2 usage.
 """

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from conftest import PYTHON, ROOT, wait_until
 
-HOOK = [PYTHON, "-S", str(ROOT / "supervisor" / "agents" / "hook.py")]
+HOOK = [PYTHON, "-S", str(ROOT / "supervisor" / "agents" / "fast_hook.py")]
 CCSUP = [PYTHON, "-m", "supervisor"]
 SECRET = "s3cr3t-value-0f-the-agent"
 

@@ -44,7 +44,7 @@ def test_claude_and_codex_install_keeps_other_hooks_and_uninstall_restores_the_f
         ours = groups[1]
         assert ours["matcher"] == "Bash" and ours["hooks"][0]["type"] == "command"
         command = ours["hooks"][0]["command"]
-        assert f"hook.py {harness} --key k2" in command and command.endswith("#ccsup-hook")
+        assert f"fast_hook.py {harness} --key k2" in command and command.endswith("#ccsup-hook")
         assert "^make" not in command
         assert data["hooks"]["Stop"] == OTHER["hooks"]["Stop"] and data["model"] == "x"
         assert os.stat(path).st_mode & 0o777 == 0o600
