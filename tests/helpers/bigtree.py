@@ -61,12 +61,15 @@ if __name__ == "__main__":
 # -- measuring a cancel of it through a running supervisor (test and bench) ------------------------
 
 
-def cancel_while_forking(state_dir, subtrees: int, cancel_at: int) -> dict:
+def cancel_while_forking(state_dir, subtrees: int, cancel_at: int, reference=None) -> dict:
     """Start a bigtree turn of `subtrees`, cancel it once `cancel_at` subtrees have started, and
     measure: processes and groups at the cancel, seconds from the cancel to `released`, the slowest
     `status` answer from the request to the release (asked every 10 ms from a process of its own,
-    tests/helpers/status_poller.py), and what of the turn still runs after.
+    tests/helpers/status_poller.py), and what of the turn still runs after. With `reference` (the
+    state directory of another, idle supervisor), its slowest `status` over the same time too: what
+    the machine's load alone costs a supervisor's answer in this run.
     """
+    import contextlib
     import uuid
     from pathlib import Path
 
@@ -77,17 +80,22 @@ def cancel_while_forking(state_dir, subtrees: int, cancel_at: int) -> dict:
 
     turn_id = "big" + uuid.uuid4().hex[:8]
     stdout = Path(state_dir) / "turns" / turn_id / "stdout.log"
-    with StatusPoller(state_dir) as poller:
+    with contextlib.ExitStack() as stack:
+        poller = stack.enter_context(StatusPoller(state_dir))
+        idle = stack.enter_context(StatusPoller(reference)) if reference else None
         with Client(state_dir, timeout=30) as client:
             with client.subscribe([f"turn.{turn_id}."]) as sub:
                 found = _cancel_at(client, sub, turn_id, stdout, subtrees, cancel_at)
         slowest = poller.slowest()
+        if idle is not None:
+            found["reference_status_max_ms"] = round(idle.slowest() * 1000, 1)
     left = procs.processes_with_env("CCSUP_TURN", turn_id)
     return {
         "subtrees": subtrees,
         "started_at_cancel": cancel_at,
         **found,
         "status_max_ms": round(slowest * 1000, 1),
+        "poller_late_ms": round(poller.lateness * 1000, 1),
         "left_running": len(left),
     }
 
