@@ -260,7 +260,19 @@ class ScriptedProvider:
             if isinstance(i, dict) and i.get("type") == "function_call_output"
         ]
         results = [text for _, text in seen]
-        offered = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+        # A namespace (Codex puts each MCP server's tools in one, "mcp__<server>") offers its
+        # tools as "<namespace>__<tool>", called by name within the namespace.
+        offered: dict[str, tuple[str | None, str]] = {}
+        for tool in body.get("tools") or []:
+            if isinstance(tool, dict) and tool.get("type") == "namespace":
+                for inner in tool.get("tools") or []:
+                    if isinstance(inner, dict) and inner.get("name"):
+                        offered[f"{tool.get('name')}__{inner['name']}"] = (
+                            tool.get("name"),
+                            inner["name"],
+                        )
+            elif isinstance(tool, dict) and tool.get("name"):
+                offered[tool["name"]] = (None, tool["name"])
         with self._lock:
             self.requests.append(body)
             if seen and seen[-1][0] not in self._seen_ids:
@@ -278,15 +290,17 @@ class ScriptedProvider:
             said["text"] = f"script failed: {e!r}"
         if call is None or call[0] not in offered:
             return _response([text])
-        name, arguments = call
+        namespace, name = offered[call[0]]
         item = {
             "type": "function_call",
             "id": f"fc_{uuid.uuid4().hex[:20]}",
             "call_id": f"call_{uuid.uuid4().hex[:20]}",
             "name": name,
-            "arguments": json.dumps(arguments),
+            "arguments": json.dumps(call[1]),
             "status": "completed",
         }
+        if namespace is not None:
+            item["namespace"] = namespace
         return _response([item])
 
     def close(self) -> None:

@@ -1,9 +1,11 @@
 """Codex itself (the npm package, pinned), against a scripted Responses API provider on
 127.0.0.1 (a custom model provider in its config.toml): with `ccsup hook install codex` its
-exec_command calls run as ccsup turns."""
+exec_command calls run as ccsup turns; through `ccsup mcp` (`[mcp_servers.ccsup]`, required) its
+model calls run, then wait."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -245,3 +247,50 @@ def test_three_codex_sessions_on_a_cap_1_key_never_run_two_commands_at_once(code
         in r
         for r in provider.results
     )
+
+
+def _answer(output: str) -> dict:
+    """The JSON answer of an MCP call as Codex gives it to the model (after its own header)."""
+    return json.JSONDecoder().raw_decode(output[output.index("{") :])[0]
+
+
+@pytest.mark.timeout(240)
+def test_through_mcp_the_model_calls_run_then_wait(codex, sandbox):
+    mcp_env = {k: sandbox["env"][k] for k in ("CCSUP_STATE_DIR", "CCSUP_CONFIG", "CCSUP_TEST_RUN")}
+    env_lines = "".join(
+        f"{k} = {json.dumps(v)}\n" for k, v in {**mcp_env, "CCSUP_MCP_BOUND": "1"}.items()
+    )
+    provider = ScriptedProvider([])
+
+    def wait_for(results):
+        return ("mcp__ccsup__wait", {"id": _answer(results[0])["id"]})
+
+    provider.steps = [
+        ("mcp__ccsup__run", {"command": "sleep 2; echo via-mcp"}),
+        wait_for,
+        wait_for,
+        wait_for,
+    ]
+    provider_config(sandbox["home"], provider)
+    with (sandbox["home"] / ".codex" / "config.toml").open("a") as config:
+        # Codex gives an optional MCP server one second to start before a turn, then leaves its
+        # tools out of that turn (`ccsup mcp` takes 1-3 s here): `required` makes the turn wait.
+        config.write(
+            f"[mcp_servers.ccsup]\ncommand = {json.dumps(PYTHON)}\n"
+            'args = ["-m", "supervisor", "mcp"]\nrequired = true\nstartup_timeout_sec = 60\n'
+            f"[mcp_servers.ccsup.env]\n{env_lines}"
+        )
+    try:
+        ran = run_codex(codex, sandbox)
+    finally:
+        provider.close()
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    offered = [[t.get("name") for t in r.get("tools") or []] for r in provider.requests]
+    assert provider.results, offered
+    first = _answer(provider.results[0])
+    assert first["state"] in ("running", "queued") and "call `wait`" in first["next"]
+    ended = [_answer(r) for r in provider.results[1:] if '"ended"' in r]
+    assert ended and ended[0]["stdout_tail"] == "via-mcp\n" and ended[0]["id"] == first["id"]
+    [turn] = db.query(sandbox["state_dir"])  # run once, waited on by id
+    # Codex passes the server no CODEX_THREAD_ID: the label is its MCP client name
+    assert turn["outcome"] == "ok" and turn["holder"]["harness"] == "codex-mcp-client", turn
