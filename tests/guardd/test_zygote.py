@@ -571,9 +571,14 @@ def test_a_lost_zygote_is_replaced_and_the_new_one_forks_the_next_guards(tmp_pat
         for _ in range(2):
             zygote = launcher.zygote
             assert zygote is not None
-            guard = await started(ask(launcher, "t", ["sh", "-c", "exit 6"], tmp_path))
+            # It ends when told: `exit 6` at once could be gone (and reaped) before its parent
+            # is read, as it was once on a loaded machine.
+            go = tmp_path / f"go-{zygote.pid}"
+            end_when_told = f"while [ ! -e {go} ]; do sleep 0.01; done; exit 6"
+            guard = await started(ask(launcher, "t", ["sh", "-c", end_when_told], tmp_path))
             assert type(guard) is spawn.ForkedGuardProcess
             assert procs.read_stat(guard.pid).ppid == zygote.pid
+            go.touch()
             logs = tmp_path / str(zygote.pid)
             logs.mkdir()
             assert (await follow_to_the_end(logs, [guard])) == [6]
