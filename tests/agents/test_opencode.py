@@ -188,14 +188,26 @@ def test_three_opencode_sessions_on_a_cap_1_key_never_run_two_commands_at_once(o
     running = sandbox["tmp"] / "running"
     running.mkdir()
     command = (
-        f"make --version >/dev/null 2>&1; touch {running}/$$; sleep 4; rm {running}/$$; echo ran"
+        f"make --version >/dev/null 2>&1; touch {running}/$$; sleep 1; rm {running}/$$; echo ran"
     )
 
     def then_wait(results):
         found = re.search(r"queued as ([0-9a-f]+).*?Run: (.*?) \(it waits", results[-1], re.S)
         return ("bash", {"command": found.group(2), "description": "wait"}) if found else None
 
-    provider = ScriptedProvider([("bash", {"command": command, "description": "build"}), then_wait])
+    # OpenCode's starts are seconds apart under load: the model's first call goes out to all three
+    # sessions together (once three have asked, or after 90 s), so that their commands overlap.
+    asked = [0]
+    together = threading.Condition()
+
+    def build(results):
+        with together:
+            asked[0] += 1
+            together.notify_all()
+            together.wait_for(lambda: asked[0] >= 3, 90)
+        return ("bash", {"command": command, "description": "build"})
+
+    provider = ScriptedProvider([build, then_wait])
     provider_config(sandbox["config"], provider)
     most = [0]
     stop = threading.Event()
@@ -246,6 +258,8 @@ def test_three_opencode_sessions_on_a_cap_1_key_never_run_two_commands_at_once(o
     assert len(sessions) == 3 and all(s.startswith("ses") for s in sessions), sessions
     assert {t["holder"]["harness"] for t in turns} == {"opencode"}
     assert sum(r.strip().endswith("ran") for r in provider.results) == 3, provider.results
+    # the queued ones were refused with what to run (`ccsup wait`), and ran it
+    assert any("your command is queued as" in r for r in provider.results), provider.results
     # The sessions overlapped: a turn was queued while another ran, and granted after it ended.
     assert any(
         a["queued_at"] < b["exited_at"] <= a["granted_at"]
