@@ -18,7 +18,7 @@ applies it to every existing pipe: ~15 us with 20 subscribers). A subscriber's q
 about SUBSCRIBER_BYTES whatever the mix: a stream of 64 KiB chunks gets ~370 messages, a burst of
 small events the full HWM. (A mark per message's own size class, tried first, set the mark of a
 queue of thousands of small events from one large message: a fuzzed bus and a 100 MB stream on a
-loaded machine lost events with a few KiB queued.) Past it, that subscriber alone loses messages
+loaded machine lost events far below the budget.) Past it, that subscriber alone loses messages
 (XPUB drops per pipe) and sees the gap by `seq` and its offsets; the log files are still exact.
 
 Counters for narrow subscribers (`Counters`). `seq` counts every event, so only a subscriber to
