@@ -179,7 +179,13 @@ def test_a_cap_of_2_holds_across_two_machines_in_request_order(cluster):
         (m.log.wait_for(f"turn.{turn_id}.granted")["ts"], turn_id) for m, turn_id in order
     )
     assert sorted(t for _, t in granted[:2]) == ["t00", "t01"]
-    assert [t for _, t in granted[2:]] == [f"t{i:02d}" for i in range(2, 12)]
+    # Request order, cap by cap: each later grant goes to one of the two oldest still waiting.
+    # (Two slots freed close together grant those two in either order: under two CPU hogs t05's
+    # grant was stamped before t04's, both of them among the first two waiting.)
+    waiting = [f"t{i:02d}" for i in range(2, 12)]
+    for _, turn_id in granted[2:]:
+        assert turn_id in waiting[:2], (turn_id, waiting)
+        waiting.remove(turn_id)
 
 
 def hold_two(cluster, m: Machine, names=("a1", "a2")) -> None:
