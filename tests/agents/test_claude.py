@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import PYTHON, wait_until
-from npm_harness import PINNED, harness_bin
+from npm_harness import PINNED, harness_bin, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
@@ -124,7 +124,7 @@ def test_a_bash_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_en
         )
         # the daemon that detached and ignores SIGTERM ended with the turn
         wait_until(
-            lambda: not os.path.exists(f"/proc/{daemon_pid}") or _zombie(daemon_pid),
+            lambda: process_gone(daemon_pid),
             15,
             0.05,
             "the setsid daemon to end",
@@ -146,13 +146,6 @@ def test_a_bash_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_en
 def first_json(text: str) -> dict:
     """The JSON answer at the start of a tool result (Claude Code appends its own reminders)."""
     return json.JSONDecoder().raw_decode(text.strip())[0]
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_three_sessions_on_a_cap_1_key_never_run_two_commands_at_once(claude, sandbox):

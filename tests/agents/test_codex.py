@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from conftest import PYTHON, wait_until
-from npm_harness import PINNED, harness_bin
+from npm_harness import PINNED, harness_bin, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
@@ -114,22 +114,15 @@ def test_an_exec_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_e
         turn = db.show(sandbox["state_dir"], match.group(1))
         assert (turn["holder"]["session"], turn["holder"]["harness"]) == (session, "codex")
         wait_until(
-            lambda: not os.path.exists(f"/proc/{daemon_pid}") or _zombie(daemon_pid),
+            lambda: process_gone(daemon_pid),
             15,
             0.05,
             "the setsid daemon to end",
         )
     finally:
         provider.close()
-        if daemon_pid and os.path.exists(f"/proc/{daemon_pid}") and not _zombie(daemon_pid):
+        if daemon_pid and not process_gone(daemon_pid):
             os.kill(daemon_pid, signal.SIGKILL)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_versions_are_the_pinned_ones(codex):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from conftest import PYTHON, wait_until
-from npm_harness import PINNED, cache_dir, harness_bin
+from npm_harness import PINNED, cache_dir, harness_bin, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
@@ -121,22 +121,15 @@ def test_a_bash_call_runs_as_a_turn_with_the_session_and_its_setsid_daemon_ends_
             "ses"
         )
         wait_until(
-            lambda: not os.path.exists(f"/proc/{daemon_pid}") or _zombie(daemon_pid),
+            lambda: process_gone(daemon_pid),
             15,
             0.05,
             "the setsid daemon to end",
         )
     finally:
         provider.close()
-        if daemon_pid and os.path.exists(f"/proc/{daemon_pid}") and not _zombie(daemon_pid):
+        if daemon_pid and not process_gone(daemon_pid):
             os.kill(daemon_pid, signal.SIGKILL)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_versions_are_the_pinned_ones(opencode):

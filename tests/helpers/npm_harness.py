@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from guardd import procs
+
 PINNED = {
     "claude": ("@anthropic-ai/claude-code", "2.1.332"),
     "codex": ("@openai/codex", "0.171.0"),
@@ -62,3 +64,10 @@ def harness_bin(name: str) -> Path:
         if done.returncode != 0 or not path.exists():
             pytest.skip(f"unable to install {package}@{version} from npm: {done.stderr[-500:]}")
     return path
+
+
+def process_gone(pid: int) -> bool:
+    """The process a harness's command started (announced by pid) has ended: no such pid, or a
+    zombie (guardd.procs' reading of /proc/<pid>/stat)."""
+    stat = procs.read_stat(pid)
+    return stat is None or stat.state == "Z"

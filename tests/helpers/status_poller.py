@@ -42,6 +42,7 @@ class StatusPoller:
     it and says the slowest answer in seconds. Ended by its pid whatever happens."""
 
     def __init__(self, state_dir: Path | str):
+        self.lateness = 0.0  # seconds: set by slowest()
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _POLLER, str(state_dir), str(ROOT)],
             stdin=subprocess.PIPE,
