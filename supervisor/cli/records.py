@@ -44,10 +44,18 @@ def outcome_text(record: history.TurnRecord) -> str:
     return outcome
 
 
+def gap_text(gap: float | None) -> str:
+    """Seconds a turn ran without a supervisor, as `show` says it: "1.2 s"."""
+    return "?" if gap is None else f"{gap:.1f} s"
+
+
 def format_history(records: list[history.TurnRecord], width: int | None = None) -> list[str]:
     usage = [c for c in USAGE_COLUMNS if any(c[0] in r["usage"] for r in records)]
+    adopted = any(r.get("adopted_at") is not None for r in records)  # a column once any was
     header = ["ID", "KEY", "HOLDER", "OUTCOME", "QUEUED", "WAIT", "RUN", "ENDED"]
     header += [title for _, title, _ in usage]
+    if adopted:
+        header.append("ADOPTED")
     header.append("COMMAND")
     rows = []
     for r in records:
@@ -64,6 +72,8 @@ def format_history(records: list[history.TurnRecord], width: int | None = None) 
         for name, _, fmt in usage:
             value = r["usage"].get(name)
             row.append("-" if not isinstance(value, (int, float)) else fmt(value))
+        if adopted:  # the gap it ran through without a supervisor
+            row.append("-" if r.get("adopted_at") is None else gap_text(r.get("adoption_gap_s")))
         row.append(format_command(r.get("argv")))
         rows.append(row)
     return fit(format_table(header, rows), width)
@@ -71,6 +81,22 @@ def format_history(records: list[history.TurnRecord], width: int | None = None) 
 
 def _given(fields: dict) -> dict:
     return {name: value for name, value in fields.items() if value is not None}
+
+
+def _adoptions(story: history.TurnStory) -> list[str]:
+    """One line per adoption (a later supervisor took the running turn over): when, and the gap
+    it ran through with no supervisor, from its adopted events (a record's adoption columns sum
+    the gaps of all of them)."""
+    return [
+        f"  adopted    {when(e['ts'])} after a gap of {gap_text(_gap(e['body']))}"
+        for e in story["events"]
+        if e["kind"] == "adopted"
+    ]
+
+
+def _gap(body: dict) -> float | None:
+    gap = body.get("gap_s")
+    return float(gap) if isinstance(gap, (int, float)) and not isinstance(gap, bool) else None
 
 
 def format_story(story: history.TurnStory) -> list[str]:
@@ -89,6 +115,7 @@ def format_story(story: history.TurnStory) -> list[str]:
         lines.append(f"  {name.removesuffix('_at'):<10} {when(story[name])}")
     lines.append(f"  wait       {seconds(story['wait_s'])}")
     lines.append(f"  run        {seconds(story['run_s'])}")
+    lines.extend(_adoptions(story))
     if story["slot_index"] is not None:
         lines.append(f"  slot       {story['key']}#{story['slot_index']}")
     if story["guard_pid"] is not None:

@@ -25,7 +25,8 @@ nothing. Stops half-way: a reader holds a WAL snapshot and leaves nothing behind
 HistoryError ("no history"). Corrupt file: HistoryError naming the file and SQLite's reason (the
 writer moves it aside at its next start). A newer version (`PRAGMA user_version` > ours):
 HistoryError saying so; never read. An older version (1: no argv, cwd) is read as it is, those
-fields None; the writer migrates it at its next start (`migrations`). Restart: nothing kept here.
+fields None; a version 2 file's adopted_at and adoption_gap_s read None (never adopted, as far as
+it knows); the writer migrates either at its next start (`migrations`). Restart: nothing kept here.
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ from typing import Any, TypedDict
 
 from ..errors import CcsupError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Columns each version added, for files of an older version (`migrations`): version 2, the
-# turn's command (argv as a JSON list, and cwd), from its queued event.
-ADDED_COLUMNS = {2: (("argv", "TEXT"), ("cwd", "TEXT"))}
+# turn's command (argv as a JSON list, and cwd), from its queued event; version 3, its adoption
+# by a supervisor after the one that started it (from its `adopted` events).
+ADDED_COLUMNS = {
+    2: (("argv", "TEXT"), ("cwd", "TEXT")),
+    3: (("adopted_at", "REAL"), ("adoption_gap_s", "REAL")),
+}
 FILE_NAME = "history.sqlite"
 OUTCOMES = (
     "ok",
@@ -77,7 +82,9 @@ CREATE TABLE IF NOT EXISTS turns (
     usage TEXT,               -- JSON: the exited event's usage figures, as they came
     log_pruned_at REAL,       -- when its output logs were pruned, if they were
     argv TEXT,                -- JSON: the command, as asked (version 2)
-    cwd TEXT                  -- its working directory (version 2)
+    cwd TEXT,                 -- its working directory (version 2)
+    adopted_at REAL,          -- when a later supervisor last adopted it (version 3)
+    adoption_gap_s REAL       -- seconds it ran with no supervisor, all its gaps (version 3)
 );
 CREATE INDEX IF NOT EXISTS turns_key_ended ON turns(key, ended_at);
 CREATE INDEX IF NOT EXISTS turns_ended ON turns(ended_at);
@@ -120,6 +127,11 @@ class TurnRecord(TypedDict):
     log_pruned_at: float | None
     argv: list[str] | None  # None in a turn recorded by a ccsup before version 2
     cwd: str | None
+    # Adopted by a supervisor after the one that started it (turn.<id>.adopted): when it was
+    # last adopted, and the seconds it ran without a supervisor in all (the sum of its gaps);
+    # None when never adopted, or recorded by a ccsup before version 3.
+    adopted_at: float | None
+    adoption_gap_s: float | None
 
 
 class TurnEvent(TypedDict):
@@ -200,7 +212,9 @@ def _connect_ro(state_dir: Path) -> sqlite3.Connection:
 
 
 def _record(row: sqlite3.Row) -> TurnRecord:
-    keys = row.keys()  # a version-1 file (read-only: never migrated by a reader) has no argv
+    # An older file (read-only: never migrated by a reader) lacks the later columns: version 1
+    # has no argv or cwd, version 2 no adopted_at or adoption_gap_s.
+    keys = row.keys()
 
     def span(a: str, b: str) -> float | None:
         return None if row[a] is None or row[b] is None else max(0.0, row[b] - row[a])
@@ -227,6 +241,8 @@ def _record(row: sqlite3.Row) -> TurnRecord:
         log_pruned_at=row["log_pruned_at"],
         argv=json.loads(row["argv"]) if "argv" in keys and row["argv"] else None,
         cwd=row["cwd"] if "cwd" in keys else None,
+        adopted_at=row["adopted_at"] if "adopted_at" in keys else None,
+        adoption_gap_s=row["adoption_gap_s"] if "adoption_gap_s" in keys else None,
     )
 
 

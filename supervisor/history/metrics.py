@@ -22,8 +22,9 @@ pushing to a gateway (a scrape is what Prometheus expects of a daemon).
 Figures (all prefixed `ccsup_`): slots{key,state} and cap{key} and waiting{key} (gauges, at
 scrape); turns_ended_total{key,outcome} (outcomes of supervisor.history.db.OUTCOMES);
 turn_wait_seconds{key} and turn_run_seconds{key} (histograms: queued to granted, started to
-exited); cpu_seconds_total{key,mode} (user/system, from the exited event's usage figures when the
-containment work provides them); guards_lost_total{key}; orphans_reaped_total{key};
+exited); turns_adopted_total{key} (running turns a supervisor took over from one that was gone:
+`turn.<id>.adopted`); cpu_seconds_total{key,mode} (user/system, from the exited event's usage
+figures when the containment work provides them); guards_lost_total{key}; orphans_reaped_total{key};
 bus_events_total{family} (events the supervisor published: turn, supervisor, slot);
 periodic_errors_total{task} (exceptions a periodic duty raised and survived: expire_finished,
 save_state, grant, confirm_ends, reap, prune_logs, trim_memory; see supervisor.daemon.main); output_bytes_total{key,stream}
@@ -197,6 +198,11 @@ class Metrics:
         self.cpu_seconds = _Counter(
             "ccsup_cpu_seconds", "CPU seconds used by turns, by key.", ("key", "mode")
         )
+        self.turns_adopted = _Counter(
+            "ccsup_turns_adopted",
+            "Running turns taken over from a supervisor that was gone, by key.",
+            ("key",),
+        )
         self.guards_lost = _Counter(
             "ccsup_guards_lost", "Turns whose guard died without an outcome.", ("key",)
         )
@@ -242,6 +248,8 @@ class Metrics:
             self.wait_seconds.observe(live.key, max(0.0, ts - live.queued_at))
         elif kind == "started":
             live.started_at = ts
+        elif kind == "adopted":  # its queued and started events were the old supervisor's
+            self.turns_adopted.inc((live.key,))
         elif kind == "stopping":
             live.stop_reason = body.get("reason")
         elif kind == "exited":
@@ -273,6 +281,7 @@ class Metrics:
 
         def families() -> Iterator[Metric]:
             yield self.turns_ended.family(use_created)
+            yield self.turns_adopted.family(use_created)
             yield self.wait_seconds.family(use_created)
             yield self.run_seconds.family(use_created)
             yield self.cpu_seconds.family(use_created)

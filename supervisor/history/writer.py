@@ -17,9 +17,10 @@ State question. Runs again: rows are keyed by turn id and each event only fills 
 event seen twice changes nothing. Stops half-way (SIGKILL): SQLite's transactions (WAL) keep the
 file whole; events still queued are lost, and a turn whose terminal event was lost stays
 `running` in the history until a restarted supervisor's restore publishes its end. Empty or
-missing file: created with the schema. An older version (1): its new columns are added in one
-transaction (db.migrations) before anything is written; old rows read NULL there. Corrupt file: moved aside to `history.sqlite.corrupt-<time>`
-(logged) and started afresh. A newer version (`PRAGMA user_version` > ours): left untouched and
+missing file: created with the schema. An older version (1 or 2): the columns it lacks are added
+in one transaction (db.migrations) before anything is written; old rows read NULL there (version
+2's turns: never adopted). Corrupt file: moved aside to `history.sqlite.corrupt-<time>` (logged)
+and started afresh. A newer version (`PRAGMA user_version` > ours): left untouched and
 not written (logged). Restart: the file is kept; old turns are pruned with the logs (`prune`).
 Modes: the file is made 0600 before SQLite opens it (SQLite makes it 0644, and its -wal and -shm
 copy the file's mode); one left wider by an older ccsup is narrowed at open (`_make_private`).
@@ -54,8 +55,12 @@ LIFECYCLE = frozenset(
         "cancelled",
         "rejected",
         "truncated",  # the turn's logs reached [logs] turn_max_bytes (kept as an event only)
+        "adopted",  # a later supervisor took the running turn over (adopted_at, adoption_gap_s)
     }
 )
+# States a turn has left once it runs: an adopted turn whose started event was lost with its
+# first supervisor (events still queued die with it) is still known to have started.
+_BEFORE_STARTED = ("queued", "granted")
 # Fields of an exited event that are not usage figures.
 _EXIT_FIELDS = frozenset(
     {"v", "ts", "seq", "turn_seq", "id", "key", "code", "signal", "reason", "reservation"}
@@ -142,6 +147,9 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
     )
     if kind == "truncated":
         return  # an event of the turn's story, not a change of its state
+    if kind == "adopted":
+        _apply_adopted(db, turn_id, key, body)
+        return
     db.execute(
         "INSERT OR IGNORE INTO turns (id, key, state, queued_at) VALUES (?, ?, ?, ?)",
         (turn_id, key, kind, ts if kind in ("queued", "rejected") else None),
@@ -190,6 +198,34 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
         sets["outcome"] = outcome_of(kind, exit_info, stop_reason)
     columns = ", ".join(f"{name} = ?" for name in sets)
     db.execute(f"UPDATE turns SET {columns} WHERE id = ?", [*sets.values(), turn_id])
+
+
+def _apply_adopted(db: sqlite3.Connection, turn_id: str, key: str, body: dict) -> None:
+    """`turn.<id>.adopted`: the turn runs on under a new supervisor. Its adoption columns are
+    made from all its adopted events (kept in `events` once each), so an event seen twice, or a
+    turn adopted twice, comes out the same: adopted_at the last adoption, adoption_gap_s the
+    sum of the gaps. Its state is not changed (it still runs); a turn the history lost the
+    start of (see the module's state question) is marked started, with its slot and guard."""
+    guard = body.get("guard")
+    guard_pid = guard.get("pid") if isinstance(guard, dict) else None
+    db.execute(
+        "INSERT OR IGNORE INTO turns (id, key, state) VALUES (?, ?, 'started')", (turn_id, key)
+    )
+    adopted_at, gaps = 0.0, 0.0
+    for ts, raw in db.execute(
+        "SELECT ts, body FROM events WHERE turn_id = ? AND kind = 'adopted'", (turn_id,)
+    ):
+        adopted_at = max(adopted_at, ts)
+        gap = json.loads(raw).get("gap_s")
+        if isinstance(gap, (int, float)) and not isinstance(gap, bool) and gap >= 0:
+            gaps += gap
+    db.execute(
+        "UPDATE turns SET adopted_at = ?, adoption_gap_s = ?,"
+        f" state = CASE WHEN state IN {_BEFORE_STARTED!r} THEN 'started' ELSE state END,"
+        " slot_index = COALESCE(slot_index, ?), guard_pid = COALESCE(guard_pid, ?)"
+        " WHERE id = ?",
+        (adopted_at, gaps, body.get("index"), guard_pid, turn_id),
+    )
 
 
 class Recorder:

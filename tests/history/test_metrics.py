@@ -119,6 +119,12 @@ def test_the_text_is_what_prometheus_clients_own_counters_and_histograms_would_p
     ended = Counter(
         "ccsup_turns_ended", "Turns ended, by key and outcome.", ["key", "outcome"], registry=r
     )
+    adopted = Counter(
+        "ccsup_turns_adopted",
+        "Running turns taken over from a supervisor that was gone, by key.",
+        ["key"],
+        registry=r,
+    )
     wait = Histogram(
         "ccsup_turn_wait_seconds", "From queued to granted.", ["key"], buckets=BUCKETS, registry=r
     )
@@ -164,6 +170,7 @@ def test_the_text_is_what_prometheus_clients_own_counters_and_histograms_would_p
         event("turn.c.started", 200.0),
         event("turn.c.exited", 201.0, code=None, signal=None, reason="guard_lost"),
         event("turn.c.released", 202.0),
+        event("turn.d.adopted", 300.0, index=0, guard={"pid": 5, "start": 6}, gap_s=1.5),
         ("slot.codex.reaped", {"key": "codex", "index": 1}),
     ]:
         m.observe(topic, body)
@@ -177,7 +184,8 @@ def test_the_text_is_what_prometheus_clients_own_counters_and_histograms_would_p
     lost.labels("codex").inc()
     ended.labels("codex", "guard_lost").inc()
     reaped.labels("codex").inc()
-    bus.labels("turn").inc(10)
+    adopted.labels("codex").inc()
+    bus.labels("turn").inc(11)
     bus.labels("slot").inc()
     m.periodic_errors.inc(("grant",), 0)
     m.periodic_errors.inc(("reap",))
