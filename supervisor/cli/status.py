@@ -1,4 +1,10 @@
-"""`ccsup status`: whether the supervisor runs, and what it does."""
+"""`ccsup status`: whether the supervisor runs, and what it does.
+
+No supervisor running: exit 3, and while guards of the state directory keep turns running for a
+supervisor to adopt (`[guard] adopt_within`), the message counts them and says until when the last
+waits: a user then knows that `ccsup start` saves them (supervisor.guards.waiting reads the guard
+records; nothing is changed).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,38 @@ import time
 
 import click
 
+from ..errors import NotRunning
 from .formats import age
 from .where import emit_json, where
+
+
+def clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def waiting_text(count: int, until: float | None) -> str:
+    """ "3 turns wait for adoption (the last until 12:00:30)"."""
+    if count == 1:
+        return "1 turn waits for adoption" + (f" (until {clock(until)})" if until else "")
+    return f"{count} turns wait for adoption" + (
+        f" (the last until {clock(until)})" if until else ""
+    )
+
+
+def _not_running(ctx: click.Context, e: NotRunning) -> NotRunning:
+    """The NotRunning to raise: with the turns that wait for adoption, when any do."""
+    from ..guards import waiting
+    from ..paths import StatePaths
+
+    state_dir = where(ctx).state_dir()
+    found = waiting.survey(StatePaths(state_dir).guards)
+    if not found.count:
+        return e
+    them = "it" if found.count == 1 else "them"
+    return NotRunning(
+        f"no supervisor is running on {state_dir}; {waiting_text(found.count, found.last_until)}"
+        f"; start a supervisor to adopt {them}: ccsup start"
+    )
 
 
 @click.command()
@@ -15,8 +51,11 @@ from .where import emit_json, where
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Whether the supervisor runs, and what it does."""
-    with where(ctx).client() as client:
-        result = client.status()
+    try:
+        with where(ctx).client() as client:
+            result = client.status()
+    except NotRunning as e:
+        raise _not_running(ctx, e) from None
     if as_json:
         emit_json(result)
         return
@@ -29,6 +68,9 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if "config" in result:
         click.echo(f"config  {result['config']}")
     click.echo(f"turns   {result['turns']} active, {result['waits']} waiting")
+    if result.get("waiting_adoption"):  # guards whose turns this supervisor has not adopted yet
+        until = result.get("waiting_adoption_until")
+        click.echo(f"adopt   {waiting_text(result['waiting_adoption'], until)}")
     if "containment" in result:  # cgroup v2 per turn, or the subreaper and process groups
         where_ = result.get("cgroup") or result.get("cgroup_why_not") or ""
         click.echo(f"contain {result['containment']}" + (f" ({where_})" if where_ else ""))

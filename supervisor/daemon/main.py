@@ -48,6 +48,7 @@ from ..config import Config, load
 from ..config.metrics import metrics_address
 from ..errors import AlreadyRunning, CcsupError, os_failure
 from ..guards import containment, fdlimit
+from ..guards import waiting as guard_waiting
 from ..guards.launcher import Launcher
 from ..history import metrics
 from ..history import writer as history_writer
@@ -435,6 +436,9 @@ class Daemon:
         result.update(self._in_force())
         result["bus_rejected"] = self.server.rejected_bus_messages
         result.update(self.cgroups.describe())
+        if "waiting_adoption" not in result:  # guards not adopted (yet): their records, in a thread
+            found = await asyncio.to_thread(guard_waiting.survey, self.paths.guards)
+            result.update(found.to_json())
         return result
 
     def _in_force(self) -> dict:
