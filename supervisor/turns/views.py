@@ -26,6 +26,9 @@ def ps(manager: Manager) -> dict[str, Any]:
         slot["requester"] = requester_names.requester(asking.holder.pid) if asking else None
         if isinstance(asking, Turn):  # the live turn's command, before its work is recorded too
             slot["argv"], slot["cwd"] = asking.argv, asking.cwd
+            # Taken over from a supervisor that was gone (turn.<id>.adopted): when, and the gap.
+            slot.setdefault("adopted_at", getattr(asking, "adopted_at", None))
+            slot.setdefault("adoption_gap_s", getattr(asking, "adoption_gap", None))
     waits = []
     position, last_key = 0, None
     for waiter in manager.queue.all():  # each key's waiters together, oldest first

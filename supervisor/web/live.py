@@ -49,6 +49,7 @@ CHANGES_PS = {
     "gone",
     "exited",
     "stopping",
+    "adopted",
 }
 
 
@@ -80,6 +81,8 @@ class HolderView(TypedDict):
     rss_bytes: int | None
     command: str | None  # argv as a shell reads it back (never its environment)
     cwd: str | None
+    adopted_at: float | None  # taken over from a supervisor that was gone (a badge on the page)
+    adoption_gap_s: float | None  # the seconds it ran with no supervisor
 
 
 class WaitView(TypedDict):
@@ -107,6 +110,8 @@ class Bar(TypedDict):
     outcome: str  # "waiting", "running", "released", "cancelled", "rejected"
     exit_code: int | None
     reservation: bool
+    adopted_at: float | None  # when a later supervisor last took it over (turn.<id>.adopted)
+    adoption_gap_s: float | None  # seconds it ran with no supervisor, all its gaps
 
 
 class EventView(TypedDict):
@@ -157,6 +162,8 @@ class TurnTrace:
     dropped_events: int = 0
     output_chunks: int = 0
     seen_at: float = 0.0  # the clock when its last event came
+    adopted_at: float | None = None
+    adoption_gap_s: float | None = None
 
     def bar(self) -> Bar:
         code = self.exit.get("code") if self.exit else None
@@ -171,6 +178,8 @@ class TurnTrace:
             outcome=self.outcome,
             exit_code=code if isinstance(code, int) else None,
             reservation=self.reservation,
+            adopted_at=self.adopted_at,
+            adoption_gap_s=self.adoption_gap_s,
         )
 
 
@@ -287,6 +296,13 @@ class Live:
             trace.queued_at = trace.queued_at or ts
             trace.granted_at = ts
             trace.outcome = "running"
+        elif event == "adopted":  # a new supervisor took the running turn over
+            trace.granted_at = trace.granted_at or trace.queued_at or ts
+            trace.outcome = "running"
+            trace.adopted_at = ts
+            gap = _num(body.get("gap_s"))
+            if gap is not None:
+                trace.adoption_gap_s = (trace.adoption_gap_s or 0.0) + gap
         elif event == "exited":
             trace.exit = {k: v for k, v in body.items() if k not in ("v", "seq", "id", "key")}
         elif event in TERMINAL:
@@ -359,6 +375,12 @@ class Live:
             holder = _dict(slot.get("holder"))
             turn_id = _str(slot.get("turn"))
             cpu, rss = usage.get(turn_id or "", (None, None))
+            # Adopted: as `ps` says it, else as the bus told (an older ps has no such field)
+            trace = self.turns.get(turn_id or "")
+            adopted_at = _num(slot.get("adopted_at")) or (trace.adopted_at if trace else None)
+            gap = _num(slot.get("adoption_gap_s"))
+            if gap is None and trace is not None:
+                gap = trace.adoption_gap_s
             holders.append(
                 HolderView(
                     key=str(slot.get("key")),
@@ -373,6 +395,8 @@ class Live:
                     rss_bytes=rss,
                     command=_command(slot.get("argv")),
                     cwd=_str(slot.get("cwd")),
+                    adopted_at=adopted_at,
+                    adoption_gap_s=gap,
                 )
             )
         queue = []

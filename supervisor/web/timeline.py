@@ -49,6 +49,8 @@ def _bar(record: Any) -> Bar:
         else ("running" if record.get("granted_at") else "waiting"),
         exit_code=record.get("exit_code"),
         reservation=False,
+        adopted_at=record.get("adopted_at"),
+        adoption_gap_s=record.get("adoption_gap_s"),
     )
 
 

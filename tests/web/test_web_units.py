@@ -159,6 +159,8 @@ def test_a_turns_life_becomes_one_bar_and_ps_gives_the_present():
         "outcome": "released",
         "exit_code": 0,
         "reservation": False,
+        "adopted_at": None,
+        "adoption_gap_s": None,
     }
     view = live.turn("t1")
     assert view is not None and view["active"] is False and view["output_chunks"] == 1

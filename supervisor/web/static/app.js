@@ -58,12 +58,19 @@
     return t.command ? t.command + (t.cwd ? "\nin " + t.cwd : "") : "";
   }
 
+  // A turn a supervisor took over from one that was gone: it ran on through the gap.
+  function adoptedBadge(h) {
+    if (!h.adopted_at) return null;
+    const gap = h.adoption_gap_s === null || h.adoption_gap_s === undefined ? "" : ` after a gap of ${h.adoption_gap_s.toFixed(1)} s`;
+    return el("span", { class: "badge adopted", title: `adopted at ${clock(h.adopted_at)}${gap}` }, "adopted");
+  }
+
   function renderHolders() {
     const now = ccsup.now();
     const rows = state.holders.slice(0, MAX_ROWS).map((h) => el("tr", { "data-turn": h.turn || "", "data-key": h.key },
       el("td", {}, `${h.key}[${h.index}]`),
       el("td", { class: "state-" + h.state }, h.state),
-      el("td", { class: "mono" }, turnLink(h.turn)),
+      el("td", { class: "mono" }, turnLink(h.turn), adoptedBadge(h)),
       el("td", {}, who(h.session, h.agent)),
       el("td", { title: clock(h.since) }, h.since ? age(now - h.since) : "–"),
       el("td", { class: "n" }, h.cpu_seconds === null ? "–" : h.cpu_seconds.toFixed(2) + " s"),

@@ -29,6 +29,8 @@
       ...fact("queued", clock(b.queued_at)),
       ...fact("granted", b.granted_at ? clock(b.granted_at) + " (waited " + age(b.granted_at - b.queued_at) + ")" : "–"),
       ...fact("ended", b.ended_at ? clock(b.ended_at) : "–"),
+      ...(b.adopted_at ? fact("adopted", clock(b.adopted_at) + (typeof b.adoption_gap_s === "number"
+        ? " after a gap of " + b.adoption_gap_s.toFixed(1) + " s" : "")) : []),
       ...fact("exit", turn.exit ? (exit.code !== null && exit.code !== undefined ? "code " + exit.code : "") +
         (exit.signal ? " signal " + exit.signal : "") + (exit.reason ? " (" + exit.reason + ")" : "") : "–"));
     document.getElementById("cancel").disabled = !turn.active;
