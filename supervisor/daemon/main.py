@@ -437,7 +437,8 @@ class Daemon:
         result["bus_rejected"] = self.server.rejected_bus_messages
         result.update(self.cgroups.describe())
         if "waiting_adoption" not in result:  # guards not adopted (yet): their records, in a thread
-            found = await asyncio.to_thread(guard_waiting.survey, self.paths.guards)
+            ours = {t.guard.record_path.name for t in self.manager.turns.values() if t.guard}
+            found = await asyncio.to_thread(guard_waiting.survey, self.paths.guards, skip=ours)
             result.update(found.to_json())
         return result
 

