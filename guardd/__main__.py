@@ -7,6 +7,8 @@
 --adopt-within T (needs a record directory): when the watched supervisor is gone, the work goes
 on for up to T, waiting for a supervisor to adopt the guard over its channel (guardd.channel);
 if none does, the work is ended as always, reason "not_adopted". 0 (the default): ended at once.
+With it, a pipe on the guard's stdin (CMD's) stays open while no supervisor runs: the guard holds
+a writer of it (guardd.stdin) until it ends, or until its channel's op "close_stdin".
 --log-dir D: CMD's stdout and stderr go into D/stdout.log and D/stderr.log (and the times of their
 reads into D/stdout.idx, D/stderr.idx), written by the guard itself (guardd.output), so they outlive
 whoever started it; --log-limit N: both logs together stop growing at N bytes.

@@ -8,11 +8,20 @@ Unix socket (SOCK_SEQPACKET: one message a read, no framing), `<record-dir>/<pid
 beside the record, mode 0600, and a peer of another uid is refused whatever the mode (SO_PEERCRED).
 It does not depend on the old supervisor, its zygote or the bus.
 
-Version 1 of the wire: the client sends one JSON message `{"v": 1, "op": "adopt"}` with a pidfd
-on itself attached (SCM_RIGHTS): the process whose end ends the turn from now on. The guard
-answers `{"v": 1, "ok": true, "turn", "guard": {"pid", "start"}, "waited_s"}` and watches that
-pidfd instead; or `{"v": 1, "ok": false, "error"}` (a newer version, an unknown op, no pidfd, a
-guard already stopping) and changes nothing. Either way the guard closes the connection.
+Version 1 of the wire: one JSON message a connection, `{"v": 1, "op": ...}`, one answer, and the
+guard closes the connection. An error answer is `{"v": 1, "ok": false, "error"}` (a newer version,
+an unknown op, no pidfd with an adopt, a guard already stopping) and changes nothing. The ops:
+- "adopt", with a pidfd on the asker attached (SCM_RIGHTS): the process whose end ends the turn
+  from now on. The guard watches that pidfd instead and answers `{"v": 1, "ok": true, "turn",
+  "guard": {"pid", "start"}, "waited_s", "stdin"}`. `stdin` true: a writer of CMD's stdin pipe is
+  attached (SCM_RIGHTS), the adopter's to write the turn's stdin with from now on (guardd.stdin);
+  false (or absent, from a guard before it): there is none (not a pipe, or closed already).
+- "close_stdin": the deliberate EOF of CMD's stdin. The guard closes the writer it holds (so the
+  asker's own, closed next, is the last) and answers `{"v": 1, "ok": true}`, also when it held
+  none. A guard older than this op answers `unknown op 'close_stdin'`: it held no writer, so the
+  asker's close alone was the EOF, as it always was.
+Ops are added within version 1 only when a guard without them answers "unknown op" and the asker
+is right to carry on as before; anything else is a version 2, which a version 1 guard refuses.
 Why a pidfd and not the peer's pid: the pid could be reused between the connect and the guard's
 look; the pidfd is the very process.
 
@@ -109,12 +118,15 @@ class Listener:
             return None, None
         return message, passed
 
-    def answer(self, fd: int, body: dict) -> None:
+    def answer(self, fd: int, body: dict, pass_fd: int | None = None) -> None:
+        """Answer and close the connection; pass_fd: an fd sent along (a copy: still ours)."""
         conn = self.conns.get(fd)
         if conn is None:
             return
+        data = json.dumps({"v": CHANNEL_VERSION, **body}).encode()
+        rights = _rights(pass_fd) if pass_fd is not None else []
         try:
-            conn.send(json.dumps({"v": CHANNEL_VERSION, **body}).encode())
+            conn.sendmsg([data], rights, socket.MSG_NOSIGNAL)
         except OSError:
             pass  # the asker is gone: nothing was changed for it to know
         self.close_conn(fd)
@@ -134,30 +146,74 @@ class Listener:
             pass
 
 
+def _rights(fd: int) -> list[tuple[int, int, bytes]]:
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
+
+
+def _connect(path: str, sock: socket.socket) -> None:
+    # Through the directory's fd, as the guard bound it (a path may be longer than 107 bytes).
+    head, name = os.path.split(path)
+    dir_fd = os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.connect(f"/proc/self/fd/{dir_fd}/{name}")
+    finally:
+        os.close(dir_fd)
+
+
 def adopt(path: str, timeout: float = 2.0) -> dict:
     """The supervisor's end: ask the guard behind `path` to be watched by us from now on.
 
-    Returns the guard's answer (`ok` true or false); OSError when it cannot be reached (a guard
-    killed outright left its socket: ECONNREFUSED)."""
+    Returns the guard's answer (`ok` true or false) and `stdin_fd`: the writer of CMD's stdin
+    that came with it (ours to close: see GuardProcess.take_stdin), or None. OSError when the
+    guard cannot be reached (a guard killed outright left its socket: ECONNREFUSED)."""
     pidfd = os.pidfd_open(os.getpid())
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    fds: list[int] = []
     try:
         sock.settimeout(timeout)
-        head, name = os.path.split(path)
-        dir_fd = os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            sock.connect(f"/proc/self/fd/{dir_fd}/{name}")
-        finally:
-            os.close(dir_fd)
+        _connect(path, sock)
         message = json.dumps({"v": CHANNEL_VERSION, "op": "adopt"}).encode()
-        sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", pidfd))])
-        data = sock.recv(_MAX)
+        sock.sendmsg([message], _rights(pidfd))
+        data, ancdata, _flags, _ = sock.recvmsg(
+            _MAX, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC
+        )
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
     finally:
         sock.close()
         os.close(pidfd)
-    if not data:
-        raise OSError(f"unable to adopt the guard at {path}: it closed the channel unanswered")
-    answer = json.loads(data)
-    if not isinstance(answer, dict):
-        raise OSError(f"unable to adopt the guard at {path}: it answered {data[:100]!r}")
+    try:
+        if not data:
+            raise OSError(f"unable to adopt the guard at {path}: it closed the channel unanswered")
+        answer = json.loads(data)
+        if not isinstance(answer, dict):
+            raise OSError(f"unable to adopt the guard at {path}: it answered {data[:100]!r}")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    stdin_fd = fds.pop(0) if fds and answer.get("ok") is True and answer.get("stdin") else None
+    for fd in fds:  # nothing else is ever sent: not ours to keep
+        os.close(fd)
+    answer["stdin_fd"] = stdin_fd
     return answer
+
+
+def close_stdin(path: str) -> None:
+    """The deliberate EOF: tell the guard behind `path` to close its writer of CMD's stdin.
+
+    Does not wait for the answer (it is called from the supervisor's event loop): the message is
+    queued on the connection, and the guard reads it even after we closed ours. Call it before
+    closing our own writer, so that a supervisor dying between the two still leaves no writer.
+    BlockingIOError when the guard's backlog is full (try again later); another OSError when the
+    guard cannot be reached (it has ended, or never had a channel)."""
+    sock = socket.socket(
+        socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+    )
+    try:
+        _connect(path, sock)
+        sock.send(json.dumps({"v": CHANNEL_VERSION, "op": "close_stdin"}).encode())
+    finally:
+        sock.close()

@@ -30,6 +30,9 @@ Design note (why it is built this way).
   are as before, and the guard's own session has no terminal, so ^C on the pty reaches CMD's
   foreground group and never the guard. The end is unchanged too; when CMD, the session's leader,
   exits, the kernel also hangs up (SIGHUP) the terminal's foreground group.
+- With `--adopt-within` the guard outlives its supervisor (guardd.channel): it writes CMD's output
+  itself (guardd.output) and holds a writer of CMD's stdin pipe (guardd.stdin), so neither breaks
+  while no supervisor runs.
 
 State. The record `<record-dir>/<guard pid>-<guard start>.json` is rewritten atomically at start
 and at every change (guardd.record.Rewriter: a spare beside it until the last write). A guard
@@ -50,7 +53,7 @@ import signal
 import sys
 import time
 
-from guardd import cgroup, channel, child, deadman, linux, output, procs, record, scan, usage
+from guardd import cgroup, channel, child, deadman, linux, output, procs, record, scan, stdin, usage
 from guardd.exits import EXIT_GUARD_FAILURE, Exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
@@ -156,6 +159,7 @@ class Guard:
         self.waiting_since: float | None = None  # epoch: when the watched supervisor was gone
         self.adopt_by = float("inf")  # on self.clock
         self.adopted_at: float | None = None
+        self.stdin_writer: int | None = None  # CMD's stdin pipe, held across a gap (guardd.stdin)
 
     # --- the whole life, one call per step --------------------------------------------------
 
@@ -173,6 +177,7 @@ class Guard:
             self._prepare_record_dir(self.opts.record_dir)
         if self.opts.adopt_within > 0 and self.record_file is not None:
             self._open_channel(self.record_file)
+            self._hold_stdin()  # before CMD runs: see guardd.stdin
         if self.opts.cgroup is not None:
             self._prepare_cgroup()
         failed = self._spawn_cmd()
@@ -217,6 +222,14 @@ class Guard:
             raise GuardFailure(f"unable to open the channel {path}: {e.strerror or e}") from None
         self.poller.register(self.channel.fileno(), select.POLLIN)
 
+    def _hold_stdin(self) -> None:
+        if self.opts.tty:
+            return  # a pty: its master is the supervisor's (tty turns are not adopted)
+        try:
+            self.stdin_writer = stdin.hold(0)
+        except OSError as e:  # CMD then reads EOF if the supervisor dies, as without adopt_within
+            _say(f"unable to hold the stdin of turn {self.turn}: {e.strerror or e}")
+
     def _on_channel(self, fd: int) -> None:
         """A supervisor's connection (accepted), or its message (answered, then closed)."""
         assert self.channel is not None
@@ -230,34 +243,54 @@ class Guard:
             if fd not in self.channel.conns:
                 self.poller.unregister(fd)
             return
+        self.poller.unregister(fd)
+        op = message.get("op")
         error = None
         if message.get("v") != channel.CHANNEL_VERSION:
             error = f"channel version {message.get('v')!r} is not {channel.CHANNEL_VERSION}"
-        elif message.get("op") != "adopt":
-            error = f"unknown op {message.get('op')!r}"
-        elif passed is None:
-            error = "no pidfd came with the adopt"
-        elif self.phase is not RUNNING:
-            error = "the turn is already being ended"
-        self.poller.unregister(fd)
-        if error is not None:
-            if passed is not None:
-                os.close(passed)
-            self.channel.answer(fd, {"ok": False, "error": error})
-            return
-        assert passed is not None
+        elif op == "adopt":
+            if passed is None:
+                error = "no pidfd came with the adopt"
+            elif self.phase is not RUNNING:
+                error = "the turn is already being ended"
+            else:
+                self._adopt(fd, passed)
+                return
+        elif op == "close_stdin":
+            self._close_stdin()
+        else:
+            error = f"unknown op {op!r}"
+        if passed is not None:
+            os.close(passed)
+        body = {"ok": False, "error": error} if error is not None else {"ok": True}
+        self.channel.answer(fd, body)
+
+    def _adopt(self, fd: int, pidfd: int) -> None:
+        """Watch the adopter's pidfd from now on; answer with the stdin writer, if one is held."""
+        assert self.channel is not None
         if self.parent_fd is not None:
             self.poller.unregister(self.parent_fd)
             os.close(self.parent_fd)
-        self.parent_fd = passed
-        self.poller.register(passed, select.POLLIN)
+        self.parent_fd = pidfd
+        self.poller.register(pidfd, select.POLLIN)
         waited = time.time() - self.waiting_since if self.waiting_since is not None else 0.0
         self.waiting_since, self.adopt_by = None, float("inf")
         self.adopted_at = time.time()
         self._write_record()
-        self.channel.answer(
-            fd, {"ok": True, "turn": self.turn, "guard": self.me.to_json(), "waited_s": waited}
-        )
+        body = {
+            "ok": True,
+            "turn": self.turn,
+            "guard": self.me.to_json(),
+            "waited_s": waited,
+            "stdin": self.stdin_writer is not None,
+        }
+        self.channel.answer(fd, body, pass_fd=self.stdin_writer)
+
+    def _close_stdin(self) -> None:
+        """The supervisor's deliberate EOF (op close_stdin): our writer goes, its own next."""
+        if self.stdin_writer is not None:
+            os.close(self.stdin_writer)
+            self.stdin_writer = None
 
     def _parent_gone(self) -> None:
         """The watched supervisor is gone: wait to be adopted (adopt_within), or end the turn."""

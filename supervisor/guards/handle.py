@@ -21,9 +21,16 @@ over the zygote's socket (`ForkedGuardProcess`): the exit callback waits for bot
 dies first, the status is lost, and the manager learns the outcome from the guard's record (or
 calls the guard lost).
 
+A "pipe" turn's stdin is a pipe whose writer is ours (`write_stdin`, written as the pipe takes it;
+its eof closes it). A guard started with adopt_within (GuardSpec.holds_stdin) holds another writer
+of it (guardd.stdin), so that CMD reads no EOF when we die: our deliberate EOF then tells the guard
+first (guardd.channel's close_stdin), then closes ours. A supervisor that adopts the guard is
+handed a writer of its own in the answer, and gives it to the turn's GuardProcess (`take_stdin`).
+
 State: the logs are append-only and survive restarts; a turn id is never run twice, so a log is
 never mixed. Nothing here is persisted otherwise: a restarted supervisor finds guards by records
-and starts a zygote of its own.
+and starts a zygote of its own. Bytes queued for a stdin that the pipe had not taken yet
+(`stdin_pending`) are ours alone, and die with us.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from guardd import procs
+from guardd import channel, procs
 from guardd.exits import EXIT_GUARD_FAILURE
 from guardd.launch import guard_command
 from guardd.record import record_path
@@ -59,6 +66,7 @@ TruncatedCallback = Callable[[str, str, int, int], None]  # turn id, stream, off
 # A forked guard whose zygote died before reporting its status: unknown, read as the guard's own
 # failure (the record's exit, when it has one, wins; without one the guard was lost).
 STATUS_UNKNOWN = EXIT_GUARD_FAILURE
+_STDIN_RETRY = 0.05  # seconds: a close_stdin the guard's full backlog refused is tried again
 
 
 class _Pipes:
@@ -126,6 +134,10 @@ class GuardProcess:
         self._on_output: OutputCallback = _nothing
         self._stdin_buffer = bytearray()
         self._stdin_eof = False
+        # The guard holds a writer of CMD's stdin too (started with adopt_within, stdin "pipe";
+        # guardd.stdin): a deliberate EOF is then told to it over its channel (close_stdin), or
+        # CMD would never read it.
+        self.stdin_held = False
         self.terminate_pending = False
 
     @property
@@ -302,11 +314,45 @@ class GuardProcess:
         except BlockingIOError:
             self.loop.add_writer(fd, self._on_stdin_writable)
             return
-        except OSError:
+        except OSError:  # CMD's end is closed: nobody reads it any more
             self._stdin_buffer.clear()
             self._stdin_eof = True
-        if self._stdin_eof:
             self._close_stdin()
+            return
+        if self._stdin_eof:
+            self._end_stdin()
+
+    def _end_stdin(self) -> None:
+        """The deliberate EOF: the guard's writer first (if it holds one), then ours, so that a
+        supervisor dying in between leaves no writer either."""
+        if self.stdin_held:
+            try:
+                channel.close_stdin(channel.channel_file(str(self.record_path)))
+            except (BlockingIOError, FileNotFoundError, ConnectionRefusedError):
+                # Its backlog is full, or its channel is not there yet (a guard just started: it
+                # makes it before it holds the writer, and reads the op after): again shortly,
+                # ours kept open till then, while the guard runs (close() ends the tries).
+                if self.pidfd >= 0:
+                    self.loop.call_later(_STDIN_RETRY, self._end_stdin)
+                    return
+            except OSError as e:
+                log.warning("turn %s: unable to close its guard's stdin: %s", self.turn_id, e)
+            self.stdin_held = False
+        self._close_stdin()
+
+    def take_stdin(self, fd: int | None) -> None:
+        """After adoption: the turn's stdin is `fd` from now on (guardd.channel.adopt's
+        `stdin_fd`, ours to close), a writer of the pipe the guard holds another of; None: the
+        turn has no stdin left (closed deliberately before, or the guard held none), so a `send`
+        is refused. What was queued for the stdin before is dropped (it went with whoever held
+        it)."""
+        self._close_stdin()
+        self._stdin_buffer.clear()
+        self._stdin_eof = fd is None
+        self.stdin_held = fd is not None
+        if fd is not None:
+            os.set_blocking(fd, False)
+            self._stdin = fd
 
     def resize(self, rows: int, cols: int) -> None:
         """Size the turn's terminal (a "tty" turn: our stdin is the pty's master); OSError
@@ -397,6 +443,13 @@ class GuardSpec:
     winsize: tuple[int, int] | None = None  # a "tty" turn's terminal at its start: rows, cols
     log_dir: Path | None = None  # the turn's logs, written by the guard (not for a "tty" turn)
     log_limit: int | None = None  # [logs] turn_max_bytes, both logs together
+    adopt_within: float = 0.0  # [guard] adopt_within: how long the guard outlives us (guardd)
+
+    @property
+    def holds_stdin(self) -> bool:
+        """The guard holds a writer of the turn's stdin pipe (guardd.stdin): a deliberate EOF
+        goes to it too (GuardProcess.stdin_held)."""
+        return self.adopt_within > 0 and self.stdin == "pipe"
 
     @property
     def guard_logs(self) -> bool:
@@ -427,6 +480,8 @@ def guard_args(spec: GuardSpec) -> list[str]:
         args += ["--log-dir", str(spec.log_dir)]
         if spec.log_limit is not None:
             args += ["--log-limit", str(spec.log_limit)]
+    if spec.adopt_within > 0:
+        args += ["--adopt-within", _seconds(spec.adopt_within)]
     return [*args, "--", *spec.argv]
 
 
@@ -516,7 +571,9 @@ def start_guard(spec: GuardSpec) -> GuardProcess:
     finally:
         for fd in (stdin_r, stdout_w, stderr_w):  # the guard's ends: it has its own copies
             os.close(fd)
-    return GuardProcess(spec.turn_id, popen, spec.record_dir, stdio=(stdin_w, stdout_r, stderr_r))
+    guard = GuardProcess(spec.turn_id, popen, spec.record_dir, stdio=(stdin_w, stdout_r, stderr_r))
+    guard.stdin_held = spec.holds_stdin
+    return guard
 
 
 class ForkedGuardProcess(GuardProcess):

@@ -312,6 +312,7 @@ class Launcher:
                     pidfd=answer.pidfd,
                     start=answer.start,
                 )
+                guard.stdin_held = request.spec.holds_stdin
                 self._forked[answer.pid] = guard
                 result = self._configured(guard)
             else:
