@@ -250,6 +250,9 @@ class Metrics:
             live.started_at = ts
         elif kind == "adopted":  # its queued and started events were the old supervisor's
             self.turns_adopted.inc((live.key,))
+            started = body.get("started_at")  # so its run time is counted when it exits
+            if live.started_at is None and isinstance(started, (int, float)):
+                live.started_at = float(started)
         elif kind == "stopping":
             live.stop_reason = body.get("reason")
         elif kind == "exited":

@@ -205,9 +205,13 @@ def _apply_adopted(db: sqlite3.Connection, turn_id: str, key: str, body: dict) -
     made from all its adopted events (kept in `events` once each), so an event seen twice, or a
     turn adopted twice, comes out the same: adopted_at the last adoption, adoption_gap_s the
     sum of the gaps. Its state is not changed (it still runs); a turn the history lost the
-    start of (see the module's state question) is marked started, with its slot and guard."""
+    start of (see the module's state question) is marked started, with its slot, guard and
+    start time (the event's `started_at`, when it has one)."""
     guard = body.get("guard")
     guard_pid = guard.get("pid") if isinstance(guard, dict) else None
+    started = body.get("started_at")  # the guard's start, for a turn whose started was lost
+    if not isinstance(started, (int, float)) or isinstance(started, bool):
+        started = None
     db.execute(
         "INSERT OR IGNORE INTO turns (id, key, state) VALUES (?, ?, 'started')", (turn_id, key)
     )
@@ -222,9 +226,10 @@ def _apply_adopted(db: sqlite3.Connection, turn_id: str, key: str, body: dict) -
     db.execute(
         "UPDATE turns SET adopted_at = ?, adoption_gap_s = ?,"
         f" state = CASE WHEN state IN {_BEFORE_STARTED!r} THEN 'started' ELSE state END,"
-        " slot_index = COALESCE(slot_index, ?), guard_pid = COALESCE(guard_pid, ?)"
+        " slot_index = COALESCE(slot_index, ?), guard_pid = COALESCE(guard_pid, ?),"
+        " started_at = COALESCE(started_at, ?)"
         " WHERE id = ?",
-        (adopted_at, gaps, body.get("index"), guard_pid, turn_id),
+        (adopted_at, gaps, body.get("index"), guard_pid, started, turn_id),
     )
 
 

@@ -72,7 +72,8 @@ def test_an_adopted_turn_whose_start_the_history_lost_is_recorded_as_started(sta
     record = show(state_dir, "a")
     assert (record["state"], record["slot_index"], record["guard_pid"]) == ("started", 0, 4242)
     # only its adopted event known (every earlier one lost): the row is made from it
-    feed(state_dir, story("b", "codex", ("adopted", {"index": 1, "guard": GUARD, "gap_s": 0.5})))
+    body = {"index": 1, "guard": GUARD, "gap_s": 0.5, "started_at": 990.5}
+    feed(state_dir, story("b", "codex", ("adopted", body)))
     b = show(state_dir, "b")
     assert (b["key"], b["state"], b["slot_index"], b["adoption_gap_s"]) == (
         "codex",
@@ -80,6 +81,10 @@ def test_an_adopted_turn_whose_start_the_history_lost_is_recorded_as_started(sta
         1,
         0.5,
     )
+    feed(state_dir, story("b", "codex", ("exited", {"code": 0}), t0=1010.0))
+    b = show(state_dir, "b")
+    assert (b["state"], b["started_at"], b["run_s"]) == ("exited", 990.5, 1011.0 - 990.5)
+    assert show(state_dir, "a")["started_at"] is None  # no started_at in its adopted event
 
 
 V2_FILE = """CREATE TABLE turns (id TEXT PRIMARY KEY, key TEXT NOT NULL, holder TEXT,
@@ -147,14 +152,18 @@ def test_the_turns_adopted_counter_counts_the_adopted_events_by_key():
     for topic, body in adopted_turn("a", 1.0) + adopted_turn("b", 2.0, twice=True):
         m.observe(topic, body)
     # a new supervisor sees only the adopted event and what follows it: no queued, no started
+    later = {"index": 0, "guard": GUARD, "gap_s": 0.1, "started_at": 1000.5}
     for topic, body in adopted_turn("c", 1.0)[3:] + story(
-        "d", "other", ("adopted", {"index": 0, "guard": GUARD, "gap_s": 0.1})
+        "d", "other", ("adopted", later), ("exited", {"code": 0}), ("released", {})
     ):
         m.observe(topic, body)
     got = samples(m.exposition().decode())
     assert got[("ccsup_turns_adopted_total", (("key", "codex"),))] == 4
     assert got[("ccsup_turns_adopted_total", (("key", "other"),))] == 1
     assert got[("ccsup_turns_ended_total", (("key", "codex"), ("outcome", "ok")))] == 3
+    # its run time from the guard's start (started_at), the started event being the old one's
+    assert got[("ccsup_turn_run_seconds_count", (("key", "other"),))] == 1
+    assert got[("ccsup_turn_run_seconds_sum", (("key", "other"),))] == 1002.0 - 1000.5
     plain = Metrics(ps=lambda: {"slots": [], "waits": []})
     for topic, body in ran("p"):
         plain.observe(topic, body)
