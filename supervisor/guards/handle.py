@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import signal
 import subprocess
 import time
@@ -331,14 +332,18 @@ class GuardProcess:
             except (BlockingIOError, FileNotFoundError, ConnectionRefusedError):
                 # Its backlog is full, or its channel is not there yet (a guard just started: it
                 # makes it before it holds the writer, and reads the op after): again shortly,
-                # ours kept open till then, while the guard runs (close() ends the tries).
-                if self.pidfd >= 0:
+                # ours kept open till then, while the guard runs (a gone one took its writer).
+                if self._guard_runs():
                     self.loop.call_later(_STDIN_RETRY, self._end_stdin)
                     return
             except OSError as e:
                 log.warning("turn %s: unable to close its guard's stdin: %s", self.turn_id, e)
             self.stdin_held = False
         self._close_stdin()
+
+    def _guard_runs(self) -> bool:
+        """Its pidfd is open and not readable yet (a pidfd reads ready once its process ended)."""
+        return self.pidfd >= 0 and not select.select([self.pidfd], [], [], 0)[0]
 
     def take_stdin(self, fd: int | None) -> None:
         """After adoption: the turn's stdin is `fd` from now on (guardd.channel.adopt's

@@ -236,3 +236,38 @@ def test_with_adopt_within_a_deliberate_eof_still_ends_cmds_stdin(tmp_path, how)
     held, status = asyncio.run(run())
     assert held and status == 0
     assert log_lines(tmp_path) == ["1 only", "eof"]
+
+
+def ask(path: str, message: dict) -> dict:
+    """One op on the channel, its answer read (the supervisor's close_stdin does not wait)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(5)
+        sock.connect(path)
+        sock.send(json.dumps(message).encode())
+        return json.loads(sock.recv(4096))
+
+
+@pytest.mark.timeout(30)
+def test_a_guard_whose_stdin_is_not_a_pipe_hands_none_and_close_stdin_is_still_answered(
+    tmp_path, cleanup
+):
+    guard_proc = subprocess.Popen(
+        [sys.executable, "-m", "guardd", "--record-dir", str(tmp_path / "guards")]
+        + ["--grace", "0.3", "--adopt-within", "20s", "--", "sleep", "60"],
+        stdin=subprocess.DEVNULL,  # a "null" turn's
+    )
+    cleanup.append(guard_proc)
+    guard = procs.identity_of(guard_proc.pid)
+    assert guard is not None
+    first = wait_until(lambda: record_of(tmp_path, guard), what="the guard's record")
+    cleanup.append(procs.identity_of(first["own_group"]["pgid"]))
+    path = first["channel"]["path"]
+    assert ask(path, {"v": 1, "op": "close_stdin"}) == {"v": 1, "ok": True}  # nothing to close
+    refused = ask(path, {"v": 1, "op": "open_stdin"})
+    assert refused["ok"] is False and refused["error"] == "unknown op 'open_stdin'"
+    answer = channel.adopt(path)  # its parent (this test) still runs: adopted all the same
+    assert (answer["ok"], answer["stdin"], answer["stdin_fd"]) == (True, False, None)
+    guard_proc.terminate()
+    assert guard_proc.wait(10) == 128 + signal.SIGTERM
