@@ -299,6 +299,7 @@ def test_the_grafana_dashboard_asks_only_for_figures_the_supervisor_exposes():
         event("turn.a.started", 2.0),
         event("turn.a.exited", 3.0, code=None, signal=None, reason="guard_lost", cpu_user_s=1.0),
         event("turn.a.released", 3.0),
+        event("turn.b.adopted", 4.0, index=0, gap_s=1.0),
         ("slot.codex.reaped", {"key": "codex"}),
     ]:
         m.observe(topic, body)
