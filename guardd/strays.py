@@ -26,9 +26,14 @@ LOOK seconds while one waits (an orphan reparented when a deeper stray dies brin
 Rejected: attributing by the environment marker or the session (the escapee drops both), and a
 walk of all of /proc (the zygote's own subtree is the whole question, read from its children).
 
+The supervisor runs the same class (supervisor.guards.strays): it is a child subreaper too, for
+the guards it started directly (no zygote above them) and for a dead zygote's guards and strays (a
+turn that SIGKILLs its guard and the zygote); there the guards are those whose strays come to it,
+and its own children (a session of their own that it named, or its own session) are never strays.
+
 What remains possible (no cgroup): a stray that the zygote cannot signal (a setuid program run
-by the turn) holds its guard's report, and so its slot, until it ends; a zygote killed together with
-a guard leaves that guard's strays to the zygote's parent, which does not look for them.
+by the turn) holds its guard's report, and so its slot, until it ends; the supervisor's own death
+leaves what is below it to init.
 
 State: none on disk; it lives in the zygote. A zygote that exits with guards waiting SIGKILLs
 their strays first (`end_all`): nobody would report them.
@@ -56,15 +61,20 @@ class _Lost:
 
 
 class Strays:
-    """The strays of the zygote's lost guards, and the exits held back until they are gone.
+    """The strays of a subreaper's lost guards, and the exits held back until they are gone.
 
-    zygote_pid: the subreaper (this process); guards: a callable giving its guards not reaped
-    yet, pid -> grace; spares: one giving its spares' pids. Neither is ever a stray."""
+    subreaper: this process (the zygote, or the supervisor: supervisor.guards.strays); guards: a
+    callable giving its guards whose strays come to it and whose exit is not handled yet, pid ->
+    grace; others: one giving the pids of its other children that are never strays (the zygote's
+    spares; the supervisor's own children). session: when given, a child in that session (the
+    subreaper's own) is never a stray either: no guard's descendant can join it (every guard starts
+    a session of its own)."""
 
-    def __init__(self, zygote_pid: int, guards, spares, clock=time.monotonic):
-        self.zygote_pid = zygote_pid
+    def __init__(self, subreaper: int, guards, others, clock=time.monotonic, *, session=None):
+        self.subreaper = subreaper
         self.guards = guards
-        self.spares = spares
+        self.others = others
+        self.session: int | None = session
         self.clock = clock
         self.waiting: dict[int, _Lost] = {}  # guard pid -> its held exit
         self._owners: dict[Identity, set[int]] = {}
@@ -137,8 +147,16 @@ class Strays:
             procs.signal_process(ident, signal.SIGKILL)
 
     def _unknown_children(self) -> list[int]:
-        known = {*self.guards(), *self.spares()}
-        return [c for c in scan.children_of(self.zygote_pid) if c not in known]
+        children = scan.children_of(self.subreaper)
+        # Asked after the read: others() may learn of children that came to us meanwhile (the
+        # supervisor settles a zygote that died: its live guards are reparented to it).
+        known = {*self.others(), *self.guards()}
+        children = [c for c in children if c not in known]
+        if self.session is None or not children:
+            return children
+        return [
+            c for c in children if (s := procs.read_stat(c)) is not None and s.sid != self.session
+        ]
 
     def _stray_tree(self) -> dict[Identity, Identity | None]:
         """Every live process below our unknown children (them included) -> its parent's

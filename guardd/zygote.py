@@ -38,7 +38,8 @@ The guard's parent is the zygote, but "parent gone" must mean the supervisor: th
 guard the zygote's pidfd on the supervisor to watch instead (`main(args, parent_fd=...)`). A
 SIGKILLed supervisor thus ends every turn directly, as before; the zygote, watching the same pidfd
 (and its socket's EOF), exits too. A zygote that dies leaves its guards running under their
-supervisor's watch (they are reparented to init or a subreaper, which reaps them).
+supervisor's watch (they are reparented to the supervisor, a child subreaper too, which reaps
+them and ends what they and the zygote's lost guards leave: supervisor.guards.strays).
 
 The zygote is the one reaper of its children (the supervisor cannot waitpid them), so it reports
 each spawned child's status over the socket. If it dies first, that status is lost: the supervisor

@@ -50,6 +50,7 @@ from ..errors import AlreadyRunning, CcsupError, os_failure
 from ..guards import containment, fdlimit
 from ..guards import waiting as guard_waiting
 from ..guards.launcher import Launcher
+from ..guards.strays import StrayWatch
 from ..history import metrics
 from ..history import writer as history_writer
 from ..holder import Holder
@@ -158,7 +159,11 @@ class Daemon:
         guard_bus = None if self._bus_in == bus_in else self._bus_in
         self.server = Server(control, bus_in, bus_out, endpoints.curve, guard_bus)
         self.gate = SlotGate(paths.root, config.caps.with_caps(self.caps_override))
-        self.launcher = Launcher()  # guards forked by a warm zygote (pipelined), else directly
+        # The supervisor is a child subreaper: a lost guard's strays that no zygote ends come to
+        # it (supervisor.guards.strays), and are ended before that guard's exit is handed on.
+        self.strays = StrayWatch()
+        # Guards forked by a warm zygote (pipelined), else directly.
+        self.launcher = Launcher(strays=self.strays)
         # Admission (pauses, start rates, runtime limits, fairness): the manager's policy and queue.
         self.keyctl = KeyControl(
             admission_settings(config), paths.root, publish=self.server.publish, clock=time.time
@@ -218,6 +223,7 @@ class Daemon:
         log.info(
             "started on %s (pid %d, config %s)", self.paths.root, os.getpid(), self.config.source
         )
+        self.strays.start(asyncio.get_running_loop())  # before any guard, zygote or page starts
         self.launcher.start()  # before restore, which may start guards
         self.restore_queue()  # before any request is served: nothing new can jump what was waiting
         self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
@@ -229,6 +235,8 @@ class Daemon:
         await self.reap_orphans()
         sd_notify("READY=1")
         web = _web_beside(self.config, self.paths.root, self.config_path)
+        if web is not None:
+            self.strays.own(web.pid)  # in a session of its own: ours, never a stray
         periodic = [
             asyncio.create_task(self._tick()),
             asyncio.create_task(self._every(lambda: retention.PRUNE_INTERVAL, ("prune_logs",))),
@@ -248,12 +256,14 @@ class Daemon:
             from . import page
 
             await page.stop(web)
+            self.strays.disown(web.pid)
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
         # The last events get 50 ms to leave before the sockets close, spent closing the rest.
         sockets_close_at = loop.time() + 0.05
         self.manager.close()
         self.keyctl.close()
         self.launcher.close()
+        self.strays.close()  # every turn is gone: what is left below us has no one to count it
         self.cgroups.close()
         self.history.close()
         if self.metrics_server is not None:

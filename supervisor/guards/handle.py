@@ -19,7 +19,9 @@ a directly started guard is our child and `reap()` is the daemon's only waitpid 
 that pidfd is readable; a forked guard is the zygote's child, reaped there, and its status comes
 over the zygote's socket (`ForkedGuardProcess`): the exit callback waits for both. If the zygote
 dies first, the status is lost, and the manager learns the outcome from the guard's record (or
-calls the guard lost).
+calls the guard lost). A guard whose strays come to the supervisor (started directly, or its
+zygote is gone) has an `exit_gate` (supervisor.guards.strays): its exit is handed on only once
+they are gone.
 
 A "pipe" turn's stdin is a pipe whose writer is ours (`write_stdin`, written as the pipe takes it;
 its eof closes it). A guard started with adopt_within (GuardSpec.holds_stdin) holds another writer
@@ -140,6 +142,10 @@ class GuardProcess:
         # CMD would never read it.
         self.stdin_held = False
         self.terminate_pending = False
+        # Set when its strays come to the supervisor (supervisor.guards.strays): its exit goes
+        # through it, held there until they are gone. Called once, with (pid, on_exit).
+        self.exit_gate: Callable[[int, Callable[[], None]], None] | None = None
+        self.grace = 5.0  # its --grace (GuardSpec.grace), what its strays get before SIGKILL
 
     @property
     def pid(self) -> int:
@@ -185,7 +191,19 @@ class GuardProcess:
 
     def _on_pidfd(self) -> None:
         """The guard has exited (its pidfd is readable)."""
-        self._on_exit()
+        self._exited_now()
+
+    def _exited_now(self) -> None:
+        """Hand the exit on, through the exit gate when there is one. Reaped first: out of the
+        gate's guards, a zombie child of ours that is no Popen's would be reaped there."""
+        gate, self.exit_gate = self.exit_gate, None
+        if gate is None:
+            self._on_exit()
+            return
+        if self._loop is not None and self.pidfd >= 0:
+            self._loop.remove_reader(self.pidfd)  # level-triggered: it would fire while held
+        self.reap()
+        gate(self.pid, self._on_exit)
 
     def _read(self, stream: str) -> None:
         try:
@@ -599,7 +617,7 @@ class ForkedGuardProcess(GuardProcess):
         if self.reap() is None:
             self.loop.remove_reader(self.pidfd)  # level-triggered: wait for the report instead
             return
-        self._on_exit()
+        self._exited_now()
 
     def reap(self) -> int | None:
         if self.returncode is None:
@@ -616,4 +634,4 @@ class ForkedGuardProcess(GuardProcess):
         else:
             self.reported = returncode
         if self._exited and self.pidfd >= 0 and self.reap() is not None:
-            self._on_exit()
+            self._exited_now()

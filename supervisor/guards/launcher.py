@@ -41,6 +41,11 @@ kills every zygote it reaches ends up started directly, not in a loop. Before, a
 started directly in one go on the loop: a zygote SIGKILLed after 50 of 500 turns had started
 left `status` unanswered for 8.6 s while 450 interpreters started (~4.6 MiB of guard each).
 
+The supervisor is a child subreaper (supervisor.guards.strays, when the daemon gives one): the
+launcher names to it each child started in a session of its own (every zygote, and each guard a
+zygote forked, which its death leaves to us) and each guard whose strays come to it: one started
+directly, and each guard of a lost zygote, whose exits then go through it.
+
 Knows the zygote handle, guard processes and the event loop; nothing of turns or slots.
 State: none stored; a restarted supervisor starts a zygote of its own, and so does the launcher
 after a loss: the lost zygote's guards run on with statuses unknown (their records tell).
@@ -69,6 +74,7 @@ from .handle import (
     open_stdio,
     start_guard,
 )
+from .strays import StrayWatch
 
 log = logging.getLogger("ccsup.launcher")
 
@@ -139,8 +145,14 @@ class Launcher:
         launch_zygote=Zygote.launch,
         answer_timeout: float = ANSWER_TIMEOUT,
         restart_after: float = RESTART_AFTER,
+        strays: StrayWatch | None = None,
     ):
         self.python = python
+        # The supervisor as subreaper (the daemon's): told of every child we start in a session of
+        # its own, and of each guard whose strays come to it (see supervisor.guards.strays).
+        self.strays = strays
+        if strays is not None:
+            strays.settle = self._settle_zygote
         self.log_limit: int | None = None  # given to every guard started ([logs] turn_max_bytes)
         self.on_truncated: TruncatedCallback | None = None
         self.zygote: Zygote | None = None
@@ -195,6 +207,8 @@ class Launcher:
             )
             return
         self.zygote = zygote
+        if self.strays is not None:
+            self.strays.own(zygote.pid)
         self.loop.add_reader(zygote.fileno(), self._on_readable)
         log.info("guard zygote started (pid %d)", zygote.pid)
 
@@ -233,7 +247,11 @@ class Launcher:
         return request.pending
 
     def _start_directly(self, spec: GuardSpec) -> GuardProcess:
-        return self._configured(start_guard(spec))
+        guard = self._configured(start_guard(spec))
+        if self.strays is not None:  # no zygote above it: its strays come to the supervisor
+            self.strays.watch_guard(guard.pid, spec.grace)
+            guard.exit_gate = self.strays.guard_exited
+        return guard
 
     def _configured(self, guard: GuardProcess) -> GuardProcess:
         guard.log_limit = self.log_limit
@@ -254,6 +272,7 @@ class Launcher:
         self.loop.remove_reader(zygote.fileno())
         self._stop_writing(zygote)
         zygote.close()
+        self._disown(zygote)
         for request in self._drain_waiting():
             request.close_ours()
             self.loop.call_soon(request.pending.settle, _stopping())
@@ -314,6 +333,9 @@ class Launcher:
                 )
                 guard.stdin_held = request.spec.holds_stdin
                 self._forked[answer.pid] = guard
+                guard.grace = request.spec.grace
+                if self.strays is not None:  # its zygote's child; ours if the zygote dies
+                    self.strays.own(answer.pid)
                 result = self._configured(guard)
             else:
                 request.close_ours()
@@ -328,6 +350,8 @@ class Launcher:
         for pid, returncode in zygote.poll_reports(read=False):
             guard = self._forked.pop(pid, None)
             if guard is not None:
+                if self.strays is not None:
+                    self.strays.disown(pid)
                 self.loop.call_soon(guard.status_reported, returncode)
 
     def _watch(self) -> None:
@@ -364,7 +388,8 @@ class Launcher:
         except OSError as e:
             log.warning("the guard zygote's last answers are unusable: %s", e)
         self._deliver(zygote)
-        zygote.close()
+        zygote.close()  # reaped: what it left is reparented to us by now (supervisor.guards.strays)
+        self._disown(zygote)
         if zygote.ready:  # it had started well: the next one is tried soon
             self._restart_wait = self.restart_after
         unanswered = self._drain_waiting()  # their children never run: each is asked again
@@ -418,7 +443,22 @@ class Launcher:
         self._waiting.clear()
         return waiting
 
+    def _settle_zygote(self) -> None:
+        """Before the supervisor's strays are judged: a zygote that died is taken as lost now,
+        its answers read, so that its guards are named (they are reparented to us with it)."""
+        zygote = self.zygote
+        if zygote is not None and zygote.proc.poll() is not None:
+            self._on_readable()
+
+    def _disown(self, zygote: Zygote) -> None:
+        if self.strays is not None:
+            self.strays.disown(zygote.pid)
+
     def _orphan_all(self) -> None:
+        """The lost zygote's guards: no status will come, and their strays come to us."""
         forked, self._forked = self._forked, {}
         for guard in forked.values():
+            if self.strays is not None:
+                self.strays.watch_guard(guard.pid, guard.grace)
+                guard.exit_gate = self.strays.guard_exited
             self.loop.call_soon(guard.status_reported, None)

@@ -1,6 +1,8 @@
 """Without cgroups, a lost guard's strays never escape (issue 27, B1): a descendant that left the
 turn's group and session and dropped its marker, whose guard then died before its next scan, is
-reparented to the guard zygote, ended there, and the slot is released only once it is gone."""
+reparented to the guard zygote, ended there, and the slot is released only once it is gone. A guard
+started directly (no zygote), or one whose zygote the turn SIGKILLs too, leaves its strays to the
+supervisor, a child subreaper as well, which ends them before the guard's exit is handed on."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import subprocess
 import time
 import uuid
 
-from conftest import PYTHON, wait_until
+import pytest
+from conftest import HELPERS, PYTHON, wait_until, zygote_of
 
 from guardd import procs, scan
 
@@ -112,3 +115,63 @@ def test_an_outside_sigkill_of_the_guard_holds_the_slot_until_its_stubborn_stray
         kill_all(processes_named(token))
     assert d.stop() == 0
     assert processes_named(token) == []
+
+
+def run_the_issues_escapee(d, log, state_dir, *, kill: str, stubborn: bool = False) -> int:
+    """The issue's command (`kill -9` of what `kill` names, $PPID being the guard and $Z its
+    parent), its escapee ignoring SIGTERM if stubborn; then a second cap-1 turn, which must not
+    run beside the escapee. The guard's parent's pid, as the turn read it."""
+    token = f"ESC{uuid.uuid4().hex[:8]}"
+    parent = state_dir / "guard-parent"
+    trap = """trap '' TERM; """ if stubborn else ""
+    command = (
+        f"Z=$(awk '{{print $4}}' /proc/$PPID/stat); echo $Z > {parent}; "
+        f"setsid env -i sh -c '{trap}sleep 30; :' {token} & sleep 0.1; kill -9 {kill}; sleep 30"
+    )
+    run = subprocess.Popen(
+        [PYTHON, "-m", "supervisor", "--state-dir", str(state_dir)]
+        + ["run", "--key", "adv", "--", "sh", "-c", command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        (first,) = wait_until(lambda: started_turns(log), what="the first turn started")
+        with d.client() as client:
+            client.turn("adv", ["sh", "-c", "echo second"], id="t2")
+            log.wait_for("turn.t2.started")
+            beside = processes_named(token)  # what runs beside the cap-1 second turn
+            assert beside == [], f"the escapee runs beside the next turn: {beside}"
+            exited = log.wait_for(f"turn.{first}.exited")
+            assert exited["code"] is None and exited["reason"] == "guard_lost"
+            assert run.wait(15) == 125
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        kill_all(processes_named(token))
+    assert d.stop() == 0
+    assert processes_named(token) == []
+    return int(parent.read_text())
+
+
+def test_a_directly_started_guards_escapee_is_ended_by_the_supervisor_before_the_next_turn(
+    daemon, event_log, state_dir
+):
+    d = daemon(start=False, caps="adv = 1", grace="300ms", scan="2s")
+    d.program = [str(HELPERS / "no_zygote.py")]  # every guard is started directly
+    d = without_cgroups(d)
+    log = event_log(d)
+    assert run_the_issues_escapee(d, log, state_dir, kill="$PPID") == d.proc.pid
+
+
+@pytest.mark.parametrize("kill", ["$PPID $Z", "$Z $PPID"], ids=["guard-first", "zygote-first"])
+def test_a_turn_that_kills_its_guard_and_the_zygote_leaves_no_stray_beside_the_next_turn(
+    daemon, event_log, state_dir, kill
+):
+    """Its escapee ignores SIGTERM: whatever the zygote did before it died, only the supervisor's
+    SIGKILL after the grace ends it, and only then does the slot go to the second turn."""
+    d = without_cgroups(daemon(start=False, caps="adv = 1", grace="500ms", scan="30s"))
+    log = event_log(d)
+    zygote = zygote_of(d.proc.pid)
+    assert run_the_issues_escapee(d, log, state_dir, kill=kill, stubborn=True) == zygote
