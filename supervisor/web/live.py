@@ -256,6 +256,13 @@ class Live:
                     trace.granted_at = _num(slot.get("since"))
                     trace.outcome = "running"
                     self.changed_bars.add(turn_id)
+                # Adopted: a new supervisor publishes that before this page is subscribed again
+                adopted_at = _num(slot.get("adopted_at"))
+                if adopted_at is not None and (trace.adopted_at or 0.0) < adopted_at:
+                    trace.adopted_at = adopted_at
+                    if trace.adoption_gap_s is None:
+                        trace.adoption_gap_s = _num(slot.get("adoption_gap_s"))
+                    self.changed_bars.add(turn_id)
 
     def lost(self, reason: str) -> None:
         """No answer from the supervisor: the slots shown stay (marked stale by `connected`); who

@@ -53,6 +53,10 @@ def test_a_holder_is_marked_adopted_from_ps_or_else_from_its_adopted_event():
     assert view is not None and view["active"] is True
     assert view["bar"]["outcome"] == "running" and view["bar"]["adopted_at"] == 50.0
     assert [e["topic"] for e in view["events"]] == ["turn.bus.adopted"]
+    # "plain" was adopted while this page was not subscribed: ps tells, its bar says so too
+    live.apply_ps({"slots": [slot("plain", 2, adopted_at=80.0, adoption_gap_s=3.0)], "waits": []})
+    plain = live.turn("plain")["bar"]
+    assert (plain["adopted_at"], plain["adoption_gap_s"]) == (80.0, 3.0)
     ev(live, "turn.bus.adopted", 70.0, id="bus", key="k", index=1, guard=GUARD, gap_s=0.75)
     bar = live.turn("bus")["bar"]
     assert (bar["adopted_at"], bar["adoption_gap_s"]) == (70.0, 2.0)  # the last, all the gaps
