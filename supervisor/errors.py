@@ -44,6 +44,13 @@ class NotRunning(CcsupError):
     exit_code = 3
 
 
+class SupervisorLost(CcsupError):
+    """The supervisor of a followed turn died and none answered again in time (adopt_within and a
+    margin): the turn's end is not known (found by the client; never a reply)."""
+
+    exit_code = 71  # `ccsup run`'s too (supervisor.cli.run_exit)
+
+
 class AlreadyRunning(CcsupError):
     """A second supervisor on a state directory that has one (found at start; never a reply)."""
 

@@ -40,7 +40,7 @@ def without_usage(body: dict) -> dict:
     return {k: v for k, v in body.items() if k not in USAGE_KEYS}
 
 
-STAMPS = ("ts", "seq", "turn_seq")  # when and in what order an event went out
+STAMPS = ("ts", "epoch", "seq", "turn_seq")  # when, by which run, in what order it went out
 
 
 def story(body: dict) -> dict:
@@ -134,10 +134,13 @@ def write_config(
     grace: str = "300ms",
     scan: str = "200ms",
     extra: str = "",
+    guard_extra: str = "",
 ) -> Path:
+    """`extra`: lines of [slots]; `guard_extra`: lines of [guard]."""
     path = state_dir / "ccsup.toml"
     path.write_text(
         f'[slots]\ncaps = {{ {caps} }}\n{extra}\n[guard]\ngrace = "{grace}"\nscan = "{scan}"\n'
+        f"{guard_extra}\n"
     )
     return path
 

@@ -129,7 +129,7 @@ def format_story(story: history.TurnStory) -> list[str]:
         fields = {
             k: v
             for k, v in event["body"].items()
-            if k not in ("v", "ts", "seq", "turn_seq", "id", "key")
+            if k not in ("v", "ts", "epoch", "seq", "turn_seq", "id", "key")
         }
         shown = json.dumps(fields, ensure_ascii=False) if fields else ""
         lines.append(

@@ -6,8 +6,13 @@ any wrapper (timeout, nice, flock) passes them; --clean-env gives the supervisor
 with only --env added. Its stdin is forwarded to the turn once it started, end
 of input included (supervisor.cli.stdin_forward). Exit codes a script can tell apart are
 supervisor.cli.run_exit's (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled by someone else, 65
-rejected, 125 guard lost). Ctrl-C cancels the turn and waits for its end; a second Ctrl-C stops
-waiting (exit 130).
+rejected, 125 guard lost, 71 supervisor lost). Ctrl-C cancels the turn and waits for its end; a
+second Ctrl-C stops waiting (exit 130).
+
+A supervisor that dies while the turn runs is ridden through (supervisor.client.ride_through):
+one line on stderr says it is gone, `ccsup run` waits up to its adopt_within (+ 5 s) for one to
+answer, says so in one line, follows the turn there and prints its output from the logs by
+offset, each byte once; 71 when none came back.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from .where import emit_json, where
 
 if TYPE_CHECKING:
     from ..client.control import Client
+    from ..client.ride_through import TurnRider
     from .terminal import RawTerminal
 
 WAIT_NOTICE = 0.25  # seconds a turn waits before `ccsup run` says so
@@ -208,6 +214,9 @@ def run(
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
         runner = _TurnRunner(client, turn_id, key, as_json, quiet=quiet)
+        from ..client.ride_through import TurnRider
+
+        runner.rider = TurnRider(client, turn_id)  # rides through a supervisor's restart
         if mode != "null":  # supervisor.cli.stdin_forward, once started
             runner.forward_stdin = where(ctx).client
         if mode == "tty":
@@ -251,6 +260,8 @@ def _followed(runner: _TurnRunner, sub, interrupts: list[int]) -> int:
     finally:
         if runner.raw is not None:
             runner.raw.restore()
+        if runner.rider is not None:
+            runner.rider.close()
 
 
 class _rejected_exits:
@@ -305,6 +316,7 @@ class _TurnRunner:
         # a Client factory: forward our stdin once the turn started (supervisor.cli.stdin_forward)
         self.forward_stdin: Callable[..., Client] | None = None
         self.raw: RawTerminal | None = None  # -t: the user's terminal, raw while the turn runs
+        self.rider: TurnRider | None = None  # supervisor.client.ride_through
         self._shown_position = None
         self._waiting: tuple | None = None
         self.granted = False
@@ -360,41 +372,106 @@ class _TurnRunner:
 
         cancel_sent = False
         quiet_since = time.monotonic()
-        while True:
-            if interrupts and not cancel_sent:
-                if self.wait_line is not None:
-                    self.wait_line.finish()
-                cancel_sent = True
-                self.interrupted = True
-                click.echo(
-                    f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)",
-                    err=True,
-                )
-                try:
-                    self.client.cancel(self.turn_id)
-                except RemoteError as e:
+        resubscribed = None  # a subscription made after a restart, closed here
+        try:
+            while True:
+                if interrupts and not cancel_sent:
+                    if self.wait_line is not None:
+                        self.wait_line.finish()
+                    cancel_sent = True
+                    self.interrupted = True
                     click.echo(
-                        f"ccsup: unable to cancel turn {self.turn_id}: {e.message}", err=True
+                        f"ccsup: cancelling turn {self.turn_id} (Ctrl-C again to stop waiting)",
+                        err=True,
                     )
-            if len(interrupts) >= 2:
-                click.echo(
-                    f"ccsup: turn {self.turn_id} is still being stopped; not waiting for it",
-                    err=True,
-                )
+                    try:
+                        self.client.cancel(self.turn_id)
+                    except RemoteError as e:
+                        click.echo(
+                            f"ccsup: unable to cancel turn {self.turn_id}: {e.message}", err=True
+                        )
+                if len(interrupts) >= 2:
+                    click.echo(
+                        f"ccsup: turn {self.turn_id} is still being stopped; not waiting for it",
+                        err=True,
+                    )
+                    return 130
+                if self.raw is not None and self.raw.resized:
+                    self._send_size()
+                event = sub.recv(0.1)
+                self._show_waiting()
+                if event is None:
+                    if self.rider is not None and self.rider.gone():
+                        sub.close()
+                        sub = resubscribed = None
+                        got = self._ride_through(interrupts)
+                        if isinstance(got, int):
+                            return got
+                        sub = resubscribed = got
+                        for missed in self.rider.catch_up():
+                            if (done := self._event(*missed)) is not None:
+                                return done
+                    elif self.rider is None and time.monotonic() - quiet_since > 1.0:
+                        self.client.check_running()  # NotRunning: no terminal event will come
+                        quiet_since = time.monotonic()
+                    continue
+                quiet_since = time.monotonic()
+                if (done := self._event(*event)) is not None:
+                    return done
+        finally:
+            if resubscribed is not None:
+                resubscribed.close()
+
+    def _event(self, topic: str, body: dict) -> int | None:
+        """on_event, after the events missed before a terminal one that followed a restart."""
+        from ..client.subscription import is_terminal
+
+        if self.rider is not None:
+            if is_terminal(topic):
+                for missed in self.rider.before_end():
+                    self.on_event(*missed)
+            self.rider.saw(topic)
+        return self.on_event(topic, body)
+
+    def _ride_through(self, interrupts: list[int]):
+        """The supervisor is gone: wait for one to answer (one line on stderr each way), then a
+        live subscription to the turn on it; else the exit status (71: none came back; 130:
+        Ctrl-C while waiting), with the turn's output in its logs printed first."""
+        from ..errors import SupervisorLost
+
+        assert self.rider is not None
+        rider, state_dir = self.rider, self.client.state_dir
+        gone_pid = rider.watch.pid
+        if self.wait_line is not None:
+            self.wait_line.finish()
+        click.echo(
+            f"ccsup: the supervisor on {state_dir} (pid {gone_pid}) is gone; waiting up to "
+            f"{rider.watch.wait_limit:g} s for one to take turn {self.turn_id} back",
+            err=True,
+        )
+        status = rider.await_return(interrupted=lambda: bool(interrupts))
+        if status is None:
+            if self.raw is not None:
+                self.raw.restore()
+            self._drain_logs()
+            if interrupts:
                 return 130
-            if self.raw is not None and self.raw.resized:
-                self._send_size()
-            event = sub.recv(0.1)
-            self._show_waiting()
-            if event is None:
-                if time.monotonic() - quiet_since > 1.0:
-                    self.client.check_running()  # NotRunning ends the wait: no terminal event will come
-                    quiet_since = time.monotonic()
-                continue
-            quiet_since = time.monotonic()
-            done = self.on_event(*event)
-            if done is not None:
-                return done
+            click.echo(f"ccsup: {rider.lost().message}", err=True)
+            return SupervisorLost.exit_code
+        click.echo(
+            f"ccsup: a supervisor answers again on {state_dir} (pid {status.get('pid')}); "
+            f"following turn {self.turn_id}",
+            err=True,
+        )
+        return rider.resubscribe()
+
+    def _drain_logs(self) -> None:
+        """Print what the turn's logs hold past what was printed (its guard wrote them)."""
+        if self.as_json:
+            return
+        for follower in self.outputs.values():
+            follower.drain()
+            follower.close()
 
     def _send_size(self) -> None:
         """The terminal's new size to the turn's pty (`send` with `winsize`), after a SIGWINCH."""

@@ -12,6 +12,7 @@ Exit codes (also in `ccsup run --help` and the README):
     69                 another client (or the supervisor stopping) cancelled it (EX_UNAVAILABLE)
     65                 the supervisor rejected the request (EX_DATAERR)
     125                the turn's guard was lost, or it ended without an exit status
+    71                 its supervisor died and none answered again within adopt_within + 5 s
     2, 3               usage error; no supervisor running (before the turn was asked for)
 
 Knows events' fields; nothing of sockets or terminals.
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..errors import SupervisorLost
+
 DEFAULT_KEY = "default"
 EXIT_TIMEOUT = 124
 EXIT_WAIT_TIMEOUT = 75
@@ -28,12 +31,13 @@ EXIT_INTERRUPTED = 130
 EXIT_CANCELLED = 69
 EXIT_REJECTED = 65
 EXIT_LOST = 125
+EXIT_SUPERVISOR_LOST = SupervisorLost.exit_code  # 71: no supervisor came back (ride_through)
 
 EXIT_CODES_HELP = (
     "Exit status: CMD's own (128+N for signal N); 124 when --timeout or the key's max_runtime "
     "stopped it; 75 when --wait-timeout ran out before a slot; 130 on Ctrl-C; 69 when another "
     "client or the supervisor cancelled it; 65 when the request was rejected; 125 when its guard "
-    "was lost."
+    "was lost; 71 when its supervisor died and none came back within adopt_within + 5 s."
 )
 
 

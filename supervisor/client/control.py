@@ -152,6 +152,13 @@ class Client:
                 f"(40 Z85 characters)"
             ) from None
 
+    def drop_requests(self) -> None:
+        """Forget the control connection (and any request queued on it): the next request
+        connects afresh, as after a supervisor's restart."""
+        if self._dealer is not None:
+            self._dealer.close(linger=0)
+            self._dealer = None
+
     # -- is it running
 
     def running(self) -> bool:
@@ -312,12 +319,45 @@ class Client:
 
         The subscription is made (and live) before the request, so no event is missed. The turn id
         is made here unless given; it is `body["id"]` of every event.
+
+        It rides through a supervisor's restart (supervisor.client.ride_through): when the
+        supervisor dies, it waits up to the `adopt_within` its `status` gave (+ 5 s) for one to
+        answer, resubscribes, and yields the lifecycle events it missed from the history (output
+        events published meanwhile are not repeated: a TurnOutput with `fill` takes them from the
+        logs by offset). SupervisorLost (exit code 71) when none came back in time.
         """
+        from .ride_through import IDLE, TurnRider
+        from .subscription import is_terminal
+
         turn_id = kw.pop("id", None) or uuid.uuid4().hex
-        with self.subscribe([f"turn.{turn_id}."]) as sub:
+        rider = TurnRider(self, turn_id)
+        sub = self.subscribe([f"turn.{turn_id}."])
+        try:
             sub.expect_turn(turn_id)
             self.turn(key, argv, id=turn_id, **kw)
-            yield from sub.until_terminal(idle_check=self.check_running)
+            while True:
+                event = sub.recv(IDLE)
+                if event is None:
+                    if not rider.gone():
+                        continue
+                    sub.close()
+                    if rider.await_return() is None:
+                        raise rider.lost()
+                    sub = rider.resubscribe()
+                    for missed in rider.catch_up():
+                        yield missed
+                        if is_terminal(missed[0]):
+                            return
+                    continue
+                if is_terminal(event[0]):
+                    yield from rider.before_end()
+                rider.saw(event[0])
+                yield event
+                if is_terminal(event[0]):
+                    return
+        finally:
+            sub.close()
+            rider.close()
 
     def publish_request(
         self, kind: str, body: dict, *, prefix: str | None = None, timeout: float | None = None

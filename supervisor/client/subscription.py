@@ -15,6 +15,14 @@ checked from the first event seen of a turn, or from its first event for a turn 
 its request (`expect_turn`, as run_turn does). Anything on the bus that is not an event is
 dropped.
 
+Restarts. Every event names its supervisor run (`epoch`). An event of a new epoch is a restart,
+not a loss: every count starts again from the first event seen of that run (what was published
+before this subscription reached the new supervisor is not counted; a follower catches up from
+the logs and the history, see supervisor.client.ride_through), and `epoch` says which run
+published last. Only the families the server never forwards from others (`turn.`,
+`supervisor.`, `slot.`) are believed: anyone may publish on the other topics. A body without `epoch` (an older supervisor) keeps the
+old rule: a lower count is followed, not a hole.
+
 Knows the SUB socket it is given and the event encoding (protocol); nothing of control requests
 (supervisor.client makes the socket). State: the socket and the events received but not yet read.
 """
@@ -34,6 +42,7 @@ HELLO_PREFIX = "ccsup.hello."
 HELLO_RETRY = 0.5
 TERMINAL = protocol.TERMINAL_EVENTS
 SUPERVISOR_PREFIX = "supervisor."
+OWN_FAMILIES = ("turn.", "supervisor.", "slot.")  # the server never forwards them from others
 
 
 class Loss(NamedTuple):
@@ -69,7 +78,9 @@ class Subscription:
         self.on_loss = on_loss
         self._check_seq = "" in prefixes
         self._last_seq: int | None = None
-        self._turn_seq: dict[str, int] = {}  # turn id -> the last turn_seq seen
+        self.epoch: str | None = None  # the supervisor run whose events came last
+        # turn id -> the last turn_seq seen; None: followed, counted from its next event (a restart)
+        self._turn_seq: dict[str, int | None] = {}
         self._turn_ended: set[str] = set()  # turns whose terminal event was seen
         self._supervisor_seq: int | None = None
         self._pending: list[tuple[str, dict]] = []
@@ -98,6 +109,18 @@ class Subscription:
         if self.on_loss is not None:
             self.on_loss(loss)
 
+    def _check_epoch(self, body: dict) -> None:
+        """A new supervisor run: every count starts again from the next event seen."""
+        epoch = body.get("epoch")
+        if not isinstance(epoch, str) or epoch == self.epoch:
+            return
+        if self.epoch is not None:
+            self._last_seq = None
+            self._supervisor_seq = None
+            for turn_id in self._turn_seq:
+                self._turn_seq[turn_id] = None
+        self.epoch = epoch
+
     def _check_counters(self, topic: str, body: dict) -> None:
         """Narrow loss detection by turn_seq, supervisor_seq and supervisor.turn_ended."""
         if topic.startswith("turn."):
@@ -125,14 +148,15 @@ class Subscription:
 
     def _turn_ended_seen(self, turn_id: str, body: dict) -> None:
         """`supervisor.turn_ended`: a tail past the last turn_seq seen was lost."""
+        followed = turn_id in self._turn_seq
         last = self._turn_seq.pop(turn_id, None)  # nothing more comes of it: forget it
         final = body.get("turn_seq")
         if turn_id in self._turn_ended:
             self._turn_ended.discard(turn_id)
             return  # its end was seen
-        if last is None or type(final) is not int:
+        if not followed or type(final) is not int:
             return  # a turn this subscription does not follow
-        if final > last:
+        if last is not None and final > last:  # None: nothing seen of this run: no count to hold
             self._lost(Loss("turn_seq", turn_id, last + 1, final))
         state = body.get("state")
         if state in protocol.TERMINAL_EVENTS:
@@ -168,6 +192,8 @@ class Subscription:
             return  # anyone may publish on the bus; garbage is not an event
         if topic.startswith(HELLO_PREFIX):
             return
+        if topic.startswith(OWN_FAMILIES):  # the families nobody else may publish
+            self._check_epoch(body)
         if self._watching:
             self._check_counters(topic, body)
             if not self._wanted(topic):

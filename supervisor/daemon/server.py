@@ -33,6 +33,12 @@ end plus the supervisor's own) and sees every loss: a hole in `turn_seq`, a hole
 terminal event included, was lost). A restarted supervisor counts from 1 again (its
 `supervisor.started` has `supervisor_seq` 1): a lower count is followed, not a hole.
 
+The epoch. Every event also carries `epoch`, 8 random hex characters drawn once per supervisor
+run (also in `status`), so a subscriber tells a restart (a new epoch: every count starts again at
+1, and what it missed meanwhile is no loss on the bus) from a gap (the same epoch, a count that
+jumped). Eight characters because only runs that follow each other must differ (1 in 4 billion
+that two do), and the bytes are paid on every event.
+
 Subscription handshake: the XPUB is verbose, so the server sees every subscription; one to a
 topic starting with `ccsup.hello.` is answered at once with a message on exactly that topic. A
 client that receives it knows its earlier subscriptions are live (they travel in order).
@@ -62,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -140,10 +147,14 @@ def zap_answer(frames: list[bytes], allowed: frozenset[bytes]) -> tuple[list[byt
     return [b"1.0", request_id, b"400", b"unknown ZAP domain", b"", b""], None
 
 
+EPOCH_BYTES = 4  # 8 hex characters on every event: only runs that follow each other must differ
+
+
 class Counters:
-    """The counters each supervisor event carries (see the module note)."""
+    """The counters each supervisor event carries, and this run's epoch (see the module note)."""
 
     def __init__(self) -> None:
+        self.epoch = secrets.token_hex(EPOCH_BYTES)
         self.seq = 0
         self.supervisor_seq = 0
         self.turns: dict[str, int] = {}  # turn id -> its last turn_seq, while it has not ended
@@ -354,10 +365,17 @@ class Server:
     def seq(self) -> int:
         return self.counters.seq
 
+    @property
+    def epoch(self) -> str:
+        """This supervisor run's epoch, on every event it publishes (see the module note)."""
+        return self.counters.epoch
+
     def publish(self, topic: str, fields: dict) -> None:
         """Publish one of the supervisor's own events, with its counters (see `Counters`)."""
         counters, ended = self.counters.stamp(topic, fields)
-        body = protocol.event_body(fields, seq=self.counters.seq, counters=counters)
+        body = protocol.event_body(
+            fields, seq=self.counters.seq, counters=counters, epoch=self.counters.epoch
+        )
         frames = [topic.encode(), protocol.dumps(body)]
         self.bus_out_hwm.before_send(len(frames[0]) + len(frames[1]))
         if not _send_nowait(self.bus_out, frames):

@@ -63,7 +63,7 @@ LIFECYCLE = frozenset(
 _BEFORE_STARTED = ("queued", "granted")
 # Fields of an exited event that are not usage figures.
 _EXIT_FIELDS = frozenset(
-    {"v", "ts", "seq", "turn_seq", "id", "key", "code", "signal", "reason", "reservation"}
+    {"v", "ts", "epoch", "seq", "turn_seq", "id", "key", "code", "signal", "reason", "reservation"}
 )
 
 

@@ -37,7 +37,7 @@ MAX_EVENTS = 200
 # The terminal events of a turn (or reservation).
 TERMINAL = ("released", "cancelled", "rejected")
 # Fields of `turn.<id>.exited` that are its outcome, not what it used.
-NOT_USAGE = frozenset({"code", "signal", "reason", "index", "ts", "seq", "v"})
+NOT_USAGE = frozenset({"code", "signal", "reason", "index", "ts", "epoch", "seq", "v"})
 # Events after which the slots or the queue look different.
 CHANGES_PS = {
     "queued",
@@ -311,7 +311,9 @@ class Live:
             if gap is not None:
                 trace.adoption_gap_s = (trace.adoption_gap_s or 0.0) + gap
         elif event == "exited":
-            trace.exit = {k: v for k, v in body.items() if k not in ("v", "seq", "id", "key")}
+            trace.exit = {
+                k: v for k, v in body.items() if k not in ("v", "epoch", "seq", "id", "key")
+            }
         elif event in TERMINAL:
             trace.ended_at = ts
             trace.outcome = event

@@ -116,9 +116,11 @@ def encode_event(
     seq: int | None = None,
     ts: float | None = None,
     counters: dict[str, int] | None = None,
+    epoch: str | None = None,
 ) -> list[bytes]:
     """`counters`: the family counters (`turn_seq`, `supervisor_seq`) beside `seq`."""
-    return [topic.encode(), dumps(event_body(fields, seq=seq, ts=ts, counters=counters))]
+    body = event_body(fields, seq=seq, ts=ts, counters=counters, epoch=epoch)
+    return [topic.encode(), dumps(body)]
 
 
 def event_body(
@@ -127,9 +129,15 @@ def event_body(
     seq: int | None = None,
     ts: float | None = None,
     counters: dict[str, int] | None = None,
+    epoch: str | None = None,
 ) -> dict[str, Any]:
-    """An event's body as published: the envelope (v, ts, seq, counters), then its fields."""
+    """An event's body as published: the envelope (v, ts, epoch, seq, counters), then its fields.
+
+    `epoch` names the supervisor run that published it (`seq` and the family counters start
+    again at 1 in each run), so a subscriber tells a restart (a new epoch) from a gap."""
     body: dict[str, Any] = {"v": VERSION, "ts": time.time() if ts is None else ts}
+    if epoch is not None:
+        body["epoch"] = epoch
     if seq is not None:
         body["seq"] = seq
     if counters:

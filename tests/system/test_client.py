@@ -20,7 +20,7 @@ import zmq
 
 from supervisor.client import Client, RemoteError
 from supervisor.client.subscription import Loss
-from supervisor.errors import CcsupError, NotRunning
+from supervisor.errors import CcsupError, NotRunning, SupervisorLost
 from supervisor.instance import lock_held
 from supervisor.wire import protocol
 
@@ -346,13 +346,14 @@ def test_run_turn_yields_events_until_terminal(state_dir, fake):
     assert {b["id"] for _, b in events} == {"turn1"}
 
 
-def test_run_turn_ends_with_not_running_when_supervisor_goes(state_dir, fake):
+def test_run_turn_ends_with_supervisor_lost_when_supervisor_goes_for_good(state_dir, fake):
+    # It waits for a supervisor to come back (tests/system/test_ride_through.py), then gives up.
     f = fake(lambda cmd, args: {"id": args.get("id"), "state": "queued", "position": 0})
     with Client(state_dir) as client:
         events = client.run_turn("codex", ["true"])
         f.publish("ccsup.noise", {})
         threading.Timer(0.3, f.close).start()
-        with pytest.raises(NotRunning):
+        with pytest.raises(SupervisorLost):
             list(events)
 
 
@@ -442,6 +443,8 @@ def test_run_turn_ends_even_when_the_terminal_event_is_lost(state_dir, fake):
     f = None
 
     def handler(cmd, args):
+        if cmd == "status":  # run_turn's first question (supervisor.client.ride_through)
+            return {"pid": os.getpid(), "epoch": "e1", "adopt_within": 0.0}
         t = args["id"]
         for n, kind in enumerate(("queued", "granted", "started"), 1):
             f.publish(f"turn.{t}.{kind}", {"id": t, "key": "k", "turn_seq": n})

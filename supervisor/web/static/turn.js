@@ -40,7 +40,7 @@
     document.querySelector("#usage tbody").replaceChildren(...rows);
     document.getElementById("usage-empty").hidden = rows.length > 0;
     const events = turn.events.map((e) => {
-      const details = Object.entries(e.body).filter(([k]) => !["id", "key", "seq"].includes(k))
+      const details = Object.entries(e.body).filter(([k]) => !["id", "key", "seq", "epoch"].includes(k))
         .map(([k, v]) => k + "=" + (v && typeof v === "object" ? JSON.stringify(v, (_, x) => (x === null ? undefined : x)) : v))
         .join(" ");
       return el("tr", { "data-topic": e.topic }, el("td", { class: "mono" }, clock(e.ts)),

@@ -1,0 +1,230 @@
+"""Riding through a supervisor's restart: a follower of a turn notices its supervisor is gone,
+waits for one to answer again, and catches up with what it missed (issue 24, item 5).
+
+Design note. A running turn outlives its supervisor for `[guard] adopt_within` (the guard keeps
+the work and writes its logs itself), so a client that follows a turn must not give up when the
+supervisor disappears: `ccsup run` and Client.run_turn use a `TurnRider`.
+- Gone: the supervisor's pid (from `status`) is watched through a pidfd, which is readable once
+  that process has ended: exact (no pid reuse) and one poll(2) when the bus is quiet. The lock
+  file names the pid that holds it, so a pid that is not the lock's (another pid namespace) is
+  not trusted: the lock itself is asked instead (supervisor.instance), as where there is no pidfd.
+- Back: within `adopt_within` + RETURN_MARGIN (a supervisor that adopts at the guards' deadline
+  still has to start and answer), the lock is held again and `status` answers; else SupervisorLost
+  (`ccsup run` exits 71). The margin also lets a supervisor restarted at once (systemd's
+  Restart=) tell the end of a turn whose guard did not wait (`adopt_within = "0s"`).
+- Catching up: a fresh subscription (live before anything is asked), then `ps`. A turn still
+  there (a slot or a wait) tells the rest of its story on the bus; one that is not has ended, and
+  its end is in the history file (supervisor.history.db, written by the supervisor as it
+  publishes, so it is waited for a moment). Events of kinds not yet seen are taken from the
+  history (a new supervisor's first events, `adopted` or `exited` at its start, go out before a
+  client can have resubscribed). Output is not here: it is in the turn's logs at the same
+  offsets, so a follower fills from them by offset (OutputFollower, TurnOutput's `fill`) and
+  skips what is below what it already gave: no byte twice, none missing.
+Rejected: taking a silent bus for a dead supervisor (a stopped or busy one is silent too), and
+pinging `status` to find out (a request every second per follower, and a stuck supervisor looks
+dead).
+
+Knows the client, its subscriptions, `status`/`ps` results and the history's reader; nothing of
+terminals or exit codes beyond SupervisorLost's. State: in memory only (the watched run, the kinds
+of event seen).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import CcsupError, SupervisorLost
+from ..paths import ipc_path
+from ..wire import protocol
+
+if TYPE_CHECKING:
+    from .control import Client
+    from .subscription import Subscription
+
+RETURN_MARGIN = 5.0  # seconds past adopt_within a client still waits for a supervisor to answer
+POLL = 0.05  # seconds between looks for a supervisor while none answers
+IDLE = 0.1  # seconds of a quiet bus before the supervisor's pid is looked at
+HISTORY_WAIT = 5.0  # seconds an ended turn's end is waited for in the history file
+
+
+class Watch:
+    """One supervisor run, as `status` described it: its pid (through a pidfd), epoch and
+    adopt_within."""
+
+    def __init__(self, client: Client, status: dict):
+        self.client = client
+        self.pid = status.get("pid")
+        self.epoch = status.get("epoch")
+        adopt_within = status.get("adopt_within")
+        self.adopt_within = float(adopt_within) if isinstance(adopt_within, int | float) else 0.0
+        self._pidfd: int | None = None
+        self._gone_at_open = False
+        if isinstance(self.pid, int) and self._pid_is_the_locks():
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except ProcessLookupError:
+                self._gone_at_open = True
+            except OSError:
+                pass  # no pidfd here: the lock is asked instead
+
+    def _pid_is_the_locks(self) -> bool:
+        """Only a local supervisor whose lock file names this pid is watched by its pid."""
+        if ipc_path(self.client.control_endpoint) is None:
+            return False
+        try:
+            return int(self.client.paths.lock.read_text().strip()) == self.pid
+        except (OSError, ValueError):
+            return False
+
+    @property
+    def wait_limit(self) -> float:
+        """How long a follower waits for a supervisor to answer again once this one is gone."""
+        return self.adopt_within + RETURN_MARGIN
+
+    def gone(self) -> bool:
+        """Whether this supervisor run has ended (cheap: one poll of its pidfd)."""
+        if self._gone_at_open:
+            return True
+        if self._pidfd is not None:
+            return bool(select.select([self._pidfd], [], [], 0)[0])
+        return not self.client.running()
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def await_return(
+    client: Client, within: float, *, interrupted: Callable[[], bool] = lambda: False
+) -> dict | None:
+    """The `status` of a supervisor answering on the client's state directory within `within`
+    seconds (the old one's requests dropped first); None when none did, or `interrupted()`."""
+    deadline = time.monotonic() + within
+    client.drop_requests()
+    saved_timeout = client.timeout
+    try:
+        while not interrupted():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if client.running():  # its lock held and its socket there: ask it
+                client.timeout = max(0.05, min(saved_timeout, left))
+                try:
+                    return client.status()
+                except CcsupError:
+                    pass  # starting, or gone again
+            time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
+    finally:
+        client.timeout = saved_timeout
+    return None
+
+
+def _kind(topic: str) -> str:
+    return topic.rsplit(".", 1)[-1]
+
+
+class TurnRider:
+    """Follows one turn across supervisor restarts: `gone` when the bus is quiet, then
+    `come_back` (a live subscription and the events missed), and `before_end` for a terminal
+    event that came after a restart."""
+
+    def __init__(self, client: Client, turn_id: str, status: dict | None = None):
+        self.client = client
+        self.turn_id = turn_id
+        self.watch = Watch(client, status if status is not None else client.status())
+        self.seen: set[str] = set()  # the kinds of this turn's events seen (or taken from history)
+        self.restarts = 0  # supervisors come back while following
+
+    def saw(self, topic: str) -> None:
+        if topic.startswith(f"turn.{self.turn_id}."):
+            self.seen.add(_kind(topic))
+
+    def gone(self) -> bool:
+        return self.watch.gone()
+
+    def await_return(self, *, interrupted: Callable[[], bool] = lambda: False) -> dict | None:
+        """Wait for a supervisor (SupervisorLost is the caller's to raise: it may print first)."""
+        status = await_return(self.client, self.watch.wait_limit, interrupted=interrupted)
+        if status is not None:
+            self.watch.close()
+            self.watch = Watch(self.client, status)
+            self.restarts += 1
+        return status
+
+    def lost(self) -> SupervisorLost:
+        return SupervisorLost(
+            f"the supervisor on {self.client.state_dir} is gone and none answered within "
+            f"{self.watch.wait_limit:g} s (adopt_within {self.watch.adopt_within:g} s + "
+            f"{RETURN_MARGIN:g} s): turn {self.turn_id}'s end is not known (its guard ends "
+            "its work: reason not_adopted)"
+        )
+
+    def resubscribe(self) -> Subscription:
+        """A live subscription to the turn's topics on the supervisor that answered."""
+        return self.client.subscribe([f"turn.{self.turn_id}."])
+
+    def catch_up(self) -> list[tuple[str, dict]]:
+        """After `resubscribe`: the events missed, in order, from the history (kinds not yet
+        seen); they end with the terminal event when the turn is no longer there (`ps`)."""
+        ps = self.client.ps()
+        present = any(s.get("turn") == self.turn_id for s in ps.get("slots", [])) or any(
+            w.get("id") == self.turn_id for w in ps.get("waits", [])
+        )
+        if present:
+            return self._unseen(terminal=False)
+        deadline = time.monotonic() + HISTORY_WAIT
+        events: list[tuple[str, dict]] = []
+        while True:
+            events += self._unseen(terminal=True)
+            if events and _kind(events[-1][0]) in protocol.TERMINAL_EVENTS:
+                return events
+            if time.monotonic() >= deadline:
+                # Gone, and no history says how: an end without an exit status.
+                inferred = {"id": self.turn_id, "inferred": True}
+                return [*events, (f"turn.{self.turn_id}.released", inferred)]
+            time.sleep(POLL)
+
+    def before_end(self) -> list[tuple[str, dict]]:
+        """For a terminal event after a restart: the events before it that were missed (the
+        history is given a moment for an `exited` of a turn that ran)."""
+        if not self.restarts:
+            return []
+        deadline = time.monotonic() + HISTORY_WAIT
+        events: list[tuple[str, dict]] = []
+        while True:
+            events += self._unseen(terminal=False)
+            if "exited" in self.seen or "started" not in self.seen:
+                return events  # its exit is known, or it never ran: no exited to wait for
+            if time.monotonic() >= deadline:
+                return events
+            time.sleep(POLL)
+
+    def _unseen(self, *, terminal: bool) -> list[tuple[str, dict]]:
+        """The history's events of this turn of kinds not yet seen (terminal ones only if
+        `terminal`), marked seen."""
+        from ..history import db as history
+
+        try:
+            story = history.show(self.client.state_dir, self.turn_id)
+        except history.HistoryError:
+            return []
+        events = []
+        for event in story["events"] if story else []:
+            kind = event["kind"]
+            if kind in self.seen or (not terminal and kind in protocol.TERMINAL_EVENTS):
+                continue
+            topic = f"turn.{self.turn_id}.{kind}"
+            events.append((topic, {"id": self.turn_id, **event["body"]}))
+            if kind in protocol.TERMINAL_EVENTS:
+                break
+        for topic, _ in events:
+            self.seen.add(_kind(topic))
+        return events
+
+    def close(self) -> None:
+        self.watch.close()

@@ -1,0 +1,165 @@
+"""Clients ride through a supervisor's death (issue 24, item 5): `ccsup run` and Client.run_turn
+wait for a supervisor to answer again, follow the turn there, give every byte of its output once
+and in order, and exit with its status; with none back in time, `ccsup run` exits 71 and
+run_turn raises SupervisorLost.
+
+The supervisor is SIGKILLed (as the OOM killer would) while the turn prints a counter every
+50 ms, and started again 1 s later (the gap is the scenario, not a wait for anything: every wait
+here is for a line or a file)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import wait_until
+
+from supervisor.client import Client, TurnOutput
+from supervisor.client.ride_through import RETURN_MARGIN
+from supervisor.errors import SupervisorLost
+
+CCSUP = [sys.executable, "-m", "supervisor"]
+COUNTER = "for i in $(seq 1 60); do echo $i; sleep 0.05; done"
+GONE = "is gone; waiting up to"
+BACK = "a supervisor answers again"
+
+
+def start_run(state_dir, config, out, err) -> subprocess.Popen:
+    env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(config))
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        return subprocess.Popen(
+            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", COUNTER],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+        )
+
+
+def the_turn(state_dir) -> str:
+    return wait_until(lambda: next(iter(os.listdir(state_dir / "turns")), None), what="a turn")
+
+
+def counted(data: bytes) -> list[int]:
+    return [int(line) for line in data.decode().splitlines()]
+
+
+@pytest.mark.timeout(90)
+def test_ccsup_run_rides_through_a_sigkilled_supervisor_started_again_1s_later(daemon, state_dir):
+    d = daemon()
+    with d.client() as client:
+        status = client.status()
+    wait_limit = status["adopt_within"] + RETURN_MARGIN
+    out, err = state_dir / "run.out", state_dir / "run.err"
+    run = start_run(state_dir, d.config, out, err)
+    try:
+        wait_until(lambda: b"\n10\n" in out.read_bytes(), 20, what="the counter at 10")
+        d.kill()
+        killed_at = time.monotonic()
+        wait_until(lambda: GONE in err.read_text(), 10, what="ccsup run saying it waits")
+        time.sleep(max(0.0, killed_at + 1.0 - time.monotonic()))  # the scenario's 1 s gap
+        d.start()
+        code = run.wait(30)
+    finally:
+        run.kill()
+        run.wait()
+    turn = the_turn(state_dir)
+    log = (state_dir / "turns" / turn / "stdout.log").read_bytes()
+    printed = out.read_bytes()
+    lines = err.read_text().splitlines()
+    assert [line for line in lines if GONE in line] == [
+        f"ccsup: the supervisor on {state_dir} (pid {status['pid']}) is gone; waiting up to "
+        f"{wait_limit:g} s for one to take turn {turn} back"
+    ]
+    assert sum(BACK in line for line in lines) == 1, lines
+    # Every byte of the log once, in order: the counter from 1 with no line twice or missing.
+    assert printed == log
+    assert counted(printed) == list(range(1, len(counted(printed)) + 1))
+    # Before adoption (issue 24, item 3) the guard ends the work with its supervisor and the next
+    # one ends the turn's story: `exited` with reason supervisor_restarted and no code, so 125.
+    assert 10 <= len(counted(printed)) < 60
+    assert code == 125, lines
+
+
+@pytest.mark.timeout(90)
+def test_ccsup_run_exits_71_when_no_supervisor_comes_back_in_time(daemon, state_dir):
+    d = daemon()
+    with d.client() as client:
+        status = client.status()
+    wait_limit = status["adopt_within"] + RETURN_MARGIN
+    out, err = state_dir / "run.out", state_dir / "run.err"
+    run = start_run(state_dir, d.config, out, err)
+    try:
+        wait_until(lambda: b"\n10\n" in out.read_bytes(), 20, what="the counter at 10")
+        d.kill()
+        killed_at = time.monotonic()
+        code = run.wait(wait_limit + 20)
+        took = time.monotonic() - killed_at
+    finally:
+        run.kill()
+        run.wait()
+    lines = err.read_text().splitlines()
+    assert code == 71, lines
+    assert wait_limit - 0.5 <= took <= wait_limit + 3.0, (took, lines)
+    assert f"(pid {status['pid']}) is gone" in lines[0]
+    assert "none answered within" in lines[-1] and "not_adopted" in lines[-1], lines
+    # What the guard wrote into the logs is printed, each byte once.
+    log = (state_dir / "turns" / the_turn(state_dir) / "stdout.log").read_bytes()
+    assert out.read_bytes() == log and counted(log)[:10] == list(range(1, 11))
+
+
+@pytest.mark.timeout(90)
+def test_run_turn_rides_through_with_its_output_exact(daemon, state_dir):
+    d = daemon()
+    restarted = threading.Event()
+
+    def start_again() -> None:
+        time.sleep(1.0)  # the scenario's 1 s gap
+        d.start()
+        restarted.set()
+
+    events, got = [], {"stdout": b"", "stderr": b""}
+    with Client(state_dir) as client:
+        turn_id = "ride"
+        output = TurnOutput(turn_id, fill=lambda s, a, b: client.read_log(turn_id, s, a, b))
+        restart = threading.Thread(target=start_again)
+        for topic, body in client.run_turn("codex", ["sh", "-c", COUNTER], id=turn_id):
+            events.append((topic, body))
+            chunk = output.feed(topic, body)
+            if chunk is not None:
+                got[chunk[0]] += chunk[1]
+                if b"\n10\n" in got["stdout"] and not restart.is_alive() and not restarted.is_set():
+                    d.kill()
+                    restart.start()
+        restart.join(30)
+        # The end from the terminal event on: drained from the log, as a sidecar does.
+        got["stdout"] += client.read_log(turn_id, "stdout", output.position["stdout"])
+    assert restarted.is_set()
+    log = (state_dir / "turns" / turn_id / "stdout.log").read_bytes()
+    assert got["stdout"] == log and counted(log) == list(range(1, len(counted(log)) + 1))
+    kinds = [topic.rsplit(".", 1)[-1] for topic, _ in events if "." in topic]
+    exited = [body for topic, body in events if topic.endswith(".exited")]
+    # Before adoption: the restarted supervisor ended it (its exited came from the history).
+    assert kinds[-1] == "released" and len(exited) == 1
+    assert exited[0]["reason"] == "supervisor_restarted"
+    assert exited[0]["epoch"] != events[0][1]["epoch"]  # told by the second run
+
+
+@pytest.mark.timeout(90)
+def test_run_turn_raises_supervisor_lost_when_none_comes_back(daemon, state_dir):
+    d = daemon()
+    with Client(state_dir) as client:
+        wait_limit = client.status()["adopt_within"] + RETURN_MARGIN
+        with pytest.raises(SupervisorLost) as lost:
+            for topic, body in client.run_turn("codex", ["sh", "-c", COUNTER], id="lost"):
+                if topic.endswith(".stdout") and b"3\n" in client.read_log("lost", "stdout"):
+                    if d.proc.poll() is None:
+                        d.kill()
+                        killed_at = time.monotonic()
+        took = time.monotonic() - killed_at
+    assert lost.value.exit_code == 71 and "turn lost's end is not known" in lost.value.message
+    assert wait_limit - 0.5 <= took <= wait_limit + 3.0
