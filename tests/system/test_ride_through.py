@@ -155,7 +155,7 @@ def test_run_turn_raises_supervisor_lost_when_none_comes_back(daemon, state_dir)
     with Client(state_dir) as client:
         wait_limit = client.status()["adopt_within"] + RETURN_MARGIN
         with pytest.raises(SupervisorLost) as lost:
-            for topic, body in client.run_turn("codex", ["sh", "-c", COUNTER], id="lost"):
+            for topic, _ in client.run_turn("codex", ["sh", "-c", COUNTER], id="lost"):
                 if topic.endswith(".stdout") and b"3\n" in client.read_log("lost", "stdout"):
                     if d.proc.poll() is None:
                         d.kill()
