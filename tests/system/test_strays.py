@@ -117,10 +117,14 @@ def test_an_outside_sigkill_of_the_guard_holds_the_slot_until_its_stubborn_stray
     assert processes_named(token) == []
 
 
-def run_the_issues_escapee(d, log, state_dir, *, kill: str, stubborn: bool = False) -> int:
+def run_the_issues_escapee(
+    d, log, state_dir, *, kill: str, stubborn=False, page=None, innocent=None
+) -> int:
     """The issue's command (`kill -9` of what `kill` names, $PPID being the guard and $Z its
     parent), its escapee ignoring SIGTERM if stubborn; then a second cap-1 turn, which must not
-    run beside the escapee. The guard's parent's pid, as the turn read it."""
+    run beside the escapee (nor may the page, if any, have been ended, nor the turn `innocent`,
+    which reads a line and echoes it, on another key). The guard's parent's pid, as the turn read
+    it."""
     token = f"ESC{uuid.uuid4().hex[:8]}"
     parent = state_dir / "guard-parent"
     trap = """trap '' TERM; """ if stubborn else ""
@@ -136,7 +140,9 @@ def run_the_issues_escapee(d, log, state_dir, *, kill: str, stubborn: bool = Fal
         stderr=subprocess.PIPE,
     )
     try:
-        (first,) = wait_until(lambda: started_turns(log), what="the first turn started")
+        (first,) = wait_until(
+            lambda: [t for t in started_turns(log) if t != innocent], what="the first turn started"
+        )
         with d.client() as client:
             client.turn("adv", ["sh", "-c", "echo second"], id="t2")
             log.wait_for("turn.t2.started")
@@ -145,6 +151,12 @@ def run_the_issues_escapee(d, log, state_dir, *, kill: str, stubborn: bool = Fal
             exited = log.wait_for(f"turn.{first}.exited")
             assert exited["code"] is None and exited["reason"] == "guard_lost"
             assert run.wait(15) == 125
+            if page is not None:
+                assert procs.process_running(page), "the page was taken for a stray"
+            if innocent is not None:
+                client.send(innocent, "hi\n", eof=True)
+                assert log.wait_for(f"turn.{innocent}.exited")["code"] == 0
+                assert client.read_log(innocent, "stdout") == b"got hi\n"
     finally:
         if run.poll() is None:
             run.kill()
@@ -155,14 +167,31 @@ def run_the_issues_escapee(d, log, state_dir, *, kill: str, stubborn: bool = Fal
     return int(parent.read_text())
 
 
+def page_of(daemon_pid: int) -> procs.Identity | None:
+    """The daemon's child that serves the page (`ccsup web --exit-with-parent`)."""
+    for child in scan.children_of(daemon_pid):
+        try:
+            cmdline = open(f"/proc/{child}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"--exit-with-parent" in cmdline.split(b"\0"):
+            return procs.identity_of(child)
+    return None
+
+
 def test_a_directly_started_guards_escapee_is_ended_by_the_supervisor_before_the_next_turn(
     daemon, event_log, state_dir
 ):
-    d = daemon(start=False, caps="adv = 1", grace="300ms", scan="2s")
+    """The page beside it, a child of the supervisor in a session of its own, is no stray: it
+    runs on."""
+    web = '[web]\nlisten = "127.0.0.1:0"\n'
+    d = daemon(start=False, caps="adv = 1", grace="300ms", scan="2s", extra=web)
     d.program = [str(HELPERS / "no_zygote.py")]  # every guard is started directly
     d = without_cgroups(d)
     log = event_log(d)
-    assert run_the_issues_escapee(d, log, state_dir, kill="$PPID") == d.proc.pid
+    page = wait_until(lambda: page_of(d.proc.pid), what="the page started beside the daemon")
+    daemon_pid = d.proc.pid
+    assert run_the_issues_escapee(d, log, state_dir, kill="$PPID", page=page) == daemon_pid
 
 
 @pytest.mark.parametrize("kill", ["$PPID $Z", "$Z $PPID"], ids=["guard-first", "zygote-first"])
@@ -170,8 +199,14 @@ def test_a_turn_that_kills_its_guard_and_the_zygote_leaves_no_stray_beside_the_n
     daemon, event_log, state_dir, kill
 ):
     """Its escapee ignores SIGTERM: whatever the zygote did before it died, only the supervisor's
-    SIGKILL after the grace ends it, and only then does the slot go to the second turn."""
-    d = without_cgroups(daemon(start=False, caps="adv = 1", grace="500ms", scan="30s"))
+    SIGKILL after the grace ends it, and only then does the slot go to the second turn. Another
+    key's turn, whose guard the same zygote forked, runs on to its normal end."""
+    d = daemon(start=False, caps="adv = 1, other = 1", grace="500ms", scan="30s")
+    d = without_cgroups(d)
     log = event_log(d)
     zygote = zygote_of(d.proc.pid)
-    assert run_the_issues_escapee(d, log, state_dir, kill=kill, stubborn=True) == zygote
+    with d.client() as client:  # forked by the same zygote: its guard is no stray once it dies
+        client.turn("other", ["sh", "-c", "read x; echo got $x"], id="inn")
+    log.wait_for("turn.inn.started")
+    ran = run_the_issues_escapee(d, log, state_dir, kill=kill, stubborn=True, innocent="inn")
+    assert ran == zygote
