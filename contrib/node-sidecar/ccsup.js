@@ -32,13 +32,29 @@
 // bytes and `TurnOutput` reassembles a turn's streams exactly; `send` takes a Buffer as well as
 // text (a Buffer that is not UTF-8 is sent as `data_b64`).
 //
+// Restarts (issue 24: a running turn outlives its supervisor for `[guard] adopt_within`). Every
+// supervisor event carries `epoch`, one per supervisor run: an event of a new epoch starts every
+// count again from the first event seen of that run (no gap is reported for what the new
+// supervisor published before this client reached it). The client watches the supervisor that
+// answered its `status` (pid, and its start time in /proc/<pid>/stat, so a reused pid is not
+// taken for it; only when the state directory's lock file names that pid, i.e. on this machine).
+// When it has ended while turns are followed, each turn gets `ccsup.supervisor_gone` {id, pid,
+// wait_s}, and the client waits up to adopt_within (from `status`) + 5 s for a supervisor to
+// answer `status` again. Then the bus subscription (reconnected by ZeroMQ) is made live again by a
+// hello, each turn gets `ccsup.supervisor_back` {id, pid, gap_s}, and `ps` says which ended
+// meanwhile: those get an inferred terminal event (as after a seq gap; their exit status is in
+// the history, `ccsup show --json ID`). Output goes on at its byte offsets: `TurnOutput` with a
+// `fill` from `readLog` takes what was published while nobody listened from the log, and skips
+// bytes it already gave. When no supervisor answered in time, every followed turn's iterator (and
+// `done()`) throws a CcsupError with code "supervisor_lost".
+//
 // State: none on disk. What the client does not read: the TOML config (its `state_dir` and
 // endpoints) — pass `stateDir` and `endpoints` when the supervisor does not use the defaults.
-// When the supervisor restarts, its counters start again from 1: a lower count is followed, not a gap.
+// An older supervisor (no epoch) counts from 1 again too: a lower count is followed, not a gap.
 
 import { Dealer, Publisher, Subscriber } from "zeromq";
 import { randomUUID } from "node:crypto";
-import { closeSync, openSync, readSync } from "node:fs";
+import { closeSync, openSync, readFileSync, readSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 
@@ -50,6 +66,10 @@ const LOW_VOLUME_FAMILIES = [SUPERVISOR_FAMILY, "key."];
 const TURN_ENDED = "supervisor.turn_ended";
 const HELLO_PREFIX = "ccsup.hello.";
 const HELLO_RETRY_MS = 500;
+const OWN_FAMILIES = ["turn.", "supervisor.", "slot."]; // never forwarded from others: epochs believed
+export const RETURN_MARGIN_MS = 5000; // waited past adopt_within for a supervisor to answer again
+const WATCH_MS = 200; // how often the supervisor's pid is looked at while turns are followed
+const RETURN_POLL_MS = 50;
 
 export class CcsupError extends Error {
   constructor(message, code = "failed") {
@@ -99,12 +119,18 @@ export class Turn {
     this.terminal = null;
     this.granted = false;
     this.lastSeq = null; // the last turn_seq seen (0: every event of the turn is still to come)
+    this.rebased = false; // a new supervisor run: its next turn_seq is a new baseline, not a gap
+    this.failed = null; // the CcsupError that ended the following (supervisor_lost)
     this.live = Promise.resolve(); // resolves once the subscription to its topics is live
     this._sidecar = sidecar;
     this._queue = [];
     this._waiters = [];
     this._firstEvent = new Promise((resolve) => (this._resolveFirst = resolve));
-    this._ended = new Promise((resolve) => (this._resolveEnded = resolve));
+    this._ended = new Promise((resolve, reject) => {
+      this._resolveEnded = resolve;
+      this._rejectEnded = reject;
+    });
+    this._ended.catch(() => {}); // a failure nobody waits on with done() is not unhandled
   }
 
   _push(event) {
@@ -114,20 +140,30 @@ export class Turn {
     if (!event.topic.startsWith("ccsup.")) this._resolveFirst(event);
     this.events.push(event);
     const waiter = this._waiters.shift();
-    if (waiter) waiter(event);
+    if (waiter) waiter.resolve(event);
     else this._queue.push(event);
     if (this.terminal) {
       this._resolveEnded(this.terminal);
-      for (const w of this._waiters.splice(0)) w(null);
+      for (const w of this._waiters.splice(0)) w.resolve(null);
       this._sidecar._forget(this.id);
     }
   }
 
-  /** The next event, or null after the terminal one has been taken. */
+  /** No supervisor came back: the events already queued are still read, then `error` is thrown. */
+  _fail(error) {
+    if (this.terminal || this.failed) return;
+    this.failed = error;
+    this._rejectEnded(error);
+    for (const w of this._waiters.splice(0)) w.reject(error);
+    this._sidecar._forget(this.id);
+  }
+
+  /** The next event, or null after the terminal one has been taken; rejects once it failed. */
   next() {
     if (this._queue.length) return Promise.resolve(this._queue.shift());
     if (this.terminal) return Promise.resolve(null);
-    return new Promise((resolve) => this._waiters.push(resolve));
+    if (this.failed) return Promise.reject(this.failed);
+    return new Promise((resolve, reject) => this._waiters.push({ resolve, reject }));
   }
 
   async *[Symbol.asyncIterator]() {
@@ -139,7 +175,8 @@ export class Turn {
     }
   }
 
-  /** Resolves with the terminal event (consumes nothing from the iterator). */
+  /** Resolves with the terminal event (consumes nothing from the iterator); rejects with
+   * CcsupError "supervisor_lost" when no supervisor came back. */
   done() {
     return this._ended;
   }
@@ -159,6 +196,7 @@ export class Sidecar {
     const sidecar = new Sidecar(options);
     try {
       await sidecar._hello(sidecar.timeout);
+      await sidecar._watchSupervisor();
     } catch (e) {
       sidecar.close();
       throw e;
@@ -176,6 +214,10 @@ export class Sidecar {
     this._turns = new Map();
     this._hellos = new Map();
     this._supervisorSeq = null;
+    this._epoch = null; // the supervisor run whose events came last
+    this._watch = null; // the supervisor run watched: {pid, start, adoptWithin}
+    this._away = false; // its supervisor is gone and one is waited for
+    this._watchTimer = null;
     this._closed = false;
     this._controlChain = Promise.resolve();
     this._pauseAnswers = new Map(); // request.pause id -> resolve (see publishPause)
@@ -193,6 +235,7 @@ export class Sidecar {
   close() {
     if (this._closed) return;
     this._closed = true;
+    if (this._watchTimer) clearInterval(this._watchTimer);
     for (const sock of [this._sub, this._pub, this._dealer]) {
       if (sock) {
         sock.linger = 0;
@@ -226,6 +269,7 @@ export class Sidecar {
       return;
     }
     if (body === null || typeof body !== "object") return;
+    if (OWN_FAMILIES.some((f) => topic.startsWith(f))) this._checkEpoch(body);
     if (topic.startsWith(SUPERVISOR_FAMILY)) {
       this._onSupervisorEvent(topic, body);
       return;
@@ -240,10 +284,21 @@ export class Sidecar {
       return;
     }
     if (Number.isInteger(body.turn_seq)) {
-      if (turn.lastSeq !== null && body.turn_seq > turn.lastSeq + 1) this._turnGap(turn, turn.lastSeq + 1, body.turn_seq - 1);
+      if (turn.rebased) turn.rebased = false; // the first of a new run: a baseline
+      else if (turn.lastSeq !== null && body.turn_seq > turn.lastSeq + 1) this._turnGap(turn, turn.lastSeq + 1, body.turn_seq - 1);
       turn.lastSeq = body.turn_seq; // lower: a restarted supervisor; follow its count
     }
     turn._push({ topic, kind, body });
+  }
+
+  /** A new supervisor run: every count starts again from the next event seen. */
+  _checkEpoch(body) {
+    if (typeof body.epoch !== "string" || body.epoch === this._epoch) return;
+    if (this._epoch !== null) {
+      this._supervisorSeq = null;
+      for (const turn of this._turns.values()) turn.rebased = true;
+    }
+    this._epoch = body.epoch;
   }
 
   _onSupervisorEvent(topic, body) {
@@ -254,9 +309,10 @@ export class Sidecar {
     }
     if (topic !== TURN_ENDED) return;
     const turn = this._turns.get(body.id);
-    if (!turn || turn.terminal || turn.lastSeq === null || !TERMINAL.has(body.state)) return;
-    // Its terminal event should have come before this: the tail of the turn was lost.
-    if (Number.isInteger(body.turn_seq) && body.turn_seq > turn.lastSeq) this._turnGap(turn, turn.lastSeq + 1, body.turn_seq);
+    if (!turn || turn.terminal || (turn.lastSeq === null && !turn.rebased) || !TERMINAL.has(body.state)) return;
+    // Its terminal event should have come before this: the tail of the turn was lost (of this
+    // run's events: with nothing seen of a new run, no count says how many).
+    if (!turn.rebased && Number.isInteger(body.turn_seq) && body.turn_seq > turn.lastSeq) this._turnGap(turn, turn.lastSeq + 1, body.turn_seq);
     turn._push({ topic: `turn.${turn.id}.${body.state}`, kind: body.state, body: { id: turn.id, key: body.key, inferred: true } });
   }
 
@@ -306,6 +362,81 @@ export class Sidecar {
       const body = turn.granted ? { id: turn.id, inferred: true } : { id: turn.id, reason: "unknown", inferred: true };
       turn._push({ topic: `turn.${turn.id}.${kind}`, kind, body });
     }
+  }
+
+  // -- riding through a supervisor's restart (see the note at the top) -------------------------
+
+  /** Watch the supervisor that answers `status` now (only one on this machine, named by the lock). */
+  async _watchSupervisor() {
+    let status;
+    try {
+      status = await this.call("status");
+    } catch (e) {
+      if (e.code === "not_running") throw e;
+      return; // an error reply: nothing to watch, as for an older supervisor
+    }
+    this._watch = watchOf(status, this.stateDir, this.endpoints);
+    if (this._watch && !this._watchTimer) {
+      this._watchTimer = setInterval(() => this._checkSupervisor(), WATCH_MS);
+      this._watchTimer.unref();
+    }
+  }
+
+  _checkSupervisor() {
+    const watch = this._watch;
+    if (!watch || this._away || this._closed || this._turns.size === 0) return;
+    if (processStart(watch.pid) === watch.start) return;
+    this._away = true;
+    const waitMs = watch.adoptWithin * 1000 + RETURN_MARGIN_MS;
+    for (const turn of this._turns.values()) {
+      turn._push({ topic: "ccsup.supervisor_gone", kind: "supervisor_gone", body: { id: turn.id, pid: watch.pid, wait_s: waitMs / 1000 } });
+    }
+    this._rideThrough(watch, waitMs).catch((e) => this._loseAll(e.message));
+  }
+
+  async _rideThrough(watch, waitMs) {
+    const since = Date.now();
+    const deadline = since + waitMs;
+    this._dropDealer(); // requests queued for the dead supervisor go with its connection
+    let status = null;
+    while (!this._closed && Date.now() < deadline && status === null) {
+      const pid = lockPid(this.stateDir);
+      if (pid !== null && !(pid === watch.pid && processStart(pid) === watch.start) && processStart(pid) !== null) {
+        try {
+          status = await this.call("status");
+        } catch {
+          this._dropDealer(); // starting still, or gone again
+        }
+      }
+      if (status === null) await sleep(RETURN_POLL_MS);
+    }
+    if (this._closed) return;
+    if (status === null) {
+      const waited = (waitMs / 1000).toString();
+      return this._loseAll(`the supervisor on ${this.stateDir} is gone and none answered within ${waited} s (adopt_within ${watch.adoptWithin} s + ${RETURN_MARGIN_MS / 1000} s)`);
+    }
+    this._watch = watchOf(status, this.stateDir, this.endpoints);
+    await this._hello(this.timeout); // ZeroMQ reconnected the SUB; a hello answered says it is live
+    this._away = false;
+    const followed = [...this._turns.values()];
+    for (const turn of followed) {
+      turn.rebased = true;
+      turn._push({ topic: "ccsup.supervisor_back", kind: "supervisor_back", body: { id: turn.id, pid: status.pid, gap_s: (Date.now() - since) / 1000 } });
+    }
+    await this._catchUp(followed); // the ones that ended meanwhile: an inferred terminal event
+  }
+
+  _loseAll(message) {
+    this._away = false;
+    for (const turn of [...this._turns.values()]) turn._fail(new CcsupError(`${message}: turn ${turn.id}'s end is not known`, "supervisor_lost"));
+  }
+
+  _dropDealer() {
+    if (!this._dealer) return;
+    const dealer = this._dealer;
+    this._dealer = null;
+    dealer.linger = 0;
+    dealer.close();
   }
 
   /**
@@ -415,16 +546,16 @@ export class Sidecar {
       this._dealer = new Dealer({ receiveTimeout: this.timeout, linger: 0 });
       this._dealer.connect(this.endpoints.control);
     }
+    const dealer = this._dealer;
     const id = newId();
-    await this._dealer.send(JSON.stringify({ v: 1, id, cmd, args }));
+    await dealer.send(JSON.stringify({ v: 1, id, cmd, args }));
     for (;;) {
       let frames;
       try {
-        frames = await this._dealer.receive();
+        frames = await dealer.receive();
       } catch (e) {
         // Nothing stale may stay queued on it: a timed-out DEALER is replaced.
-        this._dealer.close();
-        this._dealer = null;
+        if (this._dealer === dealer) this._dropDealer();
         throw new CcsupError(`the supervisor on ${this.stateDir} did not answer ${cmd} (${e.message})`, "not_running");
       }
       // A long reply (a big `ps`) comes in several frames whose bytes joined are the JSON.
@@ -513,6 +644,39 @@ export class Sidecar {
   _onKeyEvent(topic, body) {
     if (topic.endsWith(".paused") && this._pauseAnswers.has(body.id)) this._pauseAnswers.get(body.id)(body);
     for (const listener of this._keyListeners) listener(topic, body);
+  }
+}
+
+/** What watching a supervisor needs from its `status`: null unless it runs on this machine (the
+ * lock file in the state directory names its pid). */
+function watchOf(status, stateDir, endpoints) {
+  if (!status || !Number.isInteger(status.pid) || !endpoints.control.startsWith("ipc://")) return null;
+  if (lockPid(stateDir) !== status.pid) return null;
+  const start = processStart(status.pid);
+  if (start === null) return null;
+  const adoptWithin = typeof status.adopt_within === "number" ? status.adopt_within : 0;
+  return { pid: status.pid, start, adoptWithin, epoch: status.epoch };
+}
+
+/** The pid the state directory's lock file names (written by the supervisor holding it). */
+function lockPid(stateDir) {
+  try {
+    const pid = Number.parseInt(readFileSync(join(stateDir, "supervisor.lock"), "utf8").trim(), 10);
+    return Number.isInteger(pid) ? pid : null;
+  } catch {
+    return null;
+  }
+}
+
+/** A process's start time (field 22 of /proc/<pid>/stat, in clock ticks), null when it is gone;
+ * a zombie counts as gone. */
+function processStart(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return fields[0] === "Z" || fields[0] === "X" ? null : fields[19];
+  } catch {
+    return null;
   }
 }
 

@@ -310,3 +310,87 @@ test("a turn with a timeout is warned, then stopped with reason timeout", { time
   assert.equal(events.find((e) => e.kind === "exited").body.reason, "timeout");
   assert.equal(kinds.at(-1), "released");
 });
+
+// Issue 24, item 5: a followed turn rides through its supervisor's SIGKILL and a start 1 s later.
+const COUNTER = "for i in $(seq 1 60); do echo $i; sleep 0.05; done";
+
+async function waitFor(predicate, ms, what) {
+  const deadline = Date.now() + ms;
+  while (!predicate()) {
+    if (Date.now() > deadline) throw new Error(`no ${what} within ${ms} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+test("a turn rides through its supervisor's SIGKILL, its output exact from the log", { timeout: 60000 }, async () => {
+  const own = startDaemon("solo = 1");
+  const client = await Sidecar.connect({ stateDir: own.stateDir });
+  try {
+    const turn = await client.turn({ key: "solo", argv: ["sh", "-c", COUNTER] });
+    const output = new TurnOutput(turn.id, { fill: (s, a, b) => client.readLog(turn.id, s, a, b) });
+    const chunks = [];
+    const kinds = [];
+    let killedPid = null;
+    for await (const event of turn) {
+      kinds.push(event.kind);
+      const got = output.feed(event);
+      if (got?.stream === "stdout") chunks.push(got.bytes);
+      if (killedPid === null && Buffer.concat(chunks).includes("\n10\n")) {
+        killedPid = own.pid();
+        process.kill(killedPid, "SIGKILL");
+      }
+      if (event.kind === "supervisor_gone") {
+        assert.equal(event.body.pid, killedPid);
+        await new Promise((resolve) => setTimeout(resolve, 1000)); // the scenario's 1 s gap
+        own.start();
+      }
+    }
+    chunks.push(client.readLog(turn.id, "stdout", output.position.stdout)); // the rest, from the log
+    const log = client.readLog(turn.id, "stdout");
+    const printed = Buffer.concat(chunks);
+    assert.ok(printed.equals(log), "every byte of the log, once and in order");
+    const lines = printed.toString().trim().split("\n").map(Number);
+    assert.deepEqual(lines, lines.map((_, i) => i + 1));
+    assert.deepEqual(kinds.filter((k) => k.startsWith("supervisor_")), ["supervisor_gone", "supervisor_back"]);
+    // Before adoption the new supervisor ended it at its start, before anyone could subscribe.
+    assert.equal(kinds.at(-1), "released");
+    assert.equal(turn.terminal.body.inferred, true);
+    assert.equal(client.gaps, 0, "a restart is not a gap");
+  } finally {
+    client.close();
+    own.stop();
+  }
+});
+
+test("with no supervisor back in time a followed turn fails with supervisor_lost", { timeout: 60000 }, async () => {
+  const own = startDaemon("solo = 1");
+  const client = await Sidecar.connect({ stateDir: own.stateDir });
+  try {
+    const status = await client.status();
+    const waitMs = status.adopt_within * 1000 + 5000;
+    const turn = await client.turn({ key: "solo", argv: ["sh", "-c", COUNTER] });
+    let killedAt = null;
+    const kinds = [];
+    await assert.rejects(
+      (async () => {
+        for await (const event of turn) {
+          kinds.push(event.kind);
+          if (killedAt === null && event.kind === "stdout" && client.readLog(turn.id, "stdout").includes("3\n")) {
+            process.kill(own.pid(), "SIGKILL");
+            killedAt = Date.now();
+          }
+        }
+      })(),
+      (e) => e.code === "supervisor_lost" && e.message.includes("none answered within"),
+    );
+    const took = Date.now() - killedAt;
+    assert.ok(took >= waitMs - 500 && took <= waitMs + 3000, `gave up after ${took} ms (limit ${waitMs})`);
+    assert.equal(kinds.at(-1), "supervisor_gone");
+    await assert.rejects(turn.done(), (e) => e.code === "supervisor_lost");
+  } finally {
+    client.close();
+    try {
+      own.stop(); // nothing runs: it says so, and the directory goes
+    } catch {}
+  }
+});
