@@ -9,13 +9,18 @@ beside the record, mode 0600, and a peer of another uid is refused whatever the 
 It does not depend on the old supervisor, its zygote or the bus.
 
 Version 1 of the wire: one JSON message a connection, `{"v": 1, "op": ...}`, one answer, and the
-guard closes the connection. An error answer is `{"v": 1, "ok": false, "error"}` (a newer version,
-an unknown op, no pidfd with an adopt, a guard already stopping) and changes nothing. The ops:
+guard closes the connection (after an adopt, after its ack). An error answer is `{"v": 1, "ok":
+false, "error"}` (a newer version, an unknown op, no pidfd with an adopt, a guard already
+stopping) and changes nothing. The ops:
 - "adopt", with a pidfd on the asker attached (SCM_RIGHTS): the process whose end ends the turn
-  from now on. The guard watches that pidfd instead and answers `{"v": 1, "ok": true, "turn",
-  "guard": {"pid", "start"}, "waited_s", "stdin"}`. `stdin` true: a writer of CMD's stdin pipe is
-  attached (SCM_RIGHTS), the adopter's to write the turn's stdin with from now on (guardd.stdin);
-  false (or absent, from a guard before it): there is none (not a pipe, or closed already).
+  from now on. The guard answers `{"v": 1, "ok": true, "turn", "guard": {"pid", "start"},
+  "waited_s", "stdin"}`, and the asker sends `{"v": 1, "op": "ack"}` on the same connection once
+  it has read that answer: only then does the guard watch that pidfd instead. An asker that gave
+  up before the answer came (the guard was stopped or starved past its timeout) closes instead,
+  and the guard goes on waiting: it never watches a supervisor that does not know it adopted it.
+  `stdin` true: a writer of CMD's stdin pipe is attached (SCM_RIGHTS), the adopter's to write the
+  turn's stdin with from now on (guardd.stdin); false (or absent): there is none (not a pipe, or
+  closed already).
 - "close_stdin": the deliberate EOF of CMD's stdin. The guard closes the writer it holds (so the
   asker's own, closed next, is the last) and answers `{"v": 1, "ok": true}`, also when it held
   none. A guard older than this op answers `unknown op 'close_stdin'`: it held no writer, so the
@@ -118,18 +123,23 @@ class Listener:
             return None, None
         return message, passed
 
-    def answer(self, fd: int, body: dict, pass_fd: int | None = None) -> None:
-        """Answer and close the connection; pass_fd: an fd sent along (a copy: still ours)."""
+    def answer(self, fd: int, body: dict, pass_fd: int | None = None, keep: bool = False) -> bool:
+        """Send the answer; True when it was sent. pass_fd: an fd sent along (a copy: still ours).
+        The connection is closed after, unless `keep` (an adopt's answer: its ack comes on it)
+        and it was sent."""
         conn = self.conns.get(fd)
         if conn is None:
-            return
+            return False
         data = json.dumps({"v": CHANNEL_VERSION, **body}).encode()
         rights = _rights(pass_fd) if pass_fd is not None else []
         try:
             conn.sendmsg([data], rights, socket.MSG_NOSIGNAL)
         except OSError:
-            pass  # the asker is gone: nothing was changed for it to know
-        self.close_conn(fd)
+            self.close_conn(fd)
+            return False  # the asker is gone: nothing was changed for it to know
+        if not keep:
+            self.close_conn(fd)
+        return True
 
     def close_conn(self, fd: int) -> None:
         conn = self.conns.pop(fd, None)
@@ -181,13 +191,22 @@ def adopt(path: str, timeout: float = 2.0) -> dict:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 usable = len(payload) - len(payload) % 4
                 fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+        try:
+            answer = json.loads(data) if data else None
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and answer.get("ok") is True:
+            sock.send(json.dumps({"v": CHANNEL_VERSION, "op": "ack"}).encode())  # now it is ours
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     finally:
         sock.close()
         os.close(pidfd)
     try:
         if not data:
             raise OSError(f"unable to adopt the guard at {path}: it closed the channel unanswered")
-        answer = json.loads(data)
         if not isinstance(answer, dict):
             raise OSError(f"unable to adopt the guard at {path}: it answered {data[:100]!r}")
     except BaseException:

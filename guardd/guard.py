@@ -160,6 +160,7 @@ class Guard:
         self.adopt_by = float("inf")  # on self.clock
         self.adopted_at: float | None = None
         self.stdin_writer: int | None = None  # CMD's stdin pipe, held across a gap (guardd.stdin)
+        self._adopting: dict[int, int] = {}  # connection fd -> the adopter's pidfd, until its ack
 
     # --- the whole life, one call per step --------------------------------------------------
 
@@ -231,7 +232,12 @@ class Guard:
             _say(f"unable to hold the stdin of turn {self.turn}: {e.strerror or e}")
 
     def _on_channel(self, fd: int) -> None:
-        """A supervisor's connection (accepted), or its message (answered, then closed)."""
+        """A supervisor's connection (accepted), its adopt (answered), or its ack (committed).
+
+        Two steps: the guard watches its adopter only once the adopter has read the answer and
+        said so (`ack`). An adopter that gave up waiting (this guard was stopped or starved) has
+        closed its end instead, and the guard goes on waiting: it never watches a supervisor that
+        does not know it adopted it."""
         assert self.channel is not None
         if fd == self.channel.fileno():
             conn = self.channel.accept()
@@ -240,8 +246,22 @@ class Guard:
             return
         message, passed = self.channel.receive(fd)
         if message is None:
-            if fd not in self.channel.conns:
+            if fd not in self.channel.conns:  # closed (EOF, or not a message)
                 self.poller.unregister(fd)
+                pending = self._adopting.pop(fd, None)
+                if pending is not None:
+                    os.close(pending)  # the adopter gave up before its ack: still waiting
+            return
+        if fd in self._adopting:
+            adopter = self._adopting.pop(fd)
+            self.poller.unregister(fd)
+            self.channel.close_conn(fd)
+            if passed is not None:
+                os.close(passed)
+            if message.get("op") != "ack" or self.phase is not RUNNING:
+                os.close(adopter)
+                return
+            self._adopted_by(adopter)
             return
         self.poller.unregister(fd)
         op = message.get("op")
@@ -254,7 +274,7 @@ class Guard:
             elif self.phase is not RUNNING:
                 error = "the turn is already being ended"
             else:
-                self._adopt(fd, passed)
+                self._answer_adopt(fd, passed)
                 return
         elif op == "close_stdin":
             self._close_stdin()
@@ -265,18 +285,10 @@ class Guard:
         body = {"ok": False, "error": error} if error is not None else {"ok": True}
         self.channel.answer(fd, body)
 
-    def _adopt(self, fd: int, pidfd: int) -> None:
-        """Watch the adopter's pidfd from now on; answer with the stdin writer, if one is held."""
+    def _answer_adopt(self, fd: int, pidfd: int) -> None:
+        """Answer an adopt (with the stdin writer, if one is held); committed at its ack."""
         assert self.channel is not None
-        if self.parent_fd is not None:
-            self.poller.unregister(self.parent_fd)
-            os.close(self.parent_fd)
-        self.parent_fd = pidfd
-        self.poller.register(pidfd, select.POLLIN)
         waited = time.time() - self.waiting_since if self.waiting_since is not None else 0.0
-        self.waiting_since, self.adopt_by = None, float("inf")
-        self.adopted_at = time.time()
-        self._write_record()
         body = {
             "ok": True,
             "turn": self.turn,
@@ -284,7 +296,22 @@ class Guard:
             "waited_s": waited,
             "stdin": self.stdin_writer is not None,
         }
-        self.channel.answer(fd, body, pass_fd=self.stdin_writer)
+        if self.channel.answer(fd, body, pass_fd=self.stdin_writer, keep=True):
+            self.poller.register(fd, select.POLLIN)  # its ack comes on it
+            self._adopting[fd] = pidfd
+        else:
+            os.close(pidfd)
+
+    def _adopted_by(self, adopter: int) -> None:
+        """Watch the adopter (a pidfd) from now on, instead of whoever came before."""
+        if self.parent_fd is not None:
+            self.poller.unregister(self.parent_fd)
+            os.close(self.parent_fd)
+        self.parent_fd = adopter
+        self.poller.register(adopter, select.POLLIN)
+        self.waiting_since, self.adopt_by = None, float("inf")
+        self.adopted_at = time.time()
+        self._write_record()
 
     def _close_stdin(self) -> None:
         """The supervisor's deliberate EOF (op close_stdin): our writer goes, its own next."""
@@ -599,6 +626,9 @@ class Guard:
             self.hints.publish("exited", **self.exit.to_json())
 
     def _close_channel(self) -> None:
+        for adopter in self._adopting.values():
+            os.close(adopter)
+        self._adopting.clear()
         if self.channel is not None:
             self.channel.close()
             self.channel = None

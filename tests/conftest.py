@@ -135,12 +135,16 @@ def write_config(
     scan: str = "200ms",
     extra: str = "",
     guard_extra: str = "",
+    adopt_within: str = "0s",
 ) -> Path:
-    """`extra`: lines of [slots]; `guard_extra`: lines of [guard]."""
+    """`extra`: lines of [slots]; `guard_extra`: lines of [guard]. adopt_within "0s" by default
+    (unless guard_extra sets it): a test that kills its supervisor expects its turns to end with
+    it, as they did before adoption (the adoption tests give a duration)."""
     path = state_dir / "ccsup.toml"
+    adopt = "" if "adopt_within" in guard_extra else f'adopt_within = "{adopt_within}"\n'
     path.write_text(
         f'[slots]\ncaps = {{ {caps} }}\n{extra}\n[guard]\ngrace = "{grace}"\nscan = "{scan}"\n'
-        f"{guard_extra}\n"
+        f"{adopt}{guard_extra}\n"
     )
     return path
 

@@ -170,7 +170,7 @@ class KeyControl:
                 else:
                     self._scanner.feed(parts[1], output_bytes(body)[1])
             return
-        if kind not in ("granted", "started", "exited"):
+        if kind not in ("granted", "started", "exited", "adopted"):
             return
         item = self.lookup(parts[1])
         if kind == "granted" and item is not None:
@@ -181,6 +181,10 @@ class KeyControl:
                 self.queue.ordering.granted(item.id)
         elif isinstance(item, Turn) and kind == "started":
             self.turn_started(item)
+        elif isinstance(item, Turn) and kind == "adopted":
+            # Its runtime limit counts from its guard's start: past it, it is stopped at once.
+            started_at = body.get("started_at")
+            self.turn_started(item, started_at if isinstance(started_at, float) else None)
         elif isinstance(item, Turn):
             self.turn_exited(item)  # before its release: the key's next grant waits for pause_on
 
@@ -383,13 +387,14 @@ class KeyControl:
 
     # -- a turn's life ---------------------------------------------------------------------------
 
-    def turn_started(self, turn: Turn) -> None:
+    def turn_started(self, turn: Turn, started_at: float | None = None) -> None:
+        """started_at: an adopted turn's guard's start (supervisor.turns.adopt); default now."""
         now = self.clock()
         granted_at = self._granted_at.pop(turn.id, None)
         if granted_at is not None:  # the rate window counts from when the work started
             self.policy.starts.restamp(turn.key, granted_at, now + START_SLACK)
             self._dirty = True  # saved with the next grant's save, or at close
-        deadline = self.limits.deadline(turn.key, turn.timeout, now)
+        deadline = self.limits.deadline(turn.key, turn.timeout, started_at or now)
         if deadline is not None:
 
             def warn() -> None:

@@ -106,6 +106,10 @@ class ClusteredGate:
     def inspect_all(self) -> list[SlotView]:
         return self.local.inspect_all()
 
+    def adopt(self, *args: Any, **kwargs: Any) -> Any:
+        """An adopted turn's local slot (supervisor.turns.adopt): cluster turns are never adopted."""
+        return self.local.adopt(*args, **kwargs)
+
     def survey(self) -> tuple[list[SlotView], list[KeyTally]]:
         return self.local.survey()
 
@@ -166,7 +170,10 @@ class ClusterWiring:
 
         def start_guard(spec: GuardSpec) -> Any:
             if spec.turn_id in self.gate.entries:  # a cluster turn (or one bound to a reservation)
-                spec = replace(spec, env={**spec.env, DEADLINE_ENV: str(self.deadline_file)})
+                # Not adopted (adopt_within 0): its capacity is leased from the cluster by this
+                # supervisor, whose lease ends with it; the dead-man ends it anyway (docs/cluster.md).
+                env = {**spec.env, DEADLINE_ENV: str(self.deadline_file)}
+                spec = replace(spec, env=env, adopt_within=0.0)
             return start(spec)
 
         return start_guard

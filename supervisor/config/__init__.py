@@ -136,6 +136,7 @@ class Config:
     endpoints: Endpoints
     harness: Mapping[str, Harness] = field(default_factory=dict)
     guard_cgroup: str = "auto"  # [guard] cgroup: "auto", "off" or a path
+    adopt_within: float = guard.DEFAULT_ADOPT_WITHIN  # [guard] adopt_within, seconds
     limits: Mapping[str, limits.Limits] = field(default_factory=dict)  # [limits.<key>]
     web: WebSettings = WebSettings()
     logs: LogLimits = logs.DEFAULTS  # [logs]
@@ -193,6 +194,11 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         endpoints=endpoint_settings,
         harness=harnesses,
         guard_cgroup=guard_settings.cgroup or "auto",
+        adopt_within=(
+            guard.DEFAULT_ADOPT_WITHIN
+            if guard_settings.adopt_within is None
+            else guard_settings.adopt_within
+        ),
         limits=key_limits,
         web=web_settings,
         logs=log_limits,

@@ -1,4 +1,5 @@
-"""`[guard]`: how a turn's guard ends the work (grace, scan interval, cgroup)."""
+"""`[guard]`: how a turn's guard ends the work (grace, scan interval, cgroup), and how long it
+waits to be adopted when its supervisor is gone (adopt_within; supervisor.turns.adopt)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from typing import NamedTuple
 
 from ..errors import ConfigError
 from .schema import Checker, Key, Section, Table
-from .values import duration
+from .values import duration, duration_or_zero
 
 DEFAULT_GRACE = 5.0
 DEFAULT_SCAN = 2.0
+DEFAULT_ADOPT_WITHIN = 30.0
 
 SECTION = Section(
     ("guard",),
@@ -26,6 +28,11 @@ SECTION = Section(
             "auto",
             'A cgroup per turn: "auto" (if cgroup2 is writable), "off", or a cgroup2 path.',
         ),
+        Key(
+            "adopt_within",
+            "30s",
+            'How long a turn runs on when its supervisor is gone, waiting to be adopted ("0s": not).',
+        ),
     ),
 )
 
@@ -38,6 +45,7 @@ class GuardSettings(NamedTuple):
     grace: float | None
     scan: float | None
     cgroup: str | None = DEFAULT_CGROUP
+    adopt_within: float | None = DEFAULT_ADOPT_WITHIN
 
 
 def parse_guard(c: Checker, top: Table) -> GuardSettings:
@@ -46,6 +54,11 @@ def parse_guard(c: Checker, top: Table) -> GuardSettings:
         grace=c.run(("guard", "grace"), duration, guard.get("grace", DEFAULT_GRACE)),
         scan=c.run(("guard", "scan"), duration, guard.get("scan", DEFAULT_SCAN)),
         cgroup=c.run(("guard", "cgroup"), cgroup_setting, guard.get("cgroup", DEFAULT_CGROUP)),
+        adopt_within=c.run(
+            ("guard", "adopt_within"),
+            duration_or_zero,
+            guard.get("adopt_within", DEFAULT_ADOPT_WITHIN),
+        ),
     )
 
 

@@ -23,9 +23,9 @@ for _i, _letter in enumerate("kmgt", start=1):
     _SIZE_UNIT[_letter + "b"] = 1000**_i
 
 
-def duration(value: object, *, where: str) -> float:
+def duration(value: object, *, where: str, zero_ok: bool = False) -> float:
     """Seconds from "5s", "500ms", "2m", "1h", "0.5" (guardd.durations' grammar) or a number of
-    seconds; must be > 0."""
+    seconds; must be > 0 (or >= 0 with zero_ok: "0s" turns something off)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str):
@@ -41,9 +41,17 @@ def duration(value: object, *, where: str) -> float:
         raise ConfigError(
             f'{where}: a duration is a string like "5s" or a number of seconds, not {kind(value)}'
         )
+    if zero_ok and seconds == 0:
+        return 0.0
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{where}: a duration must be more than zero, not {value!r}")
+        least = "zero or more" if zero_ok else "more than zero"
+        raise ConfigError(f"{where}: a duration must be {least}, not {value!r}")
     return seconds
+
+
+def duration_or_zero(value: object, *, where: str) -> float:
+    """A duration that may be zero ("0s": off)."""
+    return duration(value, where=where, zero_ok=True)
 
 
 def size(value: object, *, where: str) -> int:

@@ -208,6 +208,7 @@ class Daemon:
             bus_in=self._bus_in,
             config_source=config.source,
             reservation_ttl=config.reservation_ttl,
+            adopt_within=config.adopt_within,
         )
 
     async def run(self) -> int:

@@ -499,12 +499,12 @@ def guard_args(spec: GuardSpec) -> list[str]:
         args += ["--cgroup", spec.cgroup]
     if spec.stdin == "tty":
         args.append("--tty")
+    if spec.adopt_within > 0 and spec.guard_logs:  # adoption needs the logs the guard keeps
+        args += ["--adopt-within", _seconds(spec.adopt_within)]
     if spec.guard_logs:
         args += ["--log-dir", str(spec.log_dir)]
         if spec.log_limit is not None:
             args += ["--log-limit", str(spec.log_limit)]
-    if spec.adopt_within > 0:
-        args += ["--adopt-within", _seconds(spec.adopt_within)]
     return [*args, "--", *spec.argv]
 
 
@@ -635,3 +635,39 @@ class ForkedGuardProcess(GuardProcess):
             self.reported = returncode
         if self._exited and self.pidfd >= 0 and self.reap() is not None:
             self._exited_now()
+
+
+class AdoptedGuardProcess(GuardProcess):
+    """A guard that a supervisor which died (or handed over) left running, adopted over its
+    channel (supervisor.turns.adopt). Not our child, nor our zygote's: its exit status is unknown
+    (STATUS_UNKNOWN), and the record's exit, written before the guard ends, is what counts. Its
+    logs are followed from `offsets` (a margin before the gap: bytes published twice have the
+    same offsets and contents)."""
+
+    def __init__(
+        self,
+        turn_id: str,
+        identity: procs.Identity,
+        record_dir: Path,
+        *,
+        pidfd: int,
+        offsets: dict[str, int],
+        stdin: int = -1,
+    ):
+        pipes = _Pipes(identity.pid, -1, -1, -1)
+        super().__init__(
+            turn_id, pipes, record_dir, stdio=pipes.stdio, pidfd=pidfd, start=identity.start
+        )
+        self.take_stdin(stdin if stdin >= 0 else None)
+        for stream in STREAMS:
+            self._offsets[stream] = offsets.get(stream, 0)
+        self._exited = False
+
+    def _on_pidfd(self) -> None:
+        self._exited = True
+        self._on_exit()
+
+    def reap(self) -> int | None:
+        if self.returncode is None and self._exited:
+            self.returncode = STATUS_UNKNOWN
+        return self.returncode

@@ -14,6 +14,7 @@ time. Entries out of order (a corrupt file): they are skipped, never used to reo
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from collections.abc import Iterable, Iterator
@@ -86,3 +87,33 @@ def timed_lines(chunks: Iterable[tuple[float | None, bytes]]) -> Iterator[bytes]
             yield piece if last else piece + b"\n"
             if not last:
                 at_line_start = True
+
+
+def offset_since(path: Path, since: float, end: int) -> int:
+    """The log offset of the first read that arrived at or after `since` (epoch), by a binary
+    search of the index (O(log n) reads: an index may hold millions of entries); `end` (the log's
+    size) when none did, or 0 without a usable index (from the start: the safe side).
+
+    What an adopting supervisor publishes from (supervisor.turns.adopt): the old one published
+    what came before its death, give or take its lag, so it starts a margin before that."""
+    try:
+        with open(path, "rb") as f:
+            count = os.fstat(f.fileno()).st_size // ENTRY.size
+            if count == 0:
+                return 0
+
+            def at(i: int) -> tuple[int, float]:
+                f.seek(i * ENTRY.size)
+                offset, when = ENTRY.unpack(f.read(ENTRY.size))
+                return offset, when
+
+            lo, hi = 0, count
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if at(mid)[1] < since:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return end if lo == count else min(at(lo)[0], end)
+    except OSError:
+        return 0

@@ -381,6 +381,53 @@ class SlotGate(SlotReader):
                 os.close(machine[1])
             raise
 
+    def adopt(
+        self, key: str, index: int, holder: Holder, turn: str, guard: Identity
+    ) -> Slot | None:
+        """Take back the slot a dead holder left to a turn that is being adopted
+        (supervisor.turns.adopt): its lock, when free, and its record, when it still names that
+        turn and that guard; the record then names the new holder. None when the slot is not that
+        turn's orphan any more (held, released, rewritten, unreadable): nothing is taken then.
+
+        The slot read as orphaned until now (lock free, work alive): counted against the cap and
+        never handed out, so no grant can have taken it in between."""
+        check_key(key, reserved_ok=True)
+        directory = self._dir(key)
+        try:
+            fd = self._lock(directory, index)
+        except BadLockFile:
+            return None
+        if fd is None:
+            return None
+        path = f"{directory}/slot-{index}.json"
+        try:
+            record = read_slot_record(path)
+            work = live_work(record)
+        except (RecordError, OSError):
+            work = None
+        if (
+            record is None
+            or work is None
+            or record.get("turn") != turn
+            or work.get("guard") != guard.to_json()
+        ):
+            os.close(fd)
+            return None
+        record = {**record, "holder": holder.to_json()}
+        slot = Slot(
+            key, index, self._cap(key), fd, path, record, None, self.clock, None, self._forget
+        )
+        self._held.setdefault(key, set()).add(index)
+        self._own[key, index] = slot
+        try:
+            slot._write()
+        except BaseException:
+            slot._close_record()
+            self._forget(slot)
+            os.close(fd)
+            raise
+        return slot
+
     def _make_slot(self, key, cap, claim, holder, turn, reservation, machine=None) -> Slot:
         index, fd, took_over = claim
         record = _new_record(key, index, cap, holder, turn, reservation)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,6 +265,37 @@ def work_groups(work: dict, path: object = "slot record") -> tuple[Identity | No
                 ) from None
     unique = list(dict.fromkeys(groups))
     return guard, unique
+
+
+# Seconds past a waiting guard's own deadline (waiting_since + adopt_within) before a reaper acts:
+# the guard's grace (not in its record; 5 s by default) and its loop's lateness.
+ADOPTION_MARGIN = 10.0
+
+
+def awaits_adoption(work: dict, path: object = "slot record", now: float | None = None) -> bool:
+    """Is this work's guard alive and waiting to be adopted, within its own wait (guardd.channel)?
+    Such a guard ends the work itself when nobody adopts it, so a reaper leaves it counted until
+    then: a guard a supervisor could not speak to is never killed blindly. Its wait counts from
+    when it saw its supervisor gone (`waiting_since`), else from its record's last change (a
+    stopped guard that never looked is not waiting)."""
+    try:
+        guard, record, _ = work_parts(work, path)
+    except RecordError:
+        return False
+    if guard is None or record is None or not procs.process_running(guard):
+        return False
+    try:
+        data = read_json(record)
+        changed = os.stat(record).st_mtime
+    except (OSError, RecordError):
+        return False
+    within, since = data.get("adopt_within"), data.get("waiting_since")
+    if not isinstance(within, int | float) or within <= 0 or data.get("state") != "running":
+        return False
+    if not isinstance(data.get("channel"), dict) or data.get("guard") != guard.to_json():
+        return False
+    start = since if isinstance(since, int | float) else changed
+    return (time.time() if now is None else now) < start + within + ADOPTION_MARGIN
 
 
 def work_alive(work: dict, path: object = "slot record") -> bool:

@@ -30,6 +30,7 @@ from .record import (
     RESERVED,
     UNREADABLE,
     SlotView,
+    awaits_adoption,
     from_earlier_boot,
     live_work,
     read_settled,
@@ -353,8 +354,8 @@ class SlotReader:
         try:
             record = read_slot_record(path)
             work = live_work(record)
-            if record is None or work is None:
-                return None
+            if record is None or work is None or awaits_adoption(work, path):
+                return None  # free, or its guard waits to be adopted and ends it itself
             try:
                 guard, groups = work_groups(work, path)
             except RecordError:

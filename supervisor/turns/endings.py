@@ -420,9 +420,10 @@ class Endings:
 
     # -- the guard -------------------------------------------------------------------------------
 
-    def running(self, turn: Turn, cgroup: str | None) -> None:
-        """Its guard runs (supervisor.turns.starting): its start time and cgroup, kept to its release."""
-        self._started_at[turn.id] = self.ledger.clock()
+    def running(self, turn: Turn, cgroup: str | None, started_at: float | None = None) -> None:
+        """Its guard runs (supervisor.turns.starting; or it was adopted, started_at then the guard's
+        own start): its start time and cgroup, kept to its release."""
+        self._started_at[turn.id] = self.ledger.clock() if started_at is None else started_at
         if cgroup is not None:
             self._cgroup_of[turn.id] = cgroup
 

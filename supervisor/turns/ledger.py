@@ -251,7 +251,7 @@ class Ledger:
         if turn is not None:
             if turn.state is State.QUEUED:
                 return "waiting", turn.to_json(self.deadlines.get(turn.id))
-            return "running", {"id": turn.id, "key": turn.key}
+            return "running", turn.running_entry()
         reservation = self.reservations.get(item_id)
         if reservation is not None:
             return "reservations", reservation.to_json(self.deadlines.get(item_id))

@@ -63,6 +63,7 @@ from ..paths import StatePaths
 from ..wire.args import ReserveArgs, SendArgs, TurnArgs
 from ..wire.protocol import ProtocolError
 from . import store
+from .adopt import Adoption
 from .endings import Endings, What
 from .finished import FinishedIds
 from .gone import Probe
@@ -115,6 +116,7 @@ class Settings:
     bus_in: str | None
     config_source: str
     reservation_ttl: float = 60.0
+    adopt_within: float = 0.0  # [guard] adopt_within: how long a guard waits to be adopted
 
 
 class Manager:
@@ -186,6 +188,7 @@ class Manager:
         self.queue = self.ledger.queue
         self.turns = self.ledger.turns
         self.reservations = self.ledger.reservations
+        self.adoption = Adoption()  # what restore's adoption did (supervisor.turns.adopt)
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -221,7 +224,7 @@ class Manager:
         if reservation is not None and not held:  # still waiting: the turn takes its place
             turn.requested_at = reservation.requested_at
         if held:
-            self._save_request(turn, ("running", {"id": turn.id, "key": turn.key}))
+            self._save_request(turn, ("running", turn.running_entry()))
         else:
             self._save_request(turn, ("waiting", turn.to_json(self._deadline_of(turn))))
         self.ledger.add(turn)

@@ -7,7 +7,8 @@ old supervisor already told the world); what happens to it now goes through the 
 states a live one can, by the same steps.
 
 - Finished ids are remembered (supervisor.turns.finished); an id finished there is never restored.
-- Turns the old supervisor was running: replayed to running; once no slot shows their work any
+- Turns the old supervisor was running: adopted first when their guards wait for it
+  (supervisor.turns.adopt); the others replayed to running; once no slot shows their work any
   more (`settle_lost`, called again by the daemon after it reaps orphans), their story ends with
   `exited` (reason `supervisor_restarted`), `gone`, `released`.
 - Held reservations: replayed to held when the slot can be taken again, their end capped at
@@ -32,6 +33,7 @@ from ..holder import Holder
 from ..slots.gate import SlotView
 from ..wire.args import TurnArgs, parse_holder, parse_key, parse_turn
 from ..wire.protocol import ProtocolError, check_id
+from . import adopt
 from .endings import What
 from .requesters import GONE
 from .states import Event, Item, Reservation, State, Turn
@@ -49,6 +51,7 @@ def restore(manager: Manager, data: dict[str, Any], slot_views: list[SlotView]) 
     now = manager.clock()
     with ledger.batch():
         problems = manager.finished.load(data["finished"])
+        running = []
         for entry in data["running"]:
             try:  # checked as a request's id and key are (a key `../../x` names a directory)
                 check_id(entry["id"])
@@ -57,7 +60,14 @@ def restore(manager: Manager, data: dict[str, Any], slot_views: list[SlotView]) 
                 problems.append(f"running entry {str(entry)[:200]} is malformed: {e}")
                 continue
             if entry["id"] not in manager.finished:
-                ledger.lost_running.append({"id": entry["id"], "key": entry["key"]})
+                running.append(entry)
+        # First: what still runs is adopted before anything is granted (supervisor.turns.adopt).
+        lost, adoption_problems, manager.adoption = adopt.adopt_running(
+            manager, running, slot_views
+        )
+        problems += adoption_problems
+        for entry in lost:
+            ledger.lost_running.append({"id": entry["id"], "key": entry["key"]})
         settle_lost(manager, slot_views)
         for entry in data["reservations"]:
             try:

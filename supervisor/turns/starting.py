@@ -130,6 +130,7 @@ class Starter:
                     stdin=turn.stdin,
                     winsize=turn.winsize,
                     log_dir=log_dir,
+                    adopt_within=settings.adopt_within,
                 )
             )
         except OSError as e:
@@ -177,6 +178,17 @@ class Starter:
         if problem is not None:
             log.error("%s; stopping it", problem)
             self.happen(turn, What.CANCEL, reason=problem)
+
+    def follow_adopted(self, turn: Turn, guard: Guard) -> None:
+        """An adopted turn's guard (supervisor.turns.adopt), followed as a started one is: its
+        logs, its exit. OSError when it cannot be (the caller stops the turn)."""
+        turn.guard = guard
+        guard.attach(
+            asyncio.get_running_loop(),
+            self.paths.turn_dir(turn.id),
+            on_output=partial(self._on_output, turn),
+            on_exit=partial(self._on_guard_exit, turn),
+        )
 
     def _hand_over_stdin(self, turn: Turn, guard: Guard) -> None:
         """What `send` took while the guard was being started goes to the guard first, in order."""

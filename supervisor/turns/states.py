@@ -144,10 +144,28 @@ class Turn:
     # the moment it runs, so an acknowledged `send` is never lost to the start's timing
     early_stdin: bytearray = field(default_factory=bytearray)
     early_eof: bool = False
+    # Adopted from a supervisor that died or handed over (supervisor.turns.adopt): when, and how
+    # long it ran with no supervisor.
+    adopted_at: float | None = None
+    adoption_gap: float | None = None
 
     def advance(self, event: Event) -> State:
         self.state = next_state(self.state, event)
         return self.state
+
+    def running_entry(self) -> dict[str, Any]:
+        """queue.json's `running` entry of a granted turn: what a supervisor that adopts it after a
+        restart needs to go on with it (supervisor.turns.adopt); never its env."""
+        return {
+            "id": self.id,
+            "key": self.key,
+            "argv": self.argv,
+            "cwd": self.cwd,
+            "holder": self.holder.to_json(),
+            "requested_at": self.requested_at,
+            "timeout": self.timeout,
+            "stdin": self.stdin,
+        }
 
     def fields(self) -> dict[str, Any]:
         """What events and ps say about the turn: never its environment."""

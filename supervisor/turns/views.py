@@ -27,8 +27,8 @@ def ps(manager: Manager) -> dict[str, Any]:
         if isinstance(asking, Turn):  # the live turn's command, before its work is recorded too
             slot["argv"], slot["cwd"] = asking.argv, asking.cwd
             # Taken over from a supervisor that was gone (turn.<id>.adopted): when, and the gap.
-            slot.setdefault("adopted_at", getattr(asking, "adopted_at", None))
-            slot.setdefault("adoption_gap_s", getattr(asking, "adoption_gap", None))
+            slot.setdefault("adopted_at", asking.adopted_at)
+            slot.setdefault("adoption_gap_s", asking.adoption_gap)
     waits = []
     position, last_key = 0, None
     for waiter in manager.queue.all():  # each key's waiters together, oldest first
@@ -77,4 +77,8 @@ def status(manager: Manager) -> dict[str, Any]:
         "reservations": sum(1 for r in manager.reservations.values() if r.state is State.GRANTED),
         "stopping": manager.stopping,
         "keys": _keys(manager),
+        "adopt_within": manager.settings.adopt_within,
+        # turns adopted at this supervisor's start, and guards that wait to be and could not be
+        "adopted": manager.adoption.adopted,
+        "waiting_adoption": manager.adoption.waiting_now(),
     }

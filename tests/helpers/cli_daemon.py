@@ -19,6 +19,7 @@ FAST = """\
 [guard]
 grace = "300ms"
 scan = "200ms"
+adopt_within = "0s"
 """
 
 

@@ -97,7 +97,10 @@ def test_the_turns_a_dead_supervisor_was_running_end_with_one_terminal_event(
     with d.client() as client:
         client.turn("codex", ["sleep", "300"], id="running")
         wait_until(
-            lambda: queue_file(state_dir)["running"] == [{"id": "running", "key": "codex"}],
+            lambda: (
+                [(e["id"], e["key"]) for e in queue_file(state_dir)["running"]]
+                == [("running", "codex")]
+            ),
             what="the granted turn in queue.json",
         )
     d.kill()

@@ -24,7 +24,7 @@ async def test_a_request_with_a_free_slot_is_granted_and_started(h):
     assert h.turn("t1") == {"id": "t1", "state": "running", "position": None}
     assert h.events("t1") == RUN
     assert h.held() == {"codex": ["t1"]}
-    assert h.saved()["running"] == [{"id": "t1", "key": "codex"}]
+    assert [(e["id"], e["key"]) for e in h.saved()["running"]] == [("t1", "codex")]
     assert h.body("turn.t1.started")["guard"] == h.guard("t1").identity.to_json()
 
 

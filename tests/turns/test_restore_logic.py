@@ -53,7 +53,7 @@ async def test_a_lost_turn_whose_slot_still_shows_work_waits_for_settle_lost(h):
     m = h.new_manager()
     restore.restore(m, saved, h.gate.inspect_all())  # the old work still holds the slot
     assert h.events() == [] and m.ledger.lost_running == [{"id": "busy", "key": "codex"}]
-    assert h.saved()["running"] == [{"id": "busy", "key": "codex"}]
+    assert [(e["id"], e["key"]) for e in h.saved()["running"]] == [("busy", "codex")]
     h.gate.held.clear()  # reaped
     restore.settle_lost(m, h.gate.inspect_all())
     assert h.events("busy") == END
@@ -207,7 +207,7 @@ async def test_an_end_that_finished_log_cannot_take_keeps_the_turn_on_file_so_no
         saved = h.saved()
         assert saved["waiting"] == [] and {"id": "t2", "key": "codex"} in saved["running"]
         h.manager.ledger.save_again()  # still full: nothing changes
-        assert {"id": "t2", "key": "codex"} in h.saved()["running"]
+        assert ("t2", "codex") in [(e["id"], e["key"]) for e in h.saved()["running"]]
     # A crash now: the restarted supervisor ends t2's story; it never runs.
     h.gate.held.clear()
     h.starter.guards.clear()
@@ -223,10 +223,10 @@ async def test_an_end_saved_again_once_finished_log_takes_it_leaves_queue_json(h
     h.turn("t2")
     with _NoSpace(store, "append_finished"):
         h.manager.cancel("t2")
-    assert {"id": "t2", "key": "codex"} in h.saved()["running"]
+    assert ("t2", "codex") in [(e["id"], e["key"]) for e in h.saved()["running"]]
     h.manager.ledger.save_again()  # room again: the periodic duty appends it, then it leaves
     assert store.load_finished(h.paths.finished)[0]["t2"][0] == "cancelled"
-    assert h.saved()["running"] == [{"id": "busy", "key": "codex"}]
+    assert [(e["id"], e["key"]) for e in h.saved()["running"]] == [("busy", "codex")]
 
 
 @scenario()
@@ -242,7 +242,7 @@ async def test_a_grant_that_cannot_be_saved_is_not_started_until_it_is_and_a_sto
         assert [w["id"] for w in h.saved()["waiting"]] == ["t2"]
     h.manager.tick()  # saved now: started
     assert h.events("t2") == RUN
-    assert h.saved()["running"] == [{"id": "t2", "key": "codex"}]
+    assert [(e["id"], e["key"]) for e in h.saved()["running"]] == [("t2", "codex")]
     h.turn("t3")
     with _NoSpace(queue_file, "update"):
         await h.end("t2", 0)

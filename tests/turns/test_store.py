@@ -36,7 +36,7 @@ def test_changes_are_appended_and_read_back_over_the_snapshot(tmp_path):
     data, problem = store.load(tmp_path / "queue.json")
     assert problem is None
     assert [w["id"] for w in data["waiting"]] == ["w2"]
-    assert data["running"] == [{"id": "w1", "key": "k"}]
+    assert [(e["id"], e["key"]) for e in data["running"]] == [("w1", "k")]
 
 
 def test_the_journal_is_compacted_so_each_change_costs_o1(tmp_path):

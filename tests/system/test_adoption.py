@@ -1,0 +1,311 @@
+"""Running turns outlive their supervisor (issue 24): a supervisor SIGKILLed (a crash, the OOM
+killer) and started again adopts the turns it was running (supervisor.turns.adopt). Real
+supervisors, guards and commands; the faults are real SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import wait_until
+
+from guardd import procs
+
+LINES = 100
+# A counter every 50 ms (5 s in all), then exit 0: every line must reach the log once, in order.
+COUNTER = f"i=0; while [ $i -lt {LINES} ]; do echo $i; i=$((i+1)); sleep 0.05; done"
+
+
+def _log(state_dir: Path, turn: str, stream: str = "stdout") -> bytes:
+    try:
+        return (state_dir / "turns" / turn / f"{stream}.log").read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def _guards(state_dir: Path) -> dict[str, dict]:
+    """turn id -> its guard record (the newest guard of each turn)."""
+    found: dict[str, dict] = {}
+    for path in (state_dir / "guards").glob("*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced: the next look finds it
+        found[data["turn"]] = data
+    return found
+
+
+class TurnSampler:
+    """From outside: every 10 ms, how many of these turns have a live process (by the CCSUP_TURN
+    marker in each process's environment); the most seen at once."""
+
+    def __init__(self, turns: list[str]):
+        self.markers = {f"CCSUP_TURN={t}".encode(): t for t in turns}
+        self.most = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _live(self) -> set[str]:
+        live: set[str] = set()
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            for var in env:
+                turn = self.markers.get(var)
+                if turn is not None:
+                    stat = procs.read_stat(int(name))
+                    if stat is not None and not stat.zombie:
+                        live.add(turn)
+        return live
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.most = max(self.most, len(self._live()))
+            self.samples += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _story(state_dir: Path, turn: str) -> dict:
+    """`ccsup show ID --json`: what the history says of the turn."""
+    from cli_daemon import ccsup
+
+    shown = ccsup("show", "--json", turn, state_dir=state_dir)
+    return json.loads(shown.stdout) if shown.returncode == 0 else {}
+
+
+def _counted_lines(data: bytes) -> list[int]:
+    return [int(line) for line in data.decode().splitlines()]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("zygote_too", [False, True], ids=["supervisor", "supervisor+zygote"])
+def test_a_supervisor_killed_and_started_again_adopts_its_running_turns(
+    daemon, state_dir, event_log, zygote_too
+):
+    d = daemon(caps="codex = 3", adopt_within="30s")
+    running, queued = ["a1", "a2", "a3"], "q1"
+    sampler = TurnSampler([*running, queued])
+    try:
+        with d.client() as client:
+            for turn in running:
+                client.turn("codex", ["sh", "-c", COUNTER], id=turn)
+            client.turn("codex", ["sh", "-c", "echo queued"], id=queued)
+            wait_until(lambda: all(_log(state_dir, t).count(b"\n") >= 3 for t in running), 20)
+            zygote = (
+                [p.pid for p in _children(d.proc.pid) if "zygote" in _cmdline(p.pid)]
+                if zygote_too
+                else []
+            )
+        d.proc.send_signal(signal.SIGKILL)
+        for pid in zygote:
+            os.kill(pid, signal.SIGKILL)
+        d.proc.wait()
+        before = {t: len(_log(state_dir, t)) for t in running}
+        time.sleep(1.0)  # the issue's gap: started again 1 s later
+        # Meanwhile the work ran on and its output reached the logs.
+        assert all(len(_log(state_dir, t)) > before[t] for t in running), before
+        d.start()
+        events = event_log(d)
+        with d.client() as client:
+            status = client.status()
+            assert status["adopted"] == 3, status
+            slots = {s["turn"]: s for s in client.ps()["slots"] if s.get("turn")}
+        assert all(slots[t].get("adopted_at") for t in running), slots
+        for turn in running:
+            exited = events.wait_for(f"turn.{turn}.exited", timeout=30)
+            assert exited["code"] == 0, exited
+            events.wait_for(f"turn.{turn}.released", timeout=30)
+            assert _counted_lines(_log(state_dir, turn)) == list(range(LINES))
+            _published_tiles_the_log(events, state_dir, turn)
+        events.wait_for(f"turn.{queued}.released", timeout=30)
+        assert _log(state_dir, queued) == b"queued\n"
+    finally:
+        sampler.stop()
+    assert sampler.samples > 50
+    assert sampler.most <= 3, f"{sampler.most} turns of a cap-3 key ran at once"
+
+
+def _published_tiles_the_log(events, state_dir: Path, turn: str) -> None:
+    """The new supervisor's stdout events, from the first one on, are the log's bytes at their
+    offsets, with no hole (bytes published before the gap may come again, the same)."""
+    from supervisor.wire import protocol
+
+    log = _log(state_dir, turn)
+    chunks = [protocol.output_bytes(b) for b in events.find(f"turn.{turn}.stdout")]
+    assert chunks, "no output was published after the adoption"
+    position = chunks[0][0]
+    for offset, data in chunks:
+        assert log[offset : offset + len(data)] == data
+        assert offset <= position, f"a hole at {position}..{offset}"
+        position = max(position, offset + len(data))
+    assert position == len(log)
+
+
+def _children(pid: int) -> list[procs.Stat]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = procs.read_stat(int(name))
+            if stat is not None and stat.ppid == pid:
+                out.append(stat)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# A grandchild in a session of its own that ignores SIGTERM: only SIGKILL (or the cgroup) ends it.
+STUBBORN = (
+    "setsid sh -c 'trap \"\" TERM; echo $$ > stubborn.pid; while :; do sleep 0.05; done' & "
+    "while :; do sleep 0.05; done"
+)
+
+
+@pytest.mark.timeout(60)
+def test_unadopted_work_ends_after_adopt_within_and_the_next_supervisor_frees_the_slot(
+    daemon, state_dir, tmp_path, event_log
+):
+    d = daemon(caps="codex = 1", adopt_within="1s", grace="300ms")
+    with d.client() as client:
+        client.turn("codex", ["sh", "-c", STUBBORN], id="u1", cwd=str(tmp_path))
+    pid_file = tmp_path / "stubborn.pid"
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, what="stubborn")
+    stubborn = int(pid_file.read_text())
+    ident = procs.identity_of(stubborn)
+    assert ident is not None
+    d.kill()
+    killed_at = time.monotonic()
+    record = wait_until(
+        lambda: (r := _guards(state_dir).get("u1")) and r["state"] == "gone" and r,
+        15,
+        what="the guard's record saying gone",
+    )
+    assert record["reason"] == "not_adopted"
+    assert not procs.process_running(ident)
+    # adopt_within (1 s) + grace (0.3 s), and a loaded machine's lateness
+    assert time.monotonic() - killed_at < 10
+    d.start()
+    events = event_log(d)
+    with d.client() as client:
+        assert client.status()["adopted"] == 0
+        client.turn("codex", ["sh", "-c", "echo next"], id="n1")
+    events.wait_for("turn.n1.released", 20)
+    assert _log(state_dir, "n1") == b"next\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_requester_killed_during_the_gap_gets_its_turn_stopped(daemon, state_dir, event_log):
+    d = daemon(caps="codex = 1", adopt_within="30s")
+    requester = subprocess.Popen(["sleep", "300"])
+    try:
+        ident = procs.identity_of(requester.pid)
+        assert ident is not None
+        holder = {"pid": ident.pid, "start": ident.start}
+        with d.client() as client:
+            client.turn("codex", ["sh", "-c", COUNTER], id="r1", holder=holder)
+        wait_until(lambda: _log(state_dir, "r1").count(b"\n") >= 2, 20)
+        d.kill()
+        requester.kill()
+        requester.wait()
+        d.start()  # stopped at once: its events may be out before anyone subscribes
+        story = wait_until(lambda: (s := _story(state_dir, "r1")).get("state") == "released" and s)
+        assert story["reason"] == "requester_gone", story
+        assert len(_counted_lines(_log(state_dir, "r1"))) < LINES
+    finally:
+        if requester.poll() is None:
+            requester.kill()
+            requester.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_turn_whose_timeout_ran_out_during_the_gap_is_stopped_with_reason_timeout(
+    daemon, state_dir, event_log
+):
+    d = daemon(caps="codex = 1", adopt_within="30s")
+    with d.client() as client:
+        client.call("turn", key="codex", argv=["sh", "-c", COUNTER], id="t1", timeout=1.5)
+    wait_until(lambda: _log(state_dir, "t1").count(b"\n") >= 2, 20)
+    d.kill()
+    wait_until(lambda: _log(state_dir, "t1").count(b"\n") >= 40, 20)  # 2 s of the turn's run
+    d.start()
+    story = wait_until(lambda: (s := _story(state_dir, "t1")).get("state") == "released" and s)
+    assert story["reason"] == "timeout", story
+
+
+@pytest.mark.timeout(60)
+def test_a_guard_that_cannot_be_spoken_to_is_not_adopted_nor_killed_blindly(
+    daemon, state_dir, event_log
+):
+    d = daemon(caps="codex = 1", adopt_within="3s", grace="300ms")
+    with d.client() as client:
+        client.turn("codex", ["sh", "-c", "echo up; sleep 60"], id="v1")
+    wait_until(lambda: _log(state_dir, "v1") == b"up\n", 20)
+    record = _guards(state_dir)["v1"]
+    guard = procs.Identity(record["guard"]["pid"], record["guard"]["start"])
+    d.kill()
+    wait_until(lambda: _guards(state_dir)["v1"].get("waiting_since"), 10, what="waiting")
+    os.kill(guard.pid, signal.SIGSTOP)  # its channel answers nothing now
+    try:
+        d.start()
+        with d.client() as client:
+            status = client.status()
+            assert status["adopted"] == 0 and status["waiting_adoption"] == 1, status
+            client.turn("codex", ["sh", "-c", "echo next"], id="n1")
+            assert client.ps()["slots"][0]["state"] == "orphaned"  # still counted
+        assert procs.process_running(guard)  # left to finish, not killed blindly
+    finally:
+        os.kill(guard.pid, signal.SIGCONT)
+    events = event_log(d)
+    # its own dead-man ends it (adopt_within is over); then its slot frees and the next runs
+    events.wait_for("turn.n1.released", 30)
+    assert not procs.process_running(guard)
+    assert _guards(state_dir)["v1"]["reason"] == "not_adopted"
+
+
+ECHO = "import sys\nprint('ready', flush=True)\nfor line in sys.stdin:\n    print('got', line.strip(), flush=True)\nprint('eof', flush=True)\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_turns_stdin_stays_open_across_the_gap_and_send_works_after_adoption(
+    daemon, state_dir, event_log
+):
+    import sys
+
+    d = daemon(caps="codex = 1", adopt_within="30s")
+    with d.client() as client:
+        client.turn("codex", [sys.executable, "-c", ECHO], id="s1")
+        wait_until(lambda: _log(state_dir, "s1") == b"ready\n", 20)
+        client.send("s1", "one\n")
+        wait_until(lambda: _log(state_dir, "s1").endswith(b"got one\n"), 20)
+    d.kill()  # its stdin's writer dies with it: CMD must not read EOF
+    time.sleep(0.5)
+    d.start()
+    events = event_log(d)
+    with d.client() as client:
+        assert client.status()["adopted"] == 1
+        client.send("s1", "two\n")
+        wait_until(lambda: _log(state_dir, "s1").endswith(b"got two\n"), 20)
+        client.send("s1", "", eof=True)
+    assert events.wait_for("turn.s1.exited", 20)["code"] == 0
+    assert _log(state_dir, "s1") == b"ready\ngot one\ngot two\neof\n"
