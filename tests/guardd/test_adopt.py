@@ -122,8 +122,9 @@ def test_an_adopted_guard_keeps_the_work_and_watches_its_new_supervisor(tmp_path
     answer = json.loads(adopter.stdout.readline())
     assert answer["ok"] is True and answer["guard"] == guard.to_json()
     assert 0 < answer["waited_s"] < ADOPT_WITHIN
-    adopted = record(tmp_path, guard)
-    assert adopted["waiting_since"] is None and adopted["adopted_at"] is not None
+    # committed at the adopter's ack, which follows the answer (guardd.channel)
+    adopted = wait_until(lambda: (r := record(tmp_path, guard))["adopted_at"] is not None and r)
+    assert adopted["waiting_since"] is None
     time.sleep(ADOPT_WITHIN + GRACE + 0.5)  # past the deadline it would have had: it is gone
     assert procs.process_running(grandchild) and record(tmp_path, guard)["state"] == "running"
     adopter.kill()  # the adopter dies too: the guard waits for it as it did for the first
