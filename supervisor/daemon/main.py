@@ -447,8 +447,6 @@ class Daemon:
         result.update(self._in_force())
         result["bus_rejected"] = self.server.rejected_bus_messages
         result["epoch"] = self.server.epoch  # the run its events name (supervisor.daemon.server)
-        # How long its guards wait for a new supervisor when it dies: clients wait as long.
-        result["adopt_within"] = float(getattr(self.config, "adopt_within", 0.0))
         result.update(self.cgroups.describe())
         if "waiting_adoption" not in result:  # guards not adopted (yet): their records, in a thread
             ours = {t.guard.record_path.name for t in self.manager.turns.values() if t.guard}

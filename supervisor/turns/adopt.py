@@ -71,14 +71,11 @@ REPUBLISH_MARGIN = 2.0  # seconds of output before the gap published again after
 
 @dataclass
 class Adoption:
-    """What adoption did at start: for `status`, the log and the metrics."""
+    """What adoption did at start (for `status` and the log); the guards that wait and were not
+    adopted are counted from their records (supervisor.daemon.guard_waiting)."""
 
     adopted: int = 0
-    waiting: list[procs.Identity] | None = None  # guards that wait and could not be adopted
-
-    def waiting_now(self) -> int:
-        """The guards that could not be adopted and still run (each waits, then ends its work)."""
-        return sum(1 for ident in self.waiting or () if procs.process_running(ident))
+    not_adopted: int = 0
 
 
 def adopt_running(
@@ -92,7 +89,7 @@ def adopt_running(
             by_turn[view.key, view.turn] = view
     left: list[dict[str, Any]] = []
     problems: list[str] = []
-    done = Adoption(waiting=[])
+    done = Adoption()
     for entry in entries:
         found = by_turn.get((entry["key"], entry["id"]))
         if found is None:
@@ -102,25 +99,22 @@ def adopt_running(
             adopted = _adopt(manager, entry, found, by_turn.get((MACHINE_KEY, entry["id"])))
         except _NotAdopted as e:
             left.append(entry)
-            if e.waiting is not None:
-                assert done.waiting is not None
-                done.waiting.append(e.waiting)
             if e.problem:
+                done.not_adopted += 1
                 problems.append(f"turn {entry['id']} was not adopted: {e.problem}")
             continue
         if adopted:
             done.adopted += 1
-    if done.adopted or done.waiting:
-        log.info("adopted %d running turn(s); %d not", done.adopted, len(done.waiting or ()))
+    if done.adopted or done.not_adopted:
+        log.info("adopted %d running turn(s); %d not", done.adopted, done.not_adopted)
     return left, problems, done
 
 
 class _NotAdopted(Exception):
-    """Why an entry is not adopted (a problem to say, or None), and the waiting guard if any."""
+    """Why an entry is not adopted: a problem to say, or None (nothing to adopt)."""
 
-    def __init__(self, problem: str | None, waiting: procs.Identity | None = None):
+    def __init__(self, problem: str | None):
         self.problem = problem
-        self.waiting = waiting
 
 
 def _guard_of(view: SlotView) -> tuple[procs.Identity, str]:
@@ -150,8 +144,7 @@ def _waiting_record(ident: procs.Identity, path: str, turn_id: str) -> dict[str,
     if link.get("v") != channel.CHANNEL_VERSION or not isinstance(link.get("path"), str):
         raise _NotAdopted(
             f"its guard speaks channel version {link.get('v')!r}, not {channel.CHANNEL_VERSION}; "
-            "it is left to finish (counted) and reaped once its work is gone",
-            ident,
+            "it is left to finish (counted) and reaped once its work is gone"
         )
     return record
 
@@ -186,10 +179,10 @@ def _adopt(
         answer = channel.adopt(record["channel"]["path"], timeout=CHANNEL_TIMEOUT)
     except (OSError, ValueError) as e:
         os.close(pidfd)
-        raise _NotAdopted(f"its guard did not answer on its channel: {e}", ident) from None
+        raise _NotAdopted(f"its guard did not answer on its channel: {e}") from None
     if not answer.get("ok"):
         os.close(pidfd)
-        raise _NotAdopted(f"its guard refused: {answer.get('error')}", ident)
+        raise _NotAdopted(f"its guard refused: {answer.get('error')}")
     stdin = _stdin_fd(answer)
     # The guard watches us now: its slot is taken back under its lock (see the module's note).
     me = holder.held_by(manager.me.pid, manager.me.start)

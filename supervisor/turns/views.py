@@ -78,7 +78,5 @@ def status(manager: Manager) -> dict[str, Any]:
         "stopping": manager.stopping,
         "keys": _keys(manager),
         "adopt_within": manager.settings.adopt_within,
-        # turns adopted at this supervisor's start, and guards that wait to be and could not be
-        "adopted": manager.adoption.adopted,
-        "waiting_adoption": manager.adoption.waiting_now(),
+        "adopted": manager.adoption.adopted,  # turns adopted at this supervisor's start
     }
