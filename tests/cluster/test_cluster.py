@@ -406,6 +406,10 @@ def test_a_restarted_supervisor_joins_its_waiting_turns_again(cluster):
     cluster.queued(b, "b1")
     a.kill()
     a.start()  # the same state dir: a2 is restored from queue.json, under a new lease
+    # A cluster turn is not adopted (its guard has no adopt_within: the lease that counted it
+    # died with its supervisor; supervisor.turns.adopt): a1 ended with it, else b1 never ran.
+    with a.client() as c:
+        assert c.status()["adopted"] == 0
     a.follow()
     released(b, "b1")  # its key is older than a2's new one
     released(a, "a2")
