@@ -300,6 +300,7 @@ class Daemon:
             "waiting": len(self.manager.queue),
             "reservations": len(self.manager.reservations),
             "lost": len(self.manager.ledger.lost_running),
+            "adopted": self.manager.adoption.adopted,  # running turns taken over (turns.adopt)
             "problems": len(problems),
         }
         self.server.publish("supervisor.restored", restored)
