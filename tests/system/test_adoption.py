@@ -112,6 +112,7 @@ def test_a_supervisor_killed_and_started_again_adopts_its_running_turns(
                 if zygote_too
                 else []
             )
+        cgroups = [r.get("cgroup") for t, r in _guards(state_dir).items() if t in running]
         d.proc.send_signal(signal.SIGKILL)
         for pid in zygote:
             os.kill(pid, signal.SIGKILL)
@@ -135,6 +136,12 @@ def test_a_supervisor_killed_and_started_again_adopts_its_running_turns(
             _published_tiles_the_log(events, state_dir, turn)
         events.wait_for(f"turn.{queued}.released", timeout=30)
         assert _log(state_dir, queued) == b"queued\n"
+        if status["containment"] == "cgroup":
+            # the adopted turns' cgroups, under the dead supervisor's ccsup.<pid>.<start>, are
+            # removed after their release, and that parent once it is empty
+            assert all(cgroups) and len({os.path.dirname(c) for c in cgroups}) == 1, cgroups
+            assert not any(os.path.exists(c) for c in cgroups)
+            assert not os.path.exists(os.path.dirname(cgroups[0]))
     finally:
         sampler.stop()
     assert sampler.samples > 50
