@@ -503,3 +503,38 @@ def test_pause_and_resume_buttons_and_the_queues_one_word_why(daemon, state_dir,
         expect(page.locator("#keys-result")).to_have_text("codex resumed")
         expect(row.locator("button.resume-key")).to_have_count(0)
         assert not any(k.get("paused") for k in client.status()["keys"])
+
+
+def test_an_adopted_turn_has_a_badge_in_the_running_list(daemon, state_dir, web, browser):
+    """Issue 24: a supervisor SIGKILLed and started again adopts the running turn; the page
+    marks it "adopted", with when and the gap on hover, and not the turn that started after."""
+    d = daemon(caps="codex = 2", adopt_within="30s")
+    w = web(d.config)
+    with d.client() as client:
+        adopted = hold(client, "codex", "s1", "alpha")
+        wait_until(lambda: (slot_of(client, adopted) or {}).get("pid"), what="it runs")
+    d.kill()
+    guards = state_dir / "guards"
+
+    def waiting() -> bool:
+        for path in guards.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(path.read_text()).get("waiting_since"):
+                    return True
+        return False
+
+    wait_until(waiting, what="its guard waiting for adoption")
+    d.start()
+    with d.client() as client:
+        later = hold(client, "codex", "s2", "beta")
+        wait_until(lambda: slot_of(client, later), what="the later turn held")
+    page = page_of(browser, w.url)
+    badge = page.locator(f'#holders tr[data-turn="{adopted}"] .badge.adopted')
+    expect(badge).to_have_text("adopted")
+    expect(badge).to_have_attribute(
+        "title", re.compile(r"^adopted at \S+ after a gap of \d+\.\d s$")
+    )
+    expect(page.locator(f'#holders tr[data-turn="{later}"]')).to_be_visible()
+    expect(page.locator(f'#holders tr[data-turn="{later}"] .badge.adopted')).to_have_count(0)
+    turn_page = page_of(browser, w.url + "turn/" + adopted)
+    expect(turn_page.locator('[data-fact="adopted"]')).to_contain_text("after a gap of")
