@@ -449,10 +449,11 @@ class Daemon:
         result["bus_rejected"] = self.server.rejected_bus_messages
         result["epoch"] = self.server.epoch  # the run its events name (supervisor.daemon.server)
         result.update(self.cgroups.describe())
-        if "waiting_adoption" not in result:  # guards not adopted (yet): their records, in a thread
-            ours = {t.guard.record_path.name for t in self.manager.turns.values() if t.guard}
-            found = await asyncio.to_thread(guard_waiting.survey, self.paths.guards, skip=ours)
-            result.update(found.to_json())
+        # Guards that wait for adoption (not adopted at start: supervisor.turns.adopt), from their
+        # records in a thread; our own guards' records are not read (we watch them).
+        ours = {t.guard.record_path.name for t in self.manager.turns.values() if t.guard}
+        found = await asyncio.to_thread(guard_waiting.survey, self.paths.guards, skip=ours)
+        result.update(found.to_json())
         return result
 
     def _in_force(self) -> dict:
