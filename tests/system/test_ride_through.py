@@ -163,3 +163,33 @@ def test_run_turn_raises_supervisor_lost_when_none_comes_back(daemon, state_dir)
         took = time.monotonic() - killed_at
     assert lost.value.exit_code == 71 and "turn lost's end is not known" in lost.value.message
     assert wait_limit - 0.5 <= took <= wait_limit + 3.0
+
+
+@pytest.mark.timeout(90)
+def test_a_queued_ccsup_run_rides_through_and_runs_on_the_next_supervisor(daemon, state_dir):
+    d = daemon(caps="codex = 1")
+    go = state_dir / "go"
+    with d.client() as client:
+        client.turn("codex", ["sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.02; done'], id="hog")
+    out, err = state_dir / "run.out", state_dir / "run.err"
+    env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        run = subprocess.Popen(
+            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", "echo ran; exit 7"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    try:
+        with d.client() as client:
+            wait_until(lambda: len(client.ps()["waits"]) == 1, 20, what="the run queued")
+        d.kill()
+        wait_until(lambda: GONE in err.read_text(), 10, what="ccsup run saying it waits")
+        d.start()  # the queue comes back (queue.json); its requester lives, so it waits on
+        go.touch()  # the hog ends (adopted or not), and the run is granted
+        code = run.wait(30)
+    finally:
+        run.kill()
+        run.wait()
+    assert (code, out.read_bytes()) == (7, b"ran\n"), err.read_text()
