@@ -172,13 +172,19 @@ class TurnRider:
         """After `resubscribe`: the events missed, in order, from the history (kinds not yet
         seen); they end with the terminal event when the turn is no longer there (`ps`)."""
         ps = self.client.ps()
-        present = any(s.get("turn") == self.turn_id for s in ps.get("slots", [])) or any(
-            w.get("id") == self.turn_id for w in ps.get("waits", [])
-        )
-        if present:
-            return self._unseen(terminal=False)
+        slots = [s for s in ps.get("slots", []) if s.get("turn") == self.turn_id]
+        present = bool(slots) or any(w.get("id") == self.turn_id for w in ps.get("waits", []))
         deadline = time.monotonic() + HISTORY_WAIT
         events: list[tuple[str, dict]] = []
+        if present:
+            # An adopted turn's `adopted` is in the history soon (its writer batches): waited
+            # for, so it comes before what the bus brings next.
+            adopted = any(s.get("adopted_at") for s in slots) and "adopted" not in self.seen
+            while True:
+                events += self._unseen(terminal=False)
+                if not adopted or "adopted" in self.seen or time.monotonic() >= deadline:
+                    return events
+                time.sleep(POLL)
         while True:
             events += self._unseen(terminal=True)
             if events and _kind(events[-1][0]) in protocol.TERMINAL_EVENTS:

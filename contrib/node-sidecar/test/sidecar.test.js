@@ -312,7 +312,8 @@ test("a turn with a timeout is warned, then stopped with reason timeout", { time
 });
 
 // Issue 24, item 5: a followed turn rides through its supervisor's SIGKILL and a start 1 s later.
-const COUNTER = "for i in $(seq 1 60); do echo $i; sleep 0.05; done";
+// 5 s of counter, killed at its 10th line: the new supervisor adopts it while it still runs.
+const COUNTER = "for i in $(seq 1 100); do echo $i; sleep 0.05; done";
 
 async function waitFor(predicate, ms, what) {
   const deadline = Date.now() + ms;
@@ -323,7 +324,7 @@ async function waitFor(predicate, ms, what) {
 }
 
 test("a turn rides through its supervisor's SIGKILL, its output exact from the log", { timeout: 60000 }, async () => {
-  const own = startDaemon("solo = 1");
+  const own = startDaemon("solo = 1", 'adopt_within = "30s"');
   const client = await Sidecar.connect({ stateDir: own.stateDir });
   try {
     const turn = await client.turn({ key: "solo", argv: ["sh", "-c", COUNTER] });
@@ -351,10 +352,13 @@ test("a turn rides through its supervisor's SIGKILL, its output exact from the l
     assert.ok(printed.equals(log), "every byte of the log, once and in order");
     const lines = printed.toString().trim().split("\n").map(Number);
     assert.deepEqual(lines, lines.map((_, i) => i + 1));
+    assert.equal(lines.length, 100);
     assert.deepEqual(kinds.filter((k) => k.startsWith("supervisor_")), ["supervisor_gone", "supervisor_back"]);
-    // Before adoption the new supervisor ended it at its start, before anyone could subscribe.
-    assert.equal(kinds.at(-1), "released");
-    assert.equal(turn.terminal.body.inferred, true);
+    // Adopted (its `adopted` went out before this client was back): its end comes on the bus.
+    assert.deepEqual(kinds.filter((k) => LIFECYCLE.has(k)), ["queued", "granted", "started", "exited", "gone", "released"]);
+    assert.equal(turn.events.find((e) => e.kind === "exited").body.code, 0);
+    assert.equal(turn.terminal.body.inferred, undefined);
+    assert.notEqual(turn.terminal.body.epoch, turn.events[0].body.epoch);
     assert.equal(client.gaps, 0, "a restart is not a gap");
   } finally {
     client.close();
@@ -363,10 +367,11 @@ test("a turn rides through its supervisor's SIGKILL, its output exact from the l
 });
 
 test("with no supervisor back in time a followed turn fails with supervisor_lost", { timeout: 60000 }, async () => {
-  const own = startDaemon("solo = 1");
+  const own = startDaemon("solo = 1", 'adopt_within = "2s"');
   const client = await Sidecar.connect({ stateDir: own.stateDir });
   try {
     const status = await client.status();
+    assert.equal(status.adopt_within, 2);
     const waitMs = status.adopt_within * 1000 + 5000;
     const turn = await client.turn({ key: "solo", argv: ["sh", "-c", COUNTER] });
     let killedAt = null;
