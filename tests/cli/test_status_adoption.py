@@ -159,7 +159,7 @@ def test_a_running_supervisors_status_counts_the_guards_it_has_not_adopted(
     assert ccsup(state_dir, "status").returncode == 0
     with d.client() as client:
         assert client.status()["waiting_adoption"] == 0
-    assert "adopt" not in ccsup(state_dir, "status").stdout
+    assert "adopt" not in ccsup(state_dir, "status").stdout  # nothing adopted, nothing waits
     guard, record = waiting_guard(state_dir, "30s", started)
     shown = ccsup(state_dir, "status")
     assert shown.returncode == 0, shown.stderr
@@ -176,4 +176,4 @@ def test_a_running_supervisors_status_counts_the_guards_it_has_not_adopted(
     end_guard(state_dir, guard)
     with d.client() as client:
         assert client.status()["waiting_adoption"] == 0
-    assert "adopt" not in ccsup(state_dir, "status").stdout
+    assert "adopt" not in ccsup(state_dir, "status").stdout  # nothing adopted, nothing waits

@@ -108,7 +108,9 @@ def test_an_adopted_turn_shows_in_status_show_history_metrics_ps_and_the_page(da
             assert slots["long"]["adopted_at"] is not None
             metrics = client.call("metrics")["text"]
             assert _counted(metrics, "ccsup_turns_adopted_total", "codex") == 2
-        assert "adopt" not in ccsup(state_dir, "status").stdout
+        text = ccsup(state_dir, "status").stdout.splitlines()
+        assert "turns   2 active, 0 waiting (2 adopted at its start)" in text
+        assert not any(line.startswith("adopt ") for line in text)  # none waits now
         shown = ccsup(state_dir, "show", "long")
         assert shown.returncode == 0, shown.stderr
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(adopted["adopted_at"]))
