@@ -278,9 +278,11 @@ class Client:
     def reload(self) -> dict:
         return self.call("reload")
 
-    def quit(self, *, drain: bool = False) -> dict:
-        """Stop the supervisor; `drain`: first let the running turns end, granting nothing new."""
-        return self.call("quit", **({"drain": True} if drain else {}))
+    def quit(self, *, drain: bool = False, handover: bool = False) -> dict:
+        """Stop the supervisor; `drain`: first let the running turns end, granting nothing new;
+        `handover`: exit without ending a turn, for the next supervisor to adopt (`ccsup restart`)."""
+        args = {name: True for name, on in (("drain", drain), ("handover", handover)) if on}
+        return self.call("quit", **args)
 
     # -- bus
 

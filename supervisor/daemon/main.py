@@ -41,10 +41,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from guardd import procs
+
 from ..admission.control import KeyControl, admission_settings
 from ..caps import SlotState, cap_sources
 from ..cluster.wiring import cluster_wiring
-from ..config import Config, load
+from ..config import EMBEDDED_SOURCE, Config, load
 from ..config.metrics import metrics_address
 from ..errors import AlreadyRunning, CcsupError, os_failure
 from ..guards import containment, fdlimit
@@ -59,6 +61,7 @@ from ..paths import StatePaths, ipc_path
 from ..slots.gate import SlotGate
 from ..turns import restore, store, views
 from ..turns.manager import RETRY_INTERVAL, Manager, Settings
+from ..turns.states import State
 from ..wire import args as command_args
 from ..wire import protocol
 from ..wire.protocol import ProtocolError, Request
@@ -67,24 +70,53 @@ from .server import Server
 
 log = logging.getLogger("ccsup.daemon")
 
+HAND_OVER_SIGNAL = signal.SIGUSR2  # a hand-over, as `quit {"handover": true}` (contrib's unit)
+HAND_OVER_STARTS_WAIT = 5.0  # seconds a hand-over waits for guards the zygote has not answered
 
-def take_instance_lock(paths: StatePaths) -> int:
-    """Hold <state>/supervisor.lock for the daemon's life; AlreadyRunning when someone else does."""
+
+def take_instance_lock(paths: StatePaths, wait: float = 0.0) -> int:
+    """Hold <state>/supervisor.lock for the daemon's life; AlreadyRunning when someone else does
+    (still, after `wait` seconds: `ccsup restart`'s new supervisor, started while the old one
+    hands over, takes the lock the moment the old one exits)."""
     try:
         fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise os_failure("open", paths.lock, e) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise AlreadyRunning(
-            f"a supervisor is already running on {paths.root} (pid {owner})"
-        ) from None
+    deadline = time.monotonic() + wait
+    before = _lock_owner(fd) if wait > 0 else None
+    held_before = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                held_before = True
+                time.sleep(0.002)  # before the event loop: nothing else runs here yet
+                continue
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise AlreadyRunning(
+                f"a supervisor is already running on {paths.root} (pid {owner})"
+            ) from None
+    # The lock is let go of before the process that held it has exited, and with it its slots'
+    # locks: a supervisor taking over waits for that exit, so the slots it then reads are the
+    # dead one's (orphaned, to adopt), never still held.
+    while held_before and before is not None and procs.process_running(before):
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.002)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _lock_owner(fd: int) -> procs.Identity | None:
+    """The running process the lock file names (the supervisor that holds it), if any."""
+    try:
+        return procs.identity_of(int(os.pread(fd, 32, 0).decode("ascii").strip()))
+    except (OSError, ValueError):
+        return None
 
 
 # systemd's notify socket, taken out of the environment at start so no turn inherits it.
@@ -187,6 +219,7 @@ class Daemon:
         )
         self.keyctl.attach(self.manager)
         self._stop = asyncio.Event()
+        self._handing_over = False  # `ccsup restart`: exit without ending a turn (_hand_over)
         self._reaping: asyncio.Task | None = None
         self.history = history_writer.Recorder(paths.root)  # writes in a thread of its own
         self.server.observers.append(self.history.observe)
@@ -233,6 +266,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self.quit)
         loop.add_signal_handler(signal.SIGINT, self.quit)
         loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
+        loop.add_signal_handler(HAND_OVER_SIGNAL, self._hand_over_from_signal)
         await self.reap_orphans()
         sd_notify("READY=1")
         web = _web_beside(self.config, self.paths.root, self.config_path)
@@ -245,6 +279,8 @@ class Daemon:
         ]
         await self._stop.wait()
         sd_notify("STOPPING=1")
+        if self._handing_over:
+            return await self._hand_over(periodic, web)
         self.server.publish("supervisor.stopping", {"pid": os.getpid()})
         log.info("stopping: ending every turn")
         self.manager.begin_stop()
@@ -272,6 +308,45 @@ class Daemon:
         await asyncio.sleep(max(0.0, sockets_close_at - loop.time()))
         self.server.close()
         log.info("stopped")
+        return 0
+
+    async def _hand_over(self, periodic: list[asyncio.Task], web: object) -> int:
+        """`ccsup restart`'s old half: exit without ending a turn. Every guard is let go of
+        untouched and waits for the next supervisor to adopt it ([guard] adopt_within); queue.json
+        is saved whole, each running turn with the offsets of its output published so far; the
+        zygote goes (its guards do not: they watch this process, not it), the turns' cgroups and
+        the cluster lease stay (the lease expires on its own)."""
+        manager = self.manager
+        log.info("handing over: %d turn(s) running wait to be adopted", len(manager.turns))
+        self.server.publish("supervisor.stopping", {"pid": os.getpid(), "handover": True})
+        # Guards asked of the zygote and not answered yet: their answers are waited for, so that
+        # no guard runs that this supervisor did not hand over.
+        loop = asyncio.get_running_loop()
+        until = loop.time() + HAND_OVER_STARTS_WAIT
+        while (manager.starting_count() or self.launcher.waiting) and loop.time() < until:
+            await asyncio.sleep(0.01)
+        for task in periodic:
+            task.cancel()
+        if web is not None:
+            from . import page
+
+            await page.stop(web)  # type: ignore[arg-type]
+        if self.cluster:
+            await self.cluster.gate.close(revoke=False)  # its turns end with us; the lease expires
+        let_go = manager.hand_over()  # from here on nothing of a turn changes or is published
+        self.server.publish(
+            "supervisor.stopped", {"pid": os.getpid(), "handover": True, "turns": let_go}
+        )
+        sockets_close_at = loop.time() + 0.05
+        manager.close()  # the file thread's last fsyncs: queue.json is on disk before we exit
+        self.keyctl.close()
+        self.launcher.close()
+        self.history.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        await asyncio.sleep(max(0.0, sockets_close_at - loop.time()))
+        self.server.close()
+        log.info("handed over %d turn(s)", let_go)
         return 0
 
     def prepare_slots(self) -> None:
@@ -309,6 +384,56 @@ class Daemon:
 
     def quit(self) -> None:
         self._stop.set()
+
+    def hand_over(self) -> dict:
+        """`quit {"handover": true}` (`ccsup restart`, SIGUSR2): stop taking requests and exit
+        without ending a turn; the next supervisor adopts them. Refused (ProtocolError) when
+        [guard] adopt_within is 0 (the turns would end) or a stop is already under way."""
+        adopt_within = self.config.adopt_within
+        if adopt_within <= 0:
+            raise ProtocolError(
+                "failed",
+                "restart needs [guard] adopt_within > 0: with 0 every running turn would end "
+                f"with this supervisor (config {self.config.source}); use `ccsup stop` and "
+                "`ccsup start`, or set adopt_within",
+            )
+        manager = self.manager
+        if manager.stopping or self._stop.is_set():
+            raise ProtocolError("stopping", "the supervisor is already stopping")
+        running = [t for t in manager.turns.values() if t.state is not State.QUEUED]
+        cluster = self.cluster
+        # Not adopted, so they end with this supervisor: a cluster-capped turn (its lease is this
+        # supervisor's) and a "tty" turn (its pty's master is ours).
+        ending = [
+            t
+            for t in running
+            if t.stdin == "tty" or (cluster and cluster.gate.is_cluster_key(t.key))
+        ]
+        ending_ids = {t.id for t in ending}
+        self._handing_over = True
+        manager.begin_hand_over()
+        asyncio.get_running_loop().call_soon(self.quit)
+        return {
+            "stopping": True,
+            "handover": True,
+            "pid": os.getpid(),
+            "turns": len(running) - len(ending),  # to be adopted
+            "ids": [t.id for t in running if t.id not in ending_ids],
+            "ending": len(ending),  # cluster-capped or "tty": they end with this supervisor
+            "waiting": len(manager.queue),  # restored by the next supervisor, in order
+            "adopt_within": adopt_within,
+        }
+
+    def _hand_over_from_signal(self) -> None:
+        """SIGUSR2 (systemd's KillSignal in contrib's unit): a hand-over; where adopt_within is
+        0 a hand-over would end the turns anyway, so it is a plain stop, said in the log."""
+        try:
+            self.hand_over()
+        except ProtocolError as e:
+            if e.code == "stopping":
+                return
+            log.warning("%s: stopping every turn instead", e.message)
+            self.quit()
 
     def _serve_metrics(self) -> None:
         """[metrics] listen: serve /metrics (off unless configured; an address it cannot take is
@@ -448,6 +573,16 @@ class Daemon:
         result.update(self._in_force())
         result["bus_rejected"] = self.server.rejected_bus_messages
         result["epoch"] = self.server.epoch  # the run its events name (supervisor.daemon.server)
+        # How this supervisor was started, for `ccsup restart` to start the next one the same way
+        result["started_with"] = {
+            "config": (
+                None
+                if self.config.source == EMBEDDED_SOURCE
+                else os.path.abspath(self.config.source)
+            ),
+            "caps": dict(self.caps_override),
+            "systemd": _notify_socket is not None,
+        }
         result.update(self.cgroups.describe())
         # Guards that wait for adoption (not adopted at start: supervisor.turns.adopt), from their
         # records in a thread; our own guards' records are not read (we watch them).
@@ -514,7 +649,10 @@ class Daemon:
         return self.keyctl.resume(command_args.parse_resume(args))
 
     async def cmd_quit(self, args: dict) -> dict:
-        if command_args.parse_quit(args):
+        what = command_args.parse_quit(args)
+        if what == "handover":
+            return self.hand_over()
+        if what == "drain":
             return self.drain()
         asyncio.get_running_loop().call_soon(self.quit)
         return {"stopping": True}
@@ -610,13 +748,19 @@ def serve(
     caps_override: dict | None = None,
     foreground: bool = True,
     config_path: str | None = None,
+    lock_wait: float = 0.0,
+    ready_fd: int | None = None,
 ) -> int:
-    """Run the daemon in this process until it is told to stop; returns the exit code."""
+    """Run the daemon in this process until it is told to stop; returns the exit code.
+    lock_wait: seconds to wait for the state directory's lock (take_instance_lock); ready_fd:
+    closed once this process is ready to take it (`ccsup restart` hands over only then)."""
     global _notify_socket
     _notify_socket = os.environ.pop("NOTIFY_SOCKET", None)
     paths = StatePaths(Path(state_dir))
     paths.ensure()
-    lock_fd = take_instance_lock(paths)
+    if ready_fd is not None:
+        os.close(ready_fd)  # every import done: what is left is quick (`ccsup restart`)
+    lock_fd = take_instance_lock(paths, lock_wait)
     setup_logging(paths, foreground)
     fdlimit.raise_nofile()  # 500 turns need ~5k fds; each turn gets the old limit back
     try:

@@ -70,6 +70,9 @@ TruncatedCallback = Callable[[str, str, int, int], None]  # turn id, stream, off
 # failure (the record's exit, when it has one, wins; without one the guard was lost).
 STATUS_UNKNOWN = EXIT_GUARD_FAILURE
 _STDIN_RETRY = 0.05  # seconds: a close_stdin the guard's full backlog refused is tried again
+# Reads of 64 KiB a stream a hand-over publishes at most before it lets go (the rest is the
+# adopter's: it goes on from the offsets saved), so a turn writing fast cannot hold it.
+HANDOVER_READS = 16
 
 
 class _Pipes:
@@ -265,6 +268,33 @@ class GuardProcess:
                 if self._offsets[stream] == before:
                     break
             self._finish(stream)
+
+    def published(self, stream: str) -> int:
+        """The stream's offset after the last byte handed on (a held-back incomplete character
+        not counted: it is handed on with the bytes that complete it)."""
+        splitter = self._splitters.get(stream)
+        return splitter.offset if splitter is not None else self._offsets[stream]
+
+    def hand_over(self) -> dict[str, int]:
+        """At a hand-over (`ccsup restart`): hand on what the logs hold now (up to HANDOVER_READS
+        reads a stream), then let go of the guard untouched: nothing more is read, handed on or
+        called back (its exit included), and no descriptor it needs is closed. Returns each
+        stream's offset published so far: where the adopting supervisor goes on."""
+        for follower in self._followers.values():
+            follower.read(HANDOVER_READS)
+        offsets = {stream: self.published(stream) for stream in STREAMS}
+        self._on_output = _nothing
+        self._on_exit = _nothing
+        for follower in self._followers.values():
+            follower.close()
+        self._followers.clear()
+        if self._loop is not None:
+            self._loop.remove_reader(self.pidfd)
+            for pipe in self._pipes.values():  # a "tty" turn's pty: read by us until now
+                self._loop.remove_reader(pipe)
+            if self._stdin >= 0:
+                self._loop.remove_writer(self._stdin)
+        return offsets
 
     def _log(self, stream: str, offset: int, data: bytes) -> None:
         """Append a read to its log (and its arrival to the index), up to the turn's log limit."""

@@ -147,6 +147,7 @@ class Manager:
         self.unsaved_grants: list[Turn] = []  # granted, not started until their grant is saved
         self.stopping = False
         self.draining = False  # `stop --drain`: no new turns, no grants; running ones go on
+        self.handing_over = False  # `ccsup restart`: no new turns, no grants; the turns run on
         self.started_at = clock()
         me = me or procs.identity_of(os.getpid())
         if me is None:
@@ -197,7 +198,7 @@ class Manager:
         known = self._known(turn_id, args.key)
         if known is not None:
             return known
-        if self.stopping or self.draining:
+        if self.closed_to_new:
             raise ProtocolError("stopping", "the supervisor is stopping and takes no new turns")
         if args.cwd is not None and not os.path.isdir(args.cwd):
             raise ProtocolError("bad_request", f"'cwd' {args.cwd[:200]!r} is not a directory")
@@ -360,7 +361,7 @@ class Manager:
         same_holder = self.ledger.holders.get(holder_key) if holder_key else None
         if same_holder is not None:  # one per holder and key; asking again never extends it
             return self._reservation_answer(self.reservations[same_holder])
-        if self.stopping or self.draining:
+        if self.closed_to_new:
             raise ProtocolError(
                 "stopping", "the supervisor is stopping and takes no new reservations"
             )
@@ -477,7 +478,7 @@ class Manager:
         `unreadable` and by one `supervisor.error` event, and the pass goes on with the other
         keys; what was granted before it in the pass is started all the same.
         """
-        if self.stopping or self.draining:
+        if self.closed_to_new:
             return
         granted: list[Turn] = []
         try:
@@ -628,6 +629,39 @@ class Manager:
         for item in list(self.reservations.values()) + list(self.turns.values()):
             if item.state in (State.GRANTED, State.RUNNING, State.EXITED, State.STOPPING):
                 self.cancel(item.id, reason="shutdown")
+
+    @property
+    def closed_to_new(self) -> bool:
+        """Stopping, draining or handing over: no new turn or reservation, no grant."""
+        return self.stopping or self.draining or self.handing_over
+
+    # -- a hand-over (`ccsup restart`) -------------------------------------------------------------
+
+    def begin_hand_over(self) -> None:
+        """No new turn, reservation or grant from now on; nothing that runs is touched."""
+        self.handing_over = True
+
+    def starting_count(self) -> int:
+        """Granted turns whose guard is being started (asked of the zygote, not answered yet)."""
+        unsaved = {t.id for t in self.unsaved_grants}
+        return sum(
+            1
+            for t in self.turns.values()
+            if t.state is State.GRANTED and t.guard is None and t.id not in unsaved
+        )
+
+    def hand_over(self) -> int:
+        """Let go of every running turn's guard, untouched, and save queue.json whole: each turn
+        with a guard stays in `running`, with the byte offsets of its output published so far
+        (`offsets`), so the supervisor that adopts it goes on from there. Nothing is published
+        or changed for a turn after this; returns how many turns were let go of."""
+        let_go = 0
+        for turn in self.turns.values():
+            if turn.guard is not None:
+                turn.offsets = turn.guard.hand_over()
+                let_go += 1
+        self.ledger.save_all()
+        return let_go
 
     def running_count(self) -> int:
         """Turns and reservations that hold (or are taking) a slot: what a drain waits for."""

@@ -148,6 +148,9 @@ class Turn:
     # long it ran with no supervisor.
     adopted_at: float | None = None
     adoption_gap: float | None = None
+    # At a hand-over (`ccsup restart`): each stream's byte offset published so far, saved with
+    # its `running` entry for the supervisor that adopts it
+    offsets: dict[str, int] | None = None
 
     def advance(self, event: Event) -> State:
         self.state = next_state(self.state, event)
@@ -165,6 +168,8 @@ class Turn:
             "requested_at": self.requested_at,
             "timeout": self.timeout,
             "stdin": self.stdin,
+            # a hand-over's: where each stream's events go on (supervisor.turns.adopt reads it)
+            **({} if self.offsets is None else {"offsets": dict(self.offsets)}),
         }
 
     def fields(self) -> dict[str, Any]:

@@ -295,13 +295,20 @@ def parse_send(args: dict) -> SendArgs:
     )
 
 
-def parse_quit(args: dict) -> bool:
-    """`quit {drain?: bool}`: whether to drain first (grant nothing new, let running turns end)."""
-    _reject_unknown(args, {"drain"}, "a quit request")
-    drain = args.get("drain", False)
-    if not isinstance(drain, bool):
-        raise bad_request("'drain' must be true or false")
-    return drain
+def parse_quit(args: dict) -> str | None:
+    """`quit {drain?: bool, handover?: bool}`: "drain" (grant nothing new, let running turns
+    end first), "handover" (exit without ending a turn: `ccsup restart`), else None."""
+    _reject_unknown(args, {"drain", "handover"}, "a quit request")
+    chosen = []
+    for name in ("drain", "handover"):
+        value = args.get(name, False)
+        if not isinstance(value, bool):
+            raise bad_request(f"'{name}' must be true or false")
+        if value:
+            chosen.append(name)
+    if len(chosen) > 1:
+        raise bad_request("'drain' and 'handover' cannot both be true")
+    return chosen[0] if chosen else None
 
 
 def parse_reap(args: dict) -> str | None:

@@ -185,6 +185,13 @@ class FakeGuard:
     def drain(self):
         pass
 
+    handed_over = False
+    published = {"stdout": 0, "stderr": 0}  # what the test says was published of each stream
+
+    def hand_over(self):
+        self.handed_over = True
+        return dict(self.published)
+
     def write_stdin(self, data, eof=False):
         self.stdin += data
         self.stdin_eof = eof
