@@ -42,6 +42,7 @@ from .where import Where
 COMMANDS: dict[str, tuple[str, str]] = {
     "start": ("start", "start"),
     "stop": ("stop", "stop"),
+    "restart": ("restart", "restart"),
     "status": ("status", "status"),
     "ps": ("ps", "ps"),
     "run": ("run", "run"),

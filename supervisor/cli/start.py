@@ -57,9 +57,19 @@ def _caps_option(
     help="Caps that win over the config's, e.g. codex=2,opencode:xai=1.",
 )
 @click.option("--log-to-file", is_flag=True, hidden=True)
+# `ccsup restart`'s new supervisor: started before the old one has left, it waits up to this many
+# seconds for the state directory's lock instead of exiting "already running".
+@click.option("--take-over-within", type=float, default=0.0, hidden=True)
+@click.option("--ready-fd", type=int, default=None, hidden=True)  # closed once it waits for it
 @click.pass_context
 def start(
-    ctx, foreground: bool, config_path: str | None, caps: dict | None, log_to_file: bool
+    ctx,
+    foreground: bool,
+    config_path: str | None,
+    caps: dict | None,
+    log_to_file: bool,
+    take_over_within: float,
+    ready_fd: int | None,
 ) -> None:
     """Start the supervisor; return once it answers."""
     from .. import config as cfg
@@ -84,26 +94,63 @@ def start(
                 caps_override=caps,
                 foreground=not log_to_file,
                 config_path=config_path or options.config_option,
+                lock_wait=take_over_within,
+                ready_fd=ready_fd,
             )
         )
-    paths = StatePaths(state_dir)
-    paths.ensure()
+    StatePaths(state_dir).ensure()
     with options.client(timeout=1.0) as probe:
         if probe.running():
             raise AlreadyRunning(f"a supervisor is already running on {state_dir}{_pid_of(probe)}")
-    argv = [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir)]
-    if config.source != cfg.EMBEDDED_SOURCE:
-        argv += ["--config", os.path.abspath(config.source)]
-    argv += ["start", "--foreground", "--log-to-file"]
-    if caps:
-        argv += ["--caps", ",".join(f"{k}={v}" for k, v in caps.items())]
-    child = _spawn_detached(argv, paths.root / STDERR_FILE)
-    pid = _wait_until_answering(options, child, state_dir)
+    config_file = None if config.source == cfg.EMBEDDED_SOURCE else os.path.abspath(config.source)
+    pid = start_detached(options, state_dir, config_file, caps)
     click.echo(f"ccsup started (pid {pid}, state {state_dir})")
     from ..guards.containment import limits_not_enforced
 
     for sentence in limits_not_enforced(config):  # never silently ignored (status says it too)
         click.echo(f"warning: {sentence}", err=True)
+
+
+def start_detached(
+    options: Where, state_dir: Path, config_file: str | None, caps: dict[str, int] | None
+) -> int:
+    """Start a detached supervisor on state_dir and return its pid once it answers `status`
+    (`ccsup start`)."""
+    child = spawn_supervisor(state_dir, config_file, caps)
+    return wait_until_answering(options, child, state_dir)
+
+
+def spawn_supervisor(
+    state_dir: Path,
+    config_file: str | None,
+    caps: dict[str, int] | None,
+    take_over_within: float = 0.0,
+) -> subprocess.Popen[bytes]:
+    """`python -m supervisor ... start --foreground --log-to-file`, detached (config_file
+    absolute, or None for the embedded defaults). With take_over_within (`ccsup restart`, which
+    starts it while the old supervisor still runs), it waits that long for the state directory's
+    lock, and returns only once the new process is that far (its imports done): EOF on a pipe
+    whose write end it closes then, or its own end."""
+    argv = [sys.executable, "-m", "supervisor", "--state-dir", str(state_dir)]
+    if config_file is not None:
+        argv += ["--config", config_file]
+    argv += ["start", "--foreground", "--log-to-file"]
+    if caps:
+        argv += ["--caps", ",".join(f"{k}={v}" for k, v in caps.items())]
+    if take_over_within <= 0:
+        return _spawn_detached(argv, state_dir / STDERR_FILE)
+    ready_r, ready_w = os.pipe()
+    try:
+        argv += ["--take-over-within", repr(take_over_within), "--ready-fd", str(ready_w)]
+        child = _spawn_detached(argv, state_dir / STDERR_FILE, pass_fds=(ready_w,))
+        os.close(ready_w)
+        ready_w = -1
+        os.read(ready_r, 1)  # EOF: it is ready, or gone (then its stderr says why)
+    finally:
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
+    return child
 
 
 def _pid_of(client: Client) -> str:
@@ -113,7 +160,9 @@ def _pid_of(client: Client) -> str:
         return ""
 
 
-def _spawn_detached(argv: list[str], stderr_path: Path) -> subprocess.Popen[bytes]:
+def _spawn_detached(
+    argv: list[str], stderr_path: Path, pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen[bytes]:
     import subprocess
 
     try:
@@ -128,6 +177,7 @@ def _spawn_detached(argv: list[str], stderr_path: Path) -> subprocess.Popen[byte
             stderr=fd,
             start_new_session=True,
             cwd="/",
+            pass_fds=pass_fds,
         )
     except OSError as e:
         raise CcsupError(f"unable to start the supervisor ({argv[0]}): {e.strerror}") from None
@@ -135,7 +185,7 @@ def _spawn_detached(argv: list[str], stderr_path: Path) -> subprocess.Popen[byte
         os.close(fd)
 
 
-def _wait_until_answering(options: Where, child: subprocess.Popen[bytes], state_dir: Path) -> int:
+def wait_until_answering(options: Where, child: subprocess.Popen[bytes], state_dir: Path) -> int:
     """The detached supervisor's pid once it answers `status`; its stderr and code if it ends first."""
     from ..paths import StatePaths
 
