@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -109,14 +110,19 @@ def test_under_systemd_ready_comes_once_status_answers_and_stopping_after_quit(s
         sock.close()
 
 
-def test_the_unit_runs_the_daemon_in_the_foreground_as_type_notify_with_mixed_kill_mode():
+def test_the_unit_runs_the_daemon_in_the_foreground_as_type_notify_and_hands_over_on_stop():
     unit = (ROOT / "contrib" / "systemd" / "ccsup.service").read_text()
     settings = dict(
         line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#")
     )
     assert settings["Type"] == "notify"
     assert settings["ExecStart"].endswith("ccsup start --foreground")
-    assert settings["KillMode"] == "mixed"
+    # a stop or restart of the unit is a hand-over (tests/cli/test_restart.py): only the daemon
+    # is signalled, and with the hand-over signal, so the turns' guards wait to be adopted
+    from supervisor.daemon.main import HAND_OVER_SIGNAL
+
+    assert settings["KillMode"] == "process"
+    assert signal.Signals[settings["KillSignal"]] == HAND_OVER_SIGNAL == signal.SIGUSR2
     assert int(settings["TimeoutStopSec"]) >= 30
 
 
