@@ -117,13 +117,14 @@ def test_with_no_supervisor_status_says_how_many_turns_wait_and_until_when(state
     guards = state_dir / "guards"
     me = procs.identity_of(os.getpid())
     # Not counted: a record naming a live pid with another start (the pid reused); one whose
-    # deadline has passed; a symlink to a waiting record (never followed).
+    # deadline has passed; a symlink to a waiting record (never followed); no JSON; a FIFO.
     plant(
         guards, f"{me.pid}-{me.start + 1}.json", {"pid": me.pid, "start": me.start + 1}, time.time()
     )
     plant(guards, f"{me.pid}-{me.start}.json", me.to_json(), time.time() - 100)
     os.symlink(guards / f"{second.pid}-{second.start}.json", guards / "1-1.json")
     (guards / "2-2.json").write_text("{not json")
+    os.mkfifo(guards / "3-3.json")  # opened without blocking, and refused: never hangs status
     last = max(deadline(first_record), deadline(second_record))
 
     both = ccsup(state_dir, "status")
