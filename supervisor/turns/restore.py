@@ -173,9 +173,11 @@ def _requeue(manager: Manager, item: Item, requester: Identity | None | bool) ->
 
 def _turn_args(entry: dict[str, Any]) -> TurnArgs:
     """A waiting turn from queue.json, checked as strictly as a new request."""
-    # env_replace and stdin are absent in a queue.json written before issue 26: the defaults
+    # env_replace, stdin and winsize are absent in a queue.json written before issue 26 (the
+    # release before, tests/system/test_upgrade.py): left out, as a request without them, they
+    # take their defaults (passed as None they were refused, and the old release's waiters lost)
     names = (
         *("id", "key", "argv", "cwd", "env", "holder", "reservation", "timeout"),
         *("env_replace", "stdin", "winsize"),
     )
-    return parse_turn({name: entry.get(name) for name in names})
+    return parse_turn({name: entry[name] for name in names if name in entry})

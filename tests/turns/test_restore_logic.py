@@ -271,3 +271,30 @@ async def test_a_restored_waiter_keeps_its_whole_environment_and_stdin_mode(h):
         "tty",
         (40, 100),
     )
+
+
+# A waiting turn and a running one as the release before issue 24 wrote them (commit 7b3474a's
+# Turn.to_json: no env_replace, stdin, winsize; a running entry with only its id and key).
+OLD_WAITING = ("id", "key", "argv", "cwd", "env", "holder", "requested_at", "wait_deadline")
+OLD_WAITING_ALSO = ("reservation", "timeout")
+
+
+@scenario(caps={"codex": 1})
+async def test_restore_takes_back_the_entries_of_the_release_before(h):
+    h.turn("busy")
+    h.clock.advance(1)
+    h.turn("w0", env={"TOKEN": "x"})
+    saved = h.saved()
+    saved["waiting"] = [
+        {k: v for k, v in e.items() if k in OLD_WAITING + OLD_WAITING_ALSO}
+        for e in saved["waiting"]
+    ]
+    saved["running"] = [{"id": e["id"], "key": e["key"]} for e in saved["running"]]
+    h.gate.held.clear()  # the old supervisor died with its locks, its work with it
+    h.starter.guards.clear()
+    m = h.new_manager()
+    assert restore.restore(m, saved, []) == []
+    assert [w.id for w in m.queue.all()] == ["w0"]
+    assert h.body("turn.busy.exited")["reason"] == "supervisor_restarted"
+    m.grant_waiters()
+    assert h.events("w0") == ["granted", "started"]
