@@ -444,6 +444,8 @@ class _TurnRunner:
         gone_pid = rider.watch.pid
         if self.wait_line is not None:
             self.wait_line.finish()
+        if self.raw is not None:
+            self.raw.restore()  # a tty turn is not adopted (its pty died with its supervisor)
         click.echo(
             f"ccsup: the supervisor on {state_dir} (pid {gone_pid}) is gone; waiting up to "
             f"{rider.watch.wait_limit:g} s for one to take turn {self.turn_id} back",
@@ -512,7 +514,8 @@ class _TurnRunner:
             if kind == "started" and self.forward_stdin is not None:
                 from .stdin_forward import StdinForwarder
 
-                StdinForwarder(self.forward_stdin, self.turn_id).start()
+                within = self.rider.watch.wait_limit if self.rider is not None else 0.0
+                StdinForwarder(self.forward_stdin, self.turn_id, ride_within=within).start()
                 self.forward_stdin = None
         elif kind == "stopping":
             self.stop_reason = body.get("reason")

@@ -15,6 +15,13 @@ supervisor.turns.manager; a `busy` answer, when another client fills it, is wait
 way). When the turn has ended (the send is refused) the forwarder
 stops reading. A terminal as stdin is forwarded too (line by line, as the terminal delivers it).
 
+Across a supervisor's death (`ride_within`, what `ccsup run` waits for one: adopt_within + 5 s):
+a send that finds no supervisor, or gets no answer, waits for one to answer again
+(supervisor.client.ride_through.await_return) and is sent again there (an adopted turn's stdin
+stays open: the guard holds a writer), so the rest of the input and its end still arrive. A
+`send` carries no offset, so the one chunk in flight when the supervisor died may arrive twice,
+and what the dead supervisor had queued but not written (`pending`) died with it.
+
 Knows file descriptors and the `send` command; nothing of events or exit codes.
 """
 
@@ -32,10 +39,13 @@ POLL = 0.01  # seconds between polls while the turn's pipe is full
 
 
 class StdinForwarder:
-    def __init__(self, make_client: Callable, turn_id: str, fd: int = 0):
+    def __init__(
+        self, make_client: Callable, turn_id: str, fd: int = 0, *, ride_within: float = 0.0
+    ):
         self.make_client = make_client  # a new supervisor.client.Client for this thread
         self.turn_id = turn_id
         self.fd = fd
+        self.ride_within = ride_within  # seconds a send waits for a supervisor to answer again
         self.sent = 0
         self.error: str | None = None
         self._thread = threading.Thread(target=self._run, name="ccsup-stdin", daemon=True)
@@ -81,6 +91,21 @@ class StdinForwarder:
             time.sleep(POLL)
 
     def _send(self, client, data: bytes, *, eof: bool) -> dict:
+        """Send once; again on the next supervisor when this one went away (ride_within)."""
+        from ..client.control import RemoteError
+        from ..client.ride_through import await_return
+        from ..errors import CcsupError
+
+        while True:
+            try:
+                return self._send_once(client, data, eof=eof)
+            except RemoteError:
+                raise  # answered: the turn ended, or the send was refused
+            except CcsupError:
+                if self.ride_within <= 0 or await_return(client, self.ride_within) is None:
+                    raise
+
+    def _send_once(self, client, data: bytes, *, eof: bool) -> dict:
         try:
             text = data.decode()
         except UnicodeDecodeError:

@@ -202,3 +202,37 @@ def test_a_queued_ccsup_run_rides_through_and_runs_on_the_next_supervisor(daemon
         run.kill()
         run.wait()
     assert (code, out.read_bytes()) == (7, b"ran\n"), err.read_text()
+
+
+@pytest.mark.timeout(90)
+def test_ccsup_runs_stdin_goes_on_to_the_next_supervisor_end_of_input_included(daemon, state_dir):
+    d = daemon(adopt_within="30s")
+    out, err = state_dir / "run.out", state_dir / "run.err"
+    env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
+    echo = 'while read line; do echo "got $line"; done; echo "end of input"'
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        run = subprocess.Popen(
+            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", echo],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    try:
+        run.stdin.write(b"a\n")
+        run.stdin.flush()
+        wait_until(lambda: out.read_bytes() == b"got a\n", 20, what="got a")
+        d.kill()
+        wait_until(lambda: GONE in err.read_text(), 10, what="ccsup run saying it waits")
+        run.stdin.write(b"b\n")  # read while no supervisor runs: sent to the next one
+        run.stdin.flush()
+        d.start()
+        wait_until(lambda: BACK in err.read_text(), 20, what="ccsup run following it again")
+        wait_until(lambda: out.read_bytes() == b"got a\ngot b\n", 20, what="got b")
+        run.stdin.write(b"c\n")
+        run.stdin.close()  # the end of input reaches the adopted turn
+        code = run.wait(30)
+    finally:
+        run.kill()
+        run.wait()
+    assert (code, out.read_bytes()) == (0, b"got a\ngot b\ngot c\nend of input\n"), err.read_text()
