@@ -77,7 +77,7 @@ def restart(ctx: click.Context, timeout: float | None) -> None:
             "turns and turns on a terminal (-t) are not adopted",
             err=True,
         )
-    new_pid = wait_until_answering(options, child, state_dir)
+    new_pid = wait_until_answering(options, child, state_dir, "adopting the turns")
     with options.client() as client:
         adopted, waiting = _wait_adopted(client, handed, began + limit)
         took = time.monotonic() - began

@@ -185,8 +185,14 @@ def _spawn_detached(
         os.close(fd)
 
 
-def wait_until_answering(options: Where, child: subprocess.Popen[bytes], state_dir: Path) -> int:
-    """The detached supervisor's pid once it answers `status`; its stderr and code if it ends first."""
+def wait_until_answering(
+    options: Where,
+    child: subprocess.Popen[bytes],
+    state_dir: Path,
+    doing: str = "restoring its queue",
+) -> int:
+    """The detached supervisor's pid once it answers `status`; its stderr and code if it ends
+    first. `doing`: what it is said to be busy with while it holds its socket unanswered."""
     from ..paths import StatePaths
 
     stderr_path = state_dir / STDERR_FILE
@@ -211,8 +217,7 @@ def wait_until_answering(options: Where, child: subprocess.Popen[bytes], state_d
         except CcsupError:  # it holds the lock and its socket, but serves nothing yet: restoring
             if not busy:
                 click.echo(
-                    f"ccsup: the supervisor (pid {child.pid}) is restoring its queue; waiting "
-                    "for it to answer",
+                    f"ccsup: the supervisor (pid {child.pid}) is {doing}; waiting for it to answer",
                     err=True,
                 )
             busy.append(time.monotonic())

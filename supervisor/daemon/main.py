@@ -219,7 +219,7 @@ class Daemon:
         )
         self.keyctl.attach(self.manager)
         self._stop = asyncio.Event()
-        self._handing_over = False  # `ccsup restart`: exit without ending a turn (_hand_over)
+        self.handing_over = False  # `ccsup restart`: exit without ending a turn (_hand_over)
         self._reaping: asyncio.Task | None = None
         self.history = history_writer.Recorder(paths.root)  # writes in a thread of its own
         self.server.observers.append(self.history.observe)
@@ -279,7 +279,7 @@ class Daemon:
         ]
         await self._stop.wait()
         sd_notify("STOPPING=1")
-        if self._handing_over:
+        if self.handing_over:
             return await self._hand_over(periodic, web)
         self.server.publish("supervisor.stopping", {"pid": os.getpid()})
         log.info("stopping: ending every turn")
@@ -410,7 +410,7 @@ class Daemon:
             if t.stdin == "tty" or (cluster and cluster.gate.is_cluster_key(t.key))
         ]
         ending_ids = {t.id for t in ending}
-        self._handing_over = True
+        self.handing_over = True
         manager.begin_hand_over()
         asyncio.get_running_loop().call_soon(self.quit)
         return {
@@ -765,6 +765,15 @@ def serve(
     fdlimit.raise_nofile()  # 500 turns need ~5k fds; each turn gets the old limit back
     try:
         daemon = Daemon(config, paths, config_path=config_path, caps_override=caps_override)
-        return asyncio.run(daemon.run())
+        code = asyncio.run(daemon.run())
     finally:
         os.close(lock_fd)
+    if daemon.handing_over:
+        # Everything is saved and closed; the next supervisor waits for this process to be gone
+        # (its slot locks with it), so it exits now, not after the interpreter has freed every
+        # object of 500 turns one by one.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
