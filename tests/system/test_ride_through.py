@@ -14,13 +14,14 @@ that end: `ccsup run` still prints every byte the log has, once, and exits 125."
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-from conftest import wait_until
+from conftest import wait_until, zygote_of
 
 from supervisor.client import Client, TurnOutput
 from supervisor.client.ride_through import RETURN_MARGIN
@@ -54,9 +55,9 @@ def counted(data: bytes) -> list[int]:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("adopt_within", ["30s", "0s"])
+@pytest.mark.parametrize("adopt_within, zygote_too", [("30s", False), ("30s", True), ("0s", False)])
 def test_ccsup_run_rides_through_a_sigkilled_supervisor_started_again_1s_later(
-    daemon, state_dir, adopt_within
+    daemon, state_dir, adopt_within, zygote_too
 ):
     d = daemon(adopt_within=adopt_within)
     with d.client() as client:
@@ -66,7 +67,10 @@ def test_ccsup_run_rides_through_a_sigkilled_supervisor_started_again_1s_later(
     run = start_run(state_dir, d.config, out, err)
     try:
         wait_until(lambda: b"\n10\n" in out.read_bytes(), 20, what="the counter at 10")
+        zygote = zygote_of(d.proc.pid) if zygote_too else None
         d.kill()
+        if zygote is not None:
+            os.kill(zygote, signal.SIGKILL)  # the guard's parent: it changes nothing
         killed_at = time.monotonic()
         wait_until(lambda: GONE in err.read_text(), 10, what="ccsup run saying it waits")
         time.sleep(max(0.0, killed_at + 1.0 - time.monotonic()))  # the scenario's 1 s gap
