@@ -117,7 +117,7 @@ def test_the_unit_runs_the_daemon_in_the_foreground_as_type_notify_and_hands_ove
     )
     assert settings["Type"] == "notify"
     assert settings["ExecStart"].endswith("ccsup start --foreground")
-    # a stop or restart of the unit is a hand-over (tests/cli/test_restart.py): only the daemon
+    # a stop or restart of the unit is a hand-over (tests/cli/test_restart_command.py): only the daemon
     # is signalled, and with the hand-over signal, so the turns' guards wait to be adopted
     from supervisor.daemon.main import HAND_OVER_SIGNAL
 
