@@ -29,6 +29,11 @@ class RecordError(ValueError):
     """A record that cannot be used: unreadable, not JSON, not an object, or a newer version."""
 
 
+class NewerRecord(RecordError):
+    """A record of a version newer than this code knows: a later release's (after a downgrade,
+    or while two releases share a state directory), whose fields may mean what we do not know."""
+
+
 def encode(data: dict) -> bytes:
     """A record's bytes: compact JSON, keys sorted."""
     return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
@@ -208,7 +213,7 @@ def read_json(
     if not isinstance(version, int) or isinstance(version, bool):
         raise RecordError(f"{path} has no version field 'v'")
     if version > max_version:
-        raise RecordError(
+        raise NewerRecord(
             f"{path} is version {version}, newer than this ccsup knows ({max_version})"
         )
     return data

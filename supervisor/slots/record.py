@@ -44,7 +44,7 @@ from typing import Any
 
 from guardd import procs
 from guardd.procs import Group, Identity
-from guardd.record import RecordError, read_json, record_groups, write_json
+from guardd.record import NewerRecord, RecordError, read_json, record_groups, write_json
 
 from ..caps import SlotState
 from ..guards.containment import cgroup_populated
@@ -296,6 +296,27 @@ def awaits_adoption(work: dict, path: object = "slot record", now: float | None 
         return False
     start = since if isinstance(since, int | float) else changed
     return (time.time() if now is None else now) < start + within + ADOPTION_MARGIN
+
+
+def newer_guard_alive(work: dict, path: object = "slot record") -> bool:
+    """Is this work's guard (pid + start, from the slot record) alive with a record of a newer
+    version than ours (guardd.record.NewerRecord: a later release's guard)? We cannot know what
+    it waits for nor speak to it, so a reaper never ends it blindly: its slot stays counted
+    (unreadable) and is reaped once the guard is gone (its own rules end its work). A corrupt
+    record is not this: its guard is one of ours, ended by what the slot record names."""
+    try:
+        guard, record, _ = work_parts(work, path)
+    except RecordError:
+        return False
+    if guard is None or record is None or not procs.process_running(guard):
+        return False
+    try:
+        read_json(record)
+    except NewerRecord:
+        return True
+    except (OSError, RecordError):
+        return False
+    return False
 
 
 def work_alive(work: dict, path: object = "slot record") -> bool:

@@ -33,6 +33,7 @@ from .record import (
     awaits_adoption,
     from_earlier_boot,
     live_work,
+    newer_guard_alive,
     read_settled,
     read_slot_record,
     work_alive,
@@ -356,6 +357,8 @@ class SlotReader:
             work = live_work(record)
             if record is None or work is None or awaits_adoption(work, path):
                 return None  # free, or its guard waits to be adopted and ends it itself
+            if newer_guard_alive(work, path):
+                return None  # a later release's guard: left to finish, never ended blindly
             try:
                 guard, groups = work_groups(work, path)
             except RecordError:

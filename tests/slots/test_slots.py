@@ -700,6 +700,44 @@ def test_unreadable_guard_record_makes_the_slot_unreadable_until_reaped(state_di
     slot.release()
 
 
+@pytest.mark.parametrize("body", ["newer", "corrupt"])
+def test_a_live_guard_whose_record_is_newer_is_left_to_finish_a_corrupt_ones_is_reaped(
+    state_dir, body
+):
+    """A later release's guard (its record of a version we do not know) cannot be spoken to: the
+    reaper never ends it blindly; its slot stays counted until it is gone. A corrupt record of a
+    live guard is reaped by what the slot record names (its groups are unknown)."""
+    guard = subprocess.Popen(["sleep", "60"])
+    try:
+        ident = procs.identity_of(guard.pid)
+        assert ident is not None
+        guard_record = state_dir / "guard.json"
+        guard_record.write_text(
+            json.dumps({"v": 2, "guard": ident.to_json(), "state": "running"})
+            if body == "newer"
+            else "{garbage"
+        )
+        work = {"guard": ident.to_json(), "record": str(guard_record), "groups": []}
+        plant(state_dir, "codex", slot_record("codex", holder=ident.to_json(), work=work))
+        gate = SlotGate(state_dir, Caps(caps={"codex": 1}))
+        assert [v.state for v in gate.inspect("codex")] == ["unreadable"]
+        if body == "corrupt":
+            assert len(gate.reap("codex", grace=0.1)) == 1 and guard.wait(5) < 0
+            return
+        assert gate.reap("codex", grace=0.1) == [] and guard.poll() is None
+        assert gate.try_acquire("codex", ME) is None  # still counted
+        guard.kill()
+        guard.wait()
+        assert len(gate.reap("codex", grace=0.1)) == 1  # its work is gone: freed
+        slot = gate.try_acquire("codex", ME)
+        assert slot is not None
+        slot.release()
+    finally:
+        if guard.poll() is None:
+            guard.kill()
+            guard.wait()
+
+
 # ---- the machine cap, the memory floor, keys ---------------------------------------------------------
 
 

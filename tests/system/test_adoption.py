@@ -316,3 +316,41 @@ def test_a_turns_stdin_stays_open_across_the_gap_and_send_works_after_adoption(
         client.send("s1", "", eof=True)
     assert events.wait_for("turn.s1.exited", 20)["code"] == 0
     assert _log(state_dir, "s1") == b"ready\ngot one\ngot two\neof\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_guard_of_a_newer_version_is_counted_left_to_finish_and_reaped_once_its_work_is_gone(
+    daemon, state_dir, event_log
+):
+    from guardd.record import write_json
+
+    d = daemon(caps="codex = 1", adopt_within="3s", grace="300ms")
+    with d.client() as client:
+        client.turn("codex", ["sh", "-c", "echo up; sleep 60"], id="v2")
+    wait_until(lambda: _log(state_dir, "v2") == b"up\n", 20)
+    record = _guards(state_dir)["v2"]
+    guard = procs.Identity(record["guard"]["pid"], record["guard"]["start"])
+    path = state_dir / "guards" / f"{guard.pid}-{guard.start}.json"
+    d.kill()
+    wait_until(lambda: _guards(state_dir)["v2"].get("waiting_since"), 10, what="waiting")
+    # As a later release's guard would leave it: a record of a version this one does not know
+    # (the guard stopped, so that it does not write its own again meanwhile).
+    os.kill(guard.pid, signal.SIGSTOP)
+    try:
+        write_json(path, {**json.loads(path.read_text()), "v": 2})
+        d.start()
+        with d.client() as client:
+            assert client.status()["adopted"] == 0  # not adopted blindly
+            client.turn("codex", ["sh", "-c", "echo next"], id="n1")
+            assert client.call("reap")["reaped"] == []
+            assert procs.process_running(guard)  # nor killed blindly
+            slot = client.ps()["slots"][0]
+            assert slot["state"] == "unreadable" and "is version 2" in slot["error"], slot
+        assert _log(state_dir, "n1") == b""  # still counted: the next waits
+    finally:
+        os.kill(guard.pid, signal.SIGCONT)
+    events = event_log(d)
+    # its own dead-man ends its work (adopt_within is over); then its slot frees and the next runs
+    events.wait_for("turn.n1.released", 30)
+    assert not procs.process_running(guard)
+    assert _guards(state_dir)["v2"]["reason"] == "not_adopted"
