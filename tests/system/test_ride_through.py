@@ -21,7 +21,7 @@ import threading
 import time
 
 import pytest
-from conftest import wait_until, zygote_of
+from conftest import wait_until, write_config, zygote_of
 
 from supervisor.client import Client, TurnOutput
 from supervisor.client.ride_through import RETURN_MARGIN
@@ -240,3 +240,40 @@ def test_ccsup_runs_stdin_goes_on_to_the_next_supervisor_end_of_input_included(d
         run.kill()
         run.wait()
     assert (code, out.read_bytes()) == (0, b"got a\ngot b\ngot c\nend of input\n"), err.read_text()
+
+
+@pytest.mark.timeout(90)
+def test_ccsup_run_rides_through_ccsup_restart(state_dir):
+    from cli_daemon import ccsup
+
+    from guardd import procs
+
+    write_config(state_dir, adopt_within="30s")
+    assert ccsup("start", state_dir=state_dir).returncode == 0
+    supervisors = []
+    try:
+        with Client(state_dir) as client:
+            supervisors.append(procs.identity_of(client.status()["pid"]))
+        out, err = state_dir / "run.out", state_dir / "run.err"
+        run = start_run(state_dir, state_dir / "ccsup.toml", out, err)
+        try:
+            wait_until(lambda: b"\n10\n" in out.read_bytes(), 20, what="the counter at 10")
+            restart = ccsup("restart", state_dir=state_dir)
+            assert restart.returncode == 0, restart.stderr
+            with Client(state_dir) as client:
+                supervisors.append(procs.identity_of(client.status()["pid"]))
+            code = run.wait(30)
+        finally:
+            run.kill()
+            run.wait()
+    finally:
+        ccsup("stop", "--timeout", "20", state_dir=state_dir)
+        for ident in supervisors:
+            if ident is not None and procs.process_running(ident):
+                procs.signal_process(ident, signal.SIGKILL)
+    log = (state_dir / "turns" / the_turn(state_dir) / "stdout.log").read_bytes()
+    assert out.read_bytes() == log and counted(log) == list(range(1, LINES + 1))
+    lines = err.read_text().splitlines()
+    # It noticed the hand-over and followed the turn on the new supervisor, once each way.
+    assert [sum(GONE in line for line in lines), sum(BACK in line for line in lines)] == [1, 1]
+    assert code == 0, lines
