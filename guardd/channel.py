@@ -170,54 +170,74 @@ def _connect(path: str, sock: socket.socket) -> None:
         os.close(dir_fd)
 
 
-def adopt(path: str, timeout: float = 2.0) -> dict:
-    """The supervisor's end: ask the guard behind `path` to be watched by us from now on.
+class Adopting:
+    """An adopt asked and not yet answered: `Adopting(path)` connects and sends (OSError when the
+    guard cannot be reached: a guard killed outright left its socket, ECONNREFUSED); `finish()`
+    reads the answer and acks it. Two steps, so that a supervisor adopting many guards asks them
+    all first and their answers come while it reads the first (supervisor.turns.adopt)."""
 
-    Returns the guard's answer (`ok` true or false) and `stdin_fd`: the writer of CMD's stdin
-    that came with it (ours to close: see GuardProcess.take_stdin), or None. OSError when the
-    guard cannot be reached (a guard killed outright left its socket: ECONNREFUSED)."""
-    pidfd = os.pidfd_open(os.getpid())
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    fds: list[int] = []
-    try:
-        sock.settimeout(timeout)
-        _connect(path, sock)
-        message = json.dumps({"v": CHANNEL_VERSION, "op": "adopt"}).encode()
-        sock.sendmsg([message], _rights(pidfd))
-        data, ancdata, _flags, _ = sock.recvmsg(
-            _MAX, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC
-        )
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % 4
-                fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+    def __init__(self, path: str):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            answer = json.loads(data) if data else None
-        except ValueError:
-            answer = None
-        if isinstance(answer, dict) and answer.get("ok") is True:
-            sock.send(json.dumps({"v": CHANNEL_VERSION, "op": "ack"}).encode())  # now it is ours
-    except BaseException:
-        for fd in fds:
+            _connect(path, self.sock)
+            pidfd = os.pidfd_open(os.getpid())
+            try:
+                message = json.dumps({"v": CHANNEL_VERSION, "op": "adopt"}).encode()
+                self.sock.sendmsg([message], _rights(pidfd))
+            finally:
+                os.close(pidfd)  # the guard has its own copy now
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def finish(self, timeout: float) -> dict:
+        """The guard's answer (`ok` true or false) and `stdin_fd`: the writer of CMD's stdin that
+        came with it (ours to close: see GuardProcess.take_stdin), or None. OSError when no
+        answer came within `timeout` (the guard, not acked, goes on waiting) or it is garbage."""
+        sock, path = self.sock, self.path
+        fds: list[int] = []
+        try:
+            sock.settimeout(timeout)
+            data, ancdata, _flags, _ = sock.recvmsg(
+                _MAX, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC
+            )
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+            try:
+                answer = json.loads(data) if data else None
+            except ValueError:
+                answer = None
+            if not data:
+                raise OSError(
+                    f"unable to adopt the guard at {path}: it closed the channel unanswered"
+                )
+            if not isinstance(answer, dict):
+                raise OSError(f"unable to adopt the guard at {path}: it answered {data[:100]!r}")
+            if answer.get("ok") is True:
+                sock.send(json.dumps({"v": CHANNEL_VERSION, "op": "ack"}).encode())  # ours now
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        finally:
+            sock.close()
+        stdin_fd = fds.pop(0) if fds and answer.get("ok") is True and answer.get("stdin") else None
+        for fd in fds:  # nothing else is ever sent: not ours to keep
             os.close(fd)
-        raise
-    finally:
-        sock.close()
-        os.close(pidfd)
-    try:
-        if not data:
-            raise OSError(f"unable to adopt the guard at {path}: it closed the channel unanswered")
-        if not isinstance(answer, dict):
-            raise OSError(f"unable to adopt the guard at {path}: it answered {data[:100]!r}")
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    stdin_fd = fds.pop(0) if fds and answer.get("ok") is True and answer.get("stdin") else None
-    for fd in fds:  # nothing else is ever sent: not ours to keep
-        os.close(fd)
-    answer["stdin_fd"] = stdin_fd
-    return answer
+        answer["stdin_fd"] = stdin_fd
+        return answer
+
+    def close(self) -> None:
+        """Give up without reading: the guard, never acked, goes on waiting."""
+        self.sock.close()
+
+
+def adopt(path: str, timeout: float = 2.0) -> dict:
+    """The supervisor's end for one guard: ask it to be watched by us from now on (Adopting)."""
+    return Adopting(path).finish(timeout)
 
 
 def close_stdin(path: str) -> None:
