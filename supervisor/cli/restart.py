@@ -3,9 +3,10 @@ everything and exits without ending a turn; a new one, from the code installed n
 `ccsup start` would start it (the same config, caps and state directory) and adopts the turns;
 this returns once it has adopted every one.
 
-Exit codes: 0 every turn adopted; 1 the hand-over was refused (`[guard] adopt_within` is 0, or it
-is stopping already), the old supervisor did not exit, or not every turn was adopted within
---timeout (named); 3 no supervisor was running (none is started: that is `ccsup start`).
+Exit codes: 0 every turn adopted; 1 the hand-over was refused (`[guard] adopt_within` is 0, it
+is stopping already, or it is of a release before adoption, which cannot hand over), the old
+supervisor did not exit, or not every turn was adopted within --timeout (named); 3 no supervisor
+was running (none is started: that is `ccsup start`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ def restart(ctx: click.Context, timeout: float | None) -> None:
                 f"the supervisor on {client.state_dir} (pid {status.get('pid')}) runs under "
                 "systemd: hand it over with `systemctl --user restart ccsup` (its unit sends "
                 "SIGUSR2, the same hand-over), so that systemd starts the next one"
+            )
+        if "adopt_within" not in status:  # a release before adoption (issue 24): no hand-over
+            raise CcsupError(
+                f"the supervisor on {client.state_dir} (pid {status.get('pid')}, version "
+                f"{status.get('version', '?')}) is of a release that cannot hand its turns over: "
+                "nothing was changed; `ccsup stop` (it ends them) and then `ccsup start` starts "
+                "this one, or wait until they are done"
             )
         if not status.get("adopt_within"):
             client.quit(handover=True)  # refused by the supervisor, which says why

@@ -8,7 +8,8 @@ That release has no adoption: its guards end their turns when their supervisor g
 its state (queue.json's older entries, finished ids, slot and guard records, a history of schema
 version 1), run the waiting turns it acknowledged, each once and in order, keep its reservation,
 never rerun a finished id, count the old guard that still ends its work (its slot is not handed
-out while it lives) and end each old running turn's story once (`supervisor_restarted`).
+out while it lives) and end each old running turn's story once (`supervisor_restarted`). And this release's `ccsup
+restart` asked of that supervisor (pip install -U, then restart) refuses and changes nothing.
 """
 
 from __future__ import annotations
@@ -236,3 +237,17 @@ def _guard_of(state_dir: Path, turn: str) -> procs.Identity:
             assert "channel" not in data  # the release before: no adoption
             return procs.Identity(data["guard"]["pid"], data["guard"]["start"])
     raise AssertionError(f"no guard record of {turn}")
+
+
+@pytest.mark.timeout(300)
+def test_restart_asked_of_the_release_before_changes_nothing_and_says_why(old_state, state_dir):
+    # `pip install -U ccsup`, then `ccsup restart`: the new command meets the old supervisor.
+    restarted = ccsup("restart", "--timeout", "5s", state_dir=state_dir)
+    assert restarted.returncode == 1, restarted.stderr
+    assert "is of a release that cannot hand its turns over: nothing was changed" in (
+        restarted.stderr
+    ), restarted.stderr
+    # Nothing changed: the old one runs on, its turn too, and no second supervisor was left.
+    assert old_state.proc.poll() is None and procs.process_running(old_state.guard)
+    assert _log(state_dir, "r1") == b"r1 up\n"
+    assert old_state.old.call("status")["pid"] == old_state.proc.pid
