@@ -15,6 +15,7 @@ restart` asked of that supervisor (pip install -U, then restart) refuses and cha
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -77,6 +78,7 @@ class OldState:
     def __init__(self, old: OldRelease, proc: subprocess.Popen, started: list[RunningDaemon]):
         self.old, self.proc, self._started = old, proc, started
         self.guard = procs.Identity(0, 0)  # r1's guard, once it runs
+        self.cgroup: str | None = None  # r1's cgroup (the old guard's record says)
 
     def new(self) -> RunningDaemon:
         """This tree's supervisor on the same state directory and config (not started)."""
@@ -113,7 +115,7 @@ def old_state(old_venv, state_dir, tmp_path):
             old.call("turn", key="codex", argv=["sh", "-c", command], id=turn, holder={})
         held = old.call("reserve", key="claude", id="res1", holder=me.to_json())
         assert held["state"] == "held", held
-        state.guard = _guard_of(state_dir, "r1")
+        state.guard, state.cgroup = _guard_of(state_dir, "r1")
         if spawn := sorted(old_venv.glob("lib/python*/site-packages/guardd/_spawn*.so")):
             # The old release's own guard, not this tree's: its C spawner is the old venv's.
             assert str(spawn[0]) in Path(f"/proc/{state.guard.pid}/maps").read_text()
@@ -152,7 +154,8 @@ def test_after_a_crash_of_the_release_before_the_new_supervisor_runs_what_it_ack
     order = tmp_path / "order"
     with new.client() as client:
         status = client.status()
-        assert status["adopted"] == 0, status  # a release without adoption left nothing to adopt
+        # A release without adoption left nothing to adopt, and no guard of it waits.
+        assert (status["adopted"], status["waiting_adoption"]) == (0, 0), status
         assert status["reservations"] == 1, status
         slots = client.ps()["slots"]
         if procs.process_running(old_guard):
@@ -184,7 +187,13 @@ def test_after_a_crash_of_the_release_before_the_new_supervisor_runs_what_it_ack
     again = old_state.old.call("turn", key="codex", argv=["sh", "-c", "echo again"], id="f2")
     assert again["state"] == "released", again
     assert _log(state_dir, "f1") == b"f1\n" and _log(state_dir, "f2") == b"f2\n"
+    # The old release's `ccsup run` (a client not upgraded yet) works against the new one.
+    ran = old_state.old.ccsup("run", "--key", "codex", "--", "sh", "-c", "echo old; exit 3")
+    assert (ran.returncode, ran.stdout) == (3, "old\n"), ran.stderr
     _history_holds_both(state_dir, {"f1", "f2", "r1", *WAITING})
+    if old_state.cgroup:  # r1's cgroup, and the old supervisor's parent once empty, removed
+        parent = os.path.dirname(old_state.cgroup)
+        wait_until(lambda: not os.path.exists(parent), 10, 0.1, f"{parent} removed")
     assert new.stop() == 0
 
 
@@ -230,12 +239,12 @@ def _history_holds_both(state_dir: Path, ids: set[str]) -> None:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 3
 
 
-def _guard_of(state_dir: Path, turn: str) -> procs.Identity:
+def _guard_of(state_dir: Path, turn: str) -> tuple[procs.Identity, str | None]:
     for path in (state_dir / "guards").glob("*.json"):
         data = json.loads(path.read_text())
         if data.get("turn") == turn:
             assert "channel" not in data  # the release before: no adoption
-            return procs.Identity(data["guard"]["pid"], data["guard"]["start"])
+            return procs.Identity(data["guard"]["pid"], data["guard"]["start"]), data["cgroup"]
     raise AssertionError(f"no guard record of {turn}")
 
 
