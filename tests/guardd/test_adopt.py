@@ -158,3 +158,57 @@ def test_a_bad_request_on_the_channel_is_refused_and_changes_nothing(tmp_path, c
     wait_until(lambda: record(tmp_path, guard)["waiting_since"] is not None, what="waiting")
     procs.signal_process(guard, signal.SIGTERM)  # ended as any guard is
     wait_until(lambda: record(tmp_path, guard)["state"] == "gone", what="gone")
+
+
+def _adopt_as_another_user(channel_path: str) -> dict:
+    """channel.adopt from a forked child that became uid/gid 65534 first (the modules it needs
+    are loaded before: that user may not read this interpreter's files). Its answer, or the
+    refusal it met."""
+    from guardd import channel
+
+    head, name = os.path.split(channel_path)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(r)
+            # The directory opened first: the test's own parents are 0700 (root's), and the
+            # point is what the socket itself lets another user do once it can reach it.
+            dir_fd = os.open(head, os.O_PATH | os.O_DIRECTORY)
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                result = channel.adopt(f"/proc/self/fd/{dir_fd}/{name}", timeout=2)
+            except OSError as e:
+                result = {"refused": str(e)}
+            os.write(w, json.dumps(result, default=str).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user (uid 65534)")
+def test_another_user_cannot_adopt_a_waiting_guard_even_through_an_open_socket(tmp_path, cleanup):
+    parent, guard, grandchild = start_parent(tmp_path)
+    cleanup += [parent, guard, grandchild]
+    channel_path = record(tmp_path, guard)["channel"]["path"]
+    parent.kill()
+    parent.wait()
+    wait_until(lambda: record(tmp_path, guard)["waiting_since"] is not None, what="waiting")
+    # Everything on the way opened to others: only SO_PEERCRED is left to refuse them.
+    for path in (tmp_path, tmp_path / "guards"):
+        os.chmod(path, 0o755)
+    os.chmod(channel_path, 0o777)
+    answer = _adopt_as_another_user(channel_path)
+    assert "refused" in answer, answer  # closed unanswered: nothing changed
+    after = record(tmp_path, guard)
+    assert after["adopted_at"] is None and after["waiting_since"] is not None
+    assert procs.process_running(grandchild)  # the work still waits for its own adopter
+    # and nobody came: it ends as unadopted work does
+    final = wait_until(lambda: (r := record(tmp_path, guard))["state"] == "gone" and r, 15)
+    assert final["reason"] == "not_adopted"
