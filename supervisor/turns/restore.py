@@ -24,9 +24,12 @@ Knows queue.json's entries and the manager's collaborators; nothing of sockets.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from guardd.procs import Identity
+from guardd.record import RecordError, read_json
 
 from ..caps import SlotState
 from ..holder import Holder
@@ -66,8 +69,12 @@ def restore(manager: Manager, data: dict[str, Any], slot_views: list[SlotView]) 
             manager, running, slot_views
         )
         problems += adoption_problems
+        ended = _ended_meanwhile(manager.paths.guards, {entry["id"] for entry in lost})
         for entry in lost:
-            ledger.lost_running.append({"id": entry["id"], "key": entry["key"]})
+            kept = {"id": entry["id"], "key": entry["key"]}
+            if entry["id"] in ended:  # not saved: its record is read again after a restart
+                kept["ended"] = ended[entry["id"]]
+            ledger.lost_running.append(kept)
         settle_lost(manager, slot_views)
         for entry in data["reservations"]:
             try:
@@ -84,6 +91,35 @@ def restore(manager: Manager, data: dict[str, Any], slot_views: list[SlotView]) 
     return problems
 
 
+def _ended_meanwhile(guards: Path, ids: set[str]) -> dict[str, dict[str, Any]]:
+    """The guard records, by turn, of these turns whose command ended by itself while no supervisor
+    ran (the record is `gone`, reason `exited`, and holds the exit): their `exited` says the
+    command's own status, not `supervisor_restarted` (work its guard ended because its supervisor
+    was gone, `parent_gone` or `not_adopted`, still reads as that). Each record read bounded (guardd.record.read_json: no symlink, no FIFO
+    followed); one that cannot be read is passed over (the turn ends as a lost one)."""
+    if not ids:
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    try:
+        names = [n for n in os.listdir(guards) if n.endswith(".json")]
+    except OSError:
+        return found
+    for name in names:
+        try:
+            record = read_json(guards / name)
+        except (OSError, RecordError):
+            continue
+        turn = record.get("turn")
+        if (
+            turn in ids
+            and record.get("state") == "gone"
+            and record.get("reason") == "exited"  # by itself: not ended for its supervisor's loss
+            and isinstance(record.get("exit"), dict)
+        ):
+            found[turn] = record
+    return found
+
+
 def settle_lost(manager: Manager, slot_views: list[SlotView]) -> None:
     """End the story of a dead supervisor's turns once no slot shows their work any more."""
     still_held = {v.turn for v in slot_views if v.state in STILL_HELD and v.turn}
@@ -97,7 +133,11 @@ def settle_lost(manager: Manager, slot_views: list[SlotView]) -> None:
             turn = Turn(entry["id"], entry["key"], [], None, {}, Holder())
             for event in (Event.QUEUED, Event.GRANTED, Event.STARTED):
                 ledger.apply(turn, event, replay=True)
-            manager.endings.happen(turn, What.EXIT_KNOWN, reason="supervisor_restarted")
+            record = entry.get("ended")  # its guard's record, when it ended while none ran
+            if record is not None:
+                manager.endings.happen(turn, What.EXIT_KNOWN, record=record)
+            else:
+                manager.endings.happen(turn, What.EXIT_KNOWN, reason="supervisor_restarted")
             manager.endings.happen(turn, What.WORK_GONE)
 
 

@@ -354,3 +354,17 @@ def test_a_guard_of_a_newer_version_is_counted_left_to_finish_and_reaped_once_it
     events.wait_for("turn.n1.released", 30)
     assert not procs.process_running(guard)
     assert _guards(state_dir)["v2"]["reason"] == "not_adopted"
+
+
+@pytest.mark.timeout(60)
+def test_a_command_that_ended_while_no_supervisor_ran_ends_with_its_own_status(daemon, state_dir):
+    d = daemon(caps="codex = 1", adopt_within="30s")
+    with d.client() as client:
+        client.turn("codex", ["sh", "-c", "echo up; sleep 1; exit 7"], id="e1")
+    wait_until(lambda: _log(state_dir, "e1") == b"up\n", 20)
+    d.kill()
+    ended = wait_until(lambda: (r := _guards(state_dir)["e1"])["state"] == "gone" and r, 15)
+    assert ended["exit"]["code"] == 7
+    d.start()  # nothing to adopt: its end is read from its guard's record
+    story = wait_until(lambda: (s := _story(state_dir, "e1")).get("state") == "released" and s)
+    assert story["exit_code"] == 7 and story["reason"] != "supervisor_restarted", story
