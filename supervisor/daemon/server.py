@@ -68,7 +68,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -154,7 +153,7 @@ class Counters:
     """The counters each supervisor event carries, and this run's epoch (see the module note)."""
 
     def __init__(self) -> None:
-        self.epoch = secrets.token_hex(EPOCH_BYTES)
+        self.epoch = os.urandom(EPOCH_BYTES).hex()  # not secrets: it loads hashlib, thus OpenSSL
         self.seq = 0
         self.supervisor_seq = 0
         self.turns: dict[str, int] = {}  # turn id -> its last turn_seq, while it has not ended
