@@ -5,6 +5,7 @@ process is found and checked by pid (and start time)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -269,3 +270,36 @@ def test_sigusr2_hands_over_as_the_control_command_does(supervisor, tmp_path):
         go.touch()
         # nobody adopts it: the guard ends its turn itself after adopt_within
         wait_until(lambda: not procs.process_running(guard), 15, 0.05, "the guard to end")
+
+
+MANY = 200
+
+
+@pytest.mark.timeout(180)
+def test_restart_with_200_running_turns_adopts_them_all_and_ends_none(supervisor, tmp_path):
+    state_dir = supervisor("30s", cap=MANY)
+    go = tmp_path / "go"
+    # Each turn waits for the go file (checked every 0.2 s), then exits 0.
+    wait_go = f'while [ ! -e "{go}" ]; do sleep 0.2; done'
+    try:
+        with Client(state_dir) as client:
+            for n in range(MANY):
+                client.turn("t", ["sh", "-c", wait_go], id=f"m{n:03d}")
+            wait_until(lambda: len(_guards(client)) == MANY, 120, 0.1, f"{MANY} turns running")
+            guards = _guards(client)
+        done = ccsup("restart", "--timeout", "60", state_dir=state_dir, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert f"adopted {MANY} of {MANY} turns" in done.stdout, done.stdout
+        with Client(state_dir) as client:
+            status = client.status()
+            supervisor.note(status["pid"])
+            assert (status["adopted"], status["waiting_adoption"]) == (MANY, 0), status
+            assert _guards(client) == guards  # every guard lived on, held by the new supervisor
+            go.touch()
+            wait_until(lambda: client.status()["turns"] == 0, 60, 0.1, "every turn's end")
+        shown = ccsup("history", "--json", "--limit", str(2 * MANY), state_dir=state_dir)
+        records = {r["id"]: r for r in json.loads(shown.stdout)}
+        # each ended once, by itself, with its own status: none was ended by the hand-over
+        assert [records[f"m{n:03d}"]["exit_code"] for n in range(MANY)] == [0] * MANY
+    finally:
+        go.touch()
