@@ -417,16 +417,11 @@ class SlotGate(SlotReader):
         slot = Slot(
             key, index, self._cap(key), fd, path, record, None, self.clock, None, self._forget
         )
-        self._held.setdefault(key, set()).add(index)
-        self._own[key, index] = slot
         try:
-            slot._write()
+            return self._hold(slot)
         except BaseException:
-            slot._close_record()
-            self._forget(slot)
             os.close(fd)
             raise
-        return slot
 
     def _make_slot(self, key, cap, claim, holder, turn, reservation, machine=None) -> Slot:
         index, fd, took_over = claim
@@ -443,8 +438,13 @@ class SlotGate(SlotReader):
             machine,
             self._forget,
         )
-        self._held.setdefault(key, set()).add(index)
-        self._own[key, index] = slot
+        return self._hold(slot)
+
+    def _hold(self, slot: Slot) -> Slot:
+        """Count the slot as this gate's and write its record (undone when the write fails; its
+        lock fd is then the caller's to close)."""
+        self._held.setdefault(slot.key, set()).add(slot.index)
+        self._own[slot.key, slot.index] = slot
         try:
             slot._write()
         except BaseException:

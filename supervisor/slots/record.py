@@ -267,6 +267,17 @@ def work_groups(work: dict, path: object = "slot record") -> tuple[Identity | No
     return guard, unique
 
 
+def _live_guard(work: dict, path: object) -> tuple[Identity, str] | None:
+    """The work's guard (pid + start) and its record's path, when that very guard still runs."""
+    try:
+        guard, record, _ = work_parts(work, path)
+    except RecordError:
+        return None
+    if guard is None or record is None or not procs.process_running(guard):
+        return None
+    return guard, record
+
+
 # Seconds past a waiting guard's own deadline (waiting_since + adopt_within) before a reaper acts:
 # the guard's grace (not in its record; 5 s by default) and its loop's lateness.
 ADOPTION_MARGIN = 10.0
@@ -278,12 +289,10 @@ def awaits_adoption(work: dict, path: object = "slot record", now: float | None 
     then: a guard a supervisor could not speak to is never killed blindly. Its wait counts from
     when it saw its supervisor gone (`waiting_since`), else from its record's last change (a
     stopped guard that never looked is not waiting)."""
-    try:
-        guard, record, _ = work_parts(work, path)
-    except RecordError:
+    found = _live_guard(work, path)
+    if found is None:
         return False
-    if guard is None or record is None or not procs.process_running(guard):
-        return False
+    guard, record = found
     try:
         data = read_json(record)
         changed = os.stat(record).st_mtime
@@ -304,14 +313,11 @@ def newer_guard_alive(work: dict, path: object = "slot record") -> bool:
     it waits for nor speak to it, so a reaper never ends it blindly: its slot stays counted
     (unreadable) and is reaped once the guard is gone (its own rules end its work). A corrupt
     record is not this: its guard is one of ours, ended by what the slot record names."""
-    try:
-        guard, record, _ = work_parts(work, path)
-    except RecordError:
-        return False
-    if guard is None or record is None or not procs.process_running(guard):
+    found = _live_guard(work, path)
+    if found is None:
         return False
     try:
-        read_json(record)
+        read_json(found[1])
     except NewerRecord:
         return True
     except (OSError, RecordError):
