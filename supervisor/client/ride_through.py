@@ -170,8 +170,12 @@ class TurnRider:
 
     def catch_up(self) -> list[tuple[str, dict]]:
         """After `resubscribe`: the events missed, in order, from the history (kinds not yet
-        seen); they end with the terminal event when the turn is no longer there (`ps`)."""
-        ps = self.client.ps()
+        seen); they end with the terminal event when the turn is no longer there (`ps`). Nothing
+        when the supervisor that answered is gone again before `ps` answered (killed twice in a
+        row): the follower's loop sees it gone and rides through once more."""
+        ps = self._ps()
+        if ps is None:
+            return []
         slots = [s for s in ps.get("slots", []) if s.get("turn") == self.turn_id]
         present = bool(slots) or any(w.get("id") == self.turn_id for w in ps.get("waits", []))
         deadline = time.monotonic() + HISTORY_WAIT
@@ -193,6 +197,20 @@ class TurnRider:
                 # Gone, and no history says how: an end without an exit status.
                 inferred = {"id": self.turn_id, "inferred": True}
                 return [*events, (f"turn.{self.turn_id}.released", inferred)]
+            time.sleep(POLL)
+
+    def _ps(self) -> dict | None:
+        """`ps` of the supervisor that answered, asked again while it is busy (starting, adopting)
+        up to wait_limit; None once it is gone."""
+        deadline = time.monotonic() + self.watch.wait_limit
+        while True:
+            try:
+                return self.client.ps()
+            except CcsupError:
+                if self.watch.gone():
+                    return None
+                if time.monotonic() >= deadline:
+                    raise
             time.sleep(POLL)
 
     def before_end(self) -> list[tuple[str, dict]]:

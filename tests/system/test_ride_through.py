@@ -24,7 +24,7 @@ import pytest
 from conftest import wait_until, write_config, zygote_of
 
 from supervisor.client import Client, TurnOutput
-from supervisor.client.ride_through import RETURN_MARGIN
+from supervisor.client.ride_through import RETURN_MARGIN, TurnRider
 from supervisor.errors import SupervisorLost
 
 CCSUP = [sys.executable, "-m", "supervisor"]
@@ -277,3 +277,21 @@ def test_ccsup_run_rides_through_ccsup_restart(state_dir):
     # It noticed the hand-over and followed the turn on the new supervisor, once each way.
     assert [sum(GONE in line for line in lines), sum(BACK in line for line in lines)] == [1, 1]
     assert code == 0, lines
+
+
+@pytest.mark.timeout(30)
+def test_a_supervisor_killed_again_before_it_answered_ps_is_ridden_through_again(daemon, state_dir):
+    # Found by the adoption soak: a supervisor that answered `status` and was killed before it
+    # answered the catch-up's `ps` made run_turn (and `ccsup run`) give up with "did not answer
+    # 'ps'", while the turn ran on. Now the rider finds it gone and the follower rides again.
+    d = daemon()
+    with Client(state_dir, timeout=1.0) as client:
+        rider = TurnRider(client, "twice")
+        d.kill()
+        assert rider.gone()
+        d.start()
+        assert rider.await_return() is not None
+        d.kill()  # killed again, after its `status` answer
+        assert rider.catch_up() == []
+        assert rider.gone()
+        rider.close()
