@@ -465,7 +465,8 @@ class _TurnRunner:
             f"following turn {self.turn_id}",
             err=True,
         )
-        return rider.resubscribe()
+        sub = rider.resubscribe()
+        return sub if sub is not None else self._ride_through(interrupts)  # gone again at once
 
     def _drain_logs(self) -> None:
         """Print what the turn's logs hold past what was printed (its guard wrote them)."""

@@ -343,9 +343,12 @@ class Client:
                     if not rider.gone():
                         continue
                     sub.close()
-                    if rider.await_return() is None:
-                        raise rider.lost()
-                    sub = rider.resubscribe()
+                    while True:  # a supervisor gone again before it took us: the next one
+                        if rider.await_return() is None:
+                            raise rider.lost()
+                        if (again := rider.resubscribe()) is not None:
+                            break
+                    sub = again
                     for missed in rider.catch_up():
                         yield missed
                         if is_terminal(missed[0]):

@@ -164,9 +164,20 @@ class TurnRider:
             "its work: reason not_adopted)"
         )
 
-    def resubscribe(self) -> Subscription:
-        """A live subscription to the turn's topics on the supervisor that answered."""
-        return self.client.subscribe([f"turn.{self.turn_id}."])
+    def resubscribe(self) -> Subscription | None:
+        """A live subscription to the turn's topics on the supervisor that answered; None when
+        that one is gone again before it took the subscription (killed twice in a row): the
+        caller then waits for the next (`await_return`)."""
+        deadline = time.monotonic() + self.watch.wait_limit
+        while True:
+            try:
+                return self.client.subscribe([f"turn.{self.turn_id}."])
+            except CcsupError:
+                if self.watch.gone():
+                    return None
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(POLL)
 
     def catch_up(self) -> list[tuple[str, dict]]:
         """After `resubscribe`: the events missed, in order, from the history (kinds not yet

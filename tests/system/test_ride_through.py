@@ -282,8 +282,9 @@ def test_ccsup_run_rides_through_ccsup_restart(state_dir):
 @pytest.mark.timeout(30)
 def test_a_supervisor_killed_again_before_it_answered_ps_is_ridden_through_again(daemon, state_dir):
     # Found by the adoption soak: a supervisor that answered `status` and was killed before it
-    # answered the catch-up's `ps` made run_turn (and `ccsup run`) give up with "did not answer
-    # 'ps'", while the turn ran on. Now the rider finds it gone and the follower rides again.
+    # answered the catch-up's `ps`, or before the new subscription, made run_turn (and `ccsup
+    # run`) give up ("did not answer 'ps'", NotRunning) while the turn ran on. Now the rider
+    # finds it gone and the follower rides through again.
     d = daemon()
     with Client(state_dir, timeout=1.0) as client:
         rider = TurnRider(client, "twice")
@@ -293,5 +294,10 @@ def test_a_supervisor_killed_again_before_it_answered_ps_is_ridden_through_again
         assert rider.await_return() is not None
         d.kill()  # killed again, after its `status` answer
         assert rider.catch_up() == []
+        assert rider.gone()
+        d.start()
+        assert rider.await_return() is not None
+        d.kill()  # and again, before the subscription (NotRunning used to end the follower)
+        assert rider.resubscribe() is None
         assert rider.gone()
         rider.close()
