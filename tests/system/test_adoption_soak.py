@@ -1,0 +1,43 @@
+"""The adoption soak, short (issue 24, "Done when"; 5 minutes in tests/bench/bench_adoption_soak.py):
+the supervisor SIGKILLed at random moments while turns are requested, granted, started and
+exiting, and started again; nothing lost, run twice or granted twice, no output byte lost or
+repeated, the cap never exceeded. The driver is tests/helpers/adoption_soak.py; the seed is
+random (printed, and in the failure message): CCSUP_SOAK_SEED=N replays its kill moments."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from adoption_soak import run_soak
+from conftest import remove_supervisor_cgroups
+
+SECONDS = 25.0
+CAP = 2
+
+
+@pytest.mark.timeout(300)
+def test_supervisor_killed_at_random_moments_loses_no_turn_and_no_byte(state_dir):
+    seed = int(os.environ.get("CCSUP_SOAK_SEED") or random.randrange(1 << 30))
+    print(f"adoption soak seed {seed}")
+    counts = run_soak(state_dir, seconds=SECONDS, seed=seed, cap=CAP, workers=4)
+    for pid in counts.pop("supervisor_pids"):
+        remove_supervisor_cgroups(pid)
+    shown = json.dumps(counts)
+    print(shown)
+    assert counts["quiet"], shown
+    assert counts["kills"] >= 3 and counts["turns_asked"] >= 10, shown
+    assert counts["turns_lost"] == 0 and counts["turns_finished"] == counts["turns_asked"], shown
+    assert counts["ended_by_restart"] == 0, shown  # each ended by itself, none cut short
+    assert counts["turns_run_twice"] == 0 and counts["grants_seen_twice"] == 0, shown
+    assert counts["ps_turn_in_two_slots"] == 0 and counts["ps_over_cap"] == 0, shown
+    for name in ("log_bytes_lost", "log_bytes_repeated", "client_bytes_lost"):
+        assert counts[name] == 0, (name, shown)
+    assert counts["client_bytes_repeated"] == 0 and counts["client_output_not_the_log"] == 0, shown
+    assert counts["outcomes"].keys() <= {"ok", "released (finished.log)"}, shown
+    # `ccsup run`: the command's status, or 3 when it asked while no supervisor answered
+    assert set(counts["cli_exit_codes"]) <= {"0", "3"}, shown
+    assert counts["samples"] > 100, shown
+    assert counts["most_turns_at_once"] <= CAP, shown
