@@ -534,6 +534,10 @@ class Daemon:
     async def reap_orphans(self, key: str | None = None) -> list[dict]:
         """Find orphaned slots, end their work and release them (in a thread: it waits a grace)."""
         views = self.gate.inspect(key) if key else self.gate.inspect_all()
+        if self.manager.ledger.lost_running:
+            # A lost turn whose guard left by itself (not adopted, its command ended or its
+            # dead-man ended it) frees its slot with nothing to reap: its story ends now.
+            restore.settle_lost(self.manager, views if key is None else self.gate.inspect_all())
         orphans = [v for v in views if v.state is SlotState.ORPHANED]
         for view in orphans:
             self.server.publish(f"slot.{view.key}.orphaned", view.to_json())

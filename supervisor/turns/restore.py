@@ -9,8 +9,9 @@ states a live one can, by the same steps.
 - Finished ids are remembered (supervisor.turns.finished); an id finished there is never restored.
 - Turns the old supervisor was running: adopted first when their guards wait for it
   (supervisor.turns.adopt); the others replayed to running; once no slot shows their work any
-  more (`settle_lost`, called again by the daemon after it reaps orphans), their story ends with
-  `exited` (reason `supervisor_restarted`), `gone`, `released`.
+  more (`settle_lost`, called again by the daemon at each reap pass while any is left), their
+  story ends with `exited` (CMD's own status when its guard recorded that it ended by itself,
+  else reason `supervisor_restarted`), `gone`, `released`.
 - Held reservations: replayed to held when the slot can be taken again, their end capped at
   now + ttl; else released (reason `requester_gone`, `expired` or `lost`).
 - Waiting turns and reservations: back in the queue at their old place (request time, then id),
@@ -125,6 +126,10 @@ def settle_lost(manager: Manager, slot_views: list[SlotView]) -> None:
     still_held = {v.turn for v in slot_views if v.state in STILL_HELD and v.turn}
     ledger = manager.ledger
     lost, ledger.lost_running = ledger.lost_running, []
+    # Looked at again now, not only at the start: a guard that was not adopted (it did not answer
+    # in time) may have seen its command end by itself since.
+    unknown = {e["id"] for e in lost if e["id"] not in still_held and "ended" not in e}
+    ended = _ended_meanwhile(manager.paths.guards, unknown)
     with ledger.batch():
         for entry in lost:
             if entry["id"] in still_held:
@@ -133,7 +138,8 @@ def settle_lost(manager: Manager, slot_views: list[SlotView]) -> None:
             turn = Turn(entry["id"], entry["key"], [], None, {}, Holder())
             for event in (Event.QUEUED, Event.GRANTED, Event.STARTED):
                 ledger.apply(turn, event, replay=True)
-            record = entry.get("ended")  # its guard's record, when it ended while none ran
+            # its guard's record, when its command ended by itself while none ran
+            record = entry.get("ended") or ended.get(entry["id"])
             if record is not None:
                 manager.endings.happen(turn, What.EXIT_KNOWN, record=record)
             else:

@@ -368,3 +368,38 @@ def test_a_command_that_ended_while_no_supervisor_ran_ends_with_its_own_status(d
     d.start()  # nothing to adopt: its end is read from its guard's record
     story = wait_until(lambda: (s := _story(state_dir, "e1")).get("state") == "released" and s)
     assert story["exit_code"] == 7 and story["reason"] != "supervisor_restarted", story
+
+
+@pytest.mark.timeout(60)
+def test_a_command_that_ended_by_itself_after_the_restart_unadopted_ends_with_its_own_status(
+    daemon, state_dir, event_log
+):
+    # Found by the adoption soak: its guard did not answer the adopter in time (a busy machine;
+    # here it is stopped), so the turn was lost while its command ran on; once its guard left by
+    # itself its story never ended (nothing was reaped) until the next start, and then read
+    # supervisor_restarted (its guard's record was looked at only at the start).
+    d = daemon(caps="codex = 1", adopt_within="30s")
+    go = state_dir / "go"
+    with d.client() as client:
+        cmd = f'echo up; while [ ! -e "{go}" ]; do sleep 0.02; done; exit 7'
+        client.turn("codex", ["sh", "-c", cmd], id="u7")
+    wait_until(lambda: _log(state_dir, "u7") == b"up\n", 20)
+    record = _guards(state_dir)["u7"]
+    guard = procs.Identity(record["guard"]["pid"], record["guard"]["start"])
+    d.kill()
+    wait_until(lambda: _guards(state_dir)["u7"].get("waiting_since"), 10, what="waiting")
+    os.kill(guard.pid, signal.SIGSTOP)  # it answers nothing: not adopted
+    try:
+        d.start()
+        with d.client() as client:
+            assert client.status()["adopted"] == 0
+    finally:
+        os.kill(guard.pid, signal.SIGCONT)
+    events = event_log(d)
+    go.touch()  # its command ends by itself; its guard records that and leaves
+    with d.client() as client:
+        client.turn("codex", ["sh", "-c", "echo next"], id="n1")  # granted once the slot frees
+    events.wait_for("turn.n1.released", 30)
+    # its story ends once its slot frees (it used to wait for the next supervisor's start)
+    story = wait_until(lambda: (s := _story(state_dir, "u7")).get("state") == "released" and s)
+    assert (story["exit_code"], story["reason"]) == (7, None), story
