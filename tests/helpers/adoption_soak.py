@@ -25,7 +25,9 @@ is quiet, from the history file, the logs, the start marks, `ps` and an outside 
 - run twice: its start mark written twice;
 - granted twice: two `granted` events of one turn in one epoch, or one turn in two slots (`ps`,
   every 100 ms while a supervisor answers);
-- bytes lost or repeated, in the logs and in what the clients printed;
+- bytes lost or repeated, in the logs and in what the clients printed; the status a client gave
+  for a turn that ran to its end (exit 0): `client_status_wrong` (with `_end_missing`: of a turn
+  whose end missed the history, so that a client that rode through could not learn it);
 - the most turns alive at once (their processes, from /proc every 10 ms), against the cap.
 
 Not a test itself; the callers assert on the counts. Every process it starts is ended by pid.
@@ -479,6 +481,16 @@ def _history(state_dir: Path) -> tuple[dict[str, dict], list[tuple[str, str, dic
     return rows, events
 
 
+def _printed_id(results: Path, label: str) -> str | None:
+    """The turn id a `ccsup run` printed first (for one whose queued event missed the history)."""
+    try:
+        with open(results / f"{label}.out", "rb") as f:
+            first = f.readline().split()
+    except FileNotFoundError:
+        return None
+    return first[0].decode() if len(first) == 2 else None
+
+
 def _finished_log(state_dir: Path) -> dict[str, str]:
     """The supervisor's own list of finished ids (supervisor.turns.finished): id -> its end."""
     ended = {}
@@ -529,17 +541,17 @@ def _count(
     rows, events = _history(state_dir)
     by_agent = {r["holder"].get("agent"): r["id"] for r in rows.values() if r["holder"]}
     asked: dict[str, dict] = {}  # turn id -> what the asker knows
-    cli_codes: Counter[int] = Counter()
-    cli_unanswered = 0
+    cli_codes: Counter[int] = Counter()  # of `ccsup run`s whose turn the history knows
+    cli_refused: Counter[int] = Counter()  # of those that never asked (no supervisor answered)
     for path in sorted(results.glob("worker-*.jsonl")):
         for line in path.read_text().splitlines():
             item = json.loads(line)
             if item["mode"] == "cli":
-                cli_codes[item["rc"]] += 1
-                turn_id = by_agent.get(item["label"])
+                turn_id = by_agent.get(item["label"]) or _printed_id(results, item["label"])
                 if turn_id is None:
-                    cli_unanswered += 1  # refused before the request (no supervisor answered)
+                    cli_refused[item["rc"]] += 1
                     continue
+                cli_codes[item["rc"]] += 1
                 item["id"] = turn_id
             asked[item["id"]] = item
     for item in bursts:
@@ -550,6 +562,8 @@ def _count(
     granted = Counter((turn, body.get("epoch")) for turn, kind, body in events if kind == "granted")
     outcomes: Counter[str] = Counter()
     lost, cut_short, never_ran = [], [], []
+    status_wrong: list[dict] = []  # a client told another status than the command's 0
+    explained: list[dict] = []  # the same, for a turn whose end missed the history
     log_lost = log_repeated = client_lost = client_repeated = client_mismatch = 0
     finished = 0
     adopted = 0
@@ -573,7 +587,15 @@ def _count(
         complete = row.get("outcome") == "ok" or (exited.get("code") == 0 and not exited["reason"])
         complete = complete or item.get("rc") == 0
         log = _log_lines(state_dir, turn_id)
-        a, b = _bytes_wrong(turn_id, log, item.get("lines"), complete)
+        lines = item.get("lines")
+        if lines is not None and log == b"".join(f"{turn_id} {i}\n".encode() for i in range(lines)):
+            # it ran to its end, so it exited 0: what its client says must be that
+            said = item.get("rc") if item["mode"] == "cli" else item.get("exited")
+            right = 0 if item["mode"] == "cli" else {"code": 0, "signal": None, "reason": None}
+            if item["mode"] != "burst" and said != right:
+                wrong = {"id": turn_id, "mode": item["mode"], "said": said}
+                (explained if turn_id in no_end_in_history else status_wrong).append(wrong)
+        a, b = _bytes_wrong(turn_id, log, lines, complete)
         log_lost, log_repeated = log_lost + a, log_repeated + b
         out_path = results / f"{item.get('label', turn_id)}.out"
         if item["mode"] != "burst" and out_path.exists():
@@ -588,6 +610,9 @@ def _count(
         "lost_ids": lost[:10],
         "ends_missing_in_history": len(no_end_in_history),
         "ends_missing_ids": no_end_in_history[:10],
+        "client_status_wrong": len(status_wrong),
+        "status_wrong": status_wrong[:10],
+        "client_status_wrong_end_missing": len(explained),
         "turns_started": len(starts),
         "turns_run_twice": sum(1 for n in starts.values() if n > 1),
         "grants_seen_twice": sum(1 for n in granted.values() if n > 1),
@@ -603,7 +628,7 @@ def _count(
         "client_bytes_repeated": client_repeated,
         "client_output_not_the_log": client_mismatch,
         "cli_exit_codes": {str(k): v for k, v in sorted(cli_codes.items())},
-        "cli_refused_before_asking": cli_unanswered,
+        "cli_refused_before_asking": {str(k): v for k, v in sorted(cli_refused.items())},
         "most_turns_at_once": sampled["most"],
         "most_turns": sampled["most_turns"],
         "samples": sampled["samples"],
