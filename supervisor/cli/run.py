@@ -411,6 +411,11 @@ class _TurnRunner:
                         for missed in self.rider.catch_up():
                             if (done := self._event(*missed)) is not None:
                                 return done
+                        # The subscription is live: what the logs hold now is printed, and the
+                        # bus brings the rest (repeats write nothing). Output published before
+                        # it was live (while our stdin's send reached the new supervisor first)
+                        # would otherwise wait for the next event to show its hole.
+                        self._copy_logs()
                     elif self.rider is None and time.monotonic() - quiet_since > 1.0:
                         self.client.check_running()  # NotRunning: no terminal event will come
                         quiet_since = time.monotonic()
@@ -467,6 +472,13 @@ class _TurnRunner:
         )
         sub = rider.resubscribe()
         return sub if sub is not None else self._ride_through(interrupts)  # gone again at once
+
+    def _copy_logs(self) -> None:
+        """Print what the turn's logs hold past what was printed, and go on following."""
+        if self.as_json:
+            return
+        for follower in self.outputs.values():
+            follower.copy_from_file()
 
     def _drain_logs(self) -> None:
         """Print what the turn's logs hold past what was printed (its guard wrote them)."""
