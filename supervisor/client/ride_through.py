@@ -35,11 +35,13 @@ import os
 import select
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import CcsupError, SupervisorLost
 from ..paths import ipc_path
 from ..wire import protocol
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from .control import Client
@@ -168,16 +170,7 @@ class TurnRider:
         """A live subscription to the turn's topics on the supervisor that answered; None when
         that one is gone again before it took the subscription (killed twice in a row): the
         caller then waits for the next (`await_return`)."""
-        deadline = time.monotonic() + self.watch.wait_limit
-        while True:
-            try:
-                return self.client.subscribe([f"turn.{self.turn_id}."])
-            except CcsupError:
-                if self.watch.gone():
-                    return None
-                if time.monotonic() >= deadline:
-                    raise
-            time.sleep(POLL)
+        return self._asked_again(lambda: self.client.subscribe([f"turn.{self.turn_id}."]))
 
     def catch_up(self) -> list[tuple[str, dict]]:
         """After `resubscribe`: the events missed, in order, from the history (kinds not yet
@@ -211,12 +204,16 @@ class TurnRider:
             time.sleep(POLL)
 
     def _ps(self) -> dict | None:
-        """`ps` of the supervisor that answered, asked again while it is busy (starting, adopting)
-        up to wait_limit; None once it is gone."""
+        """`ps` of the supervisor that answered (None once it is gone: see _asked_again)."""
+        return self._asked_again(self.client.ps)
+
+    def _asked_again(self, ask: Callable[[], T]) -> T | None:
+        """ask() of the supervisor that answered, again while it is busy (starting, adopting) up
+        to wait_limit; None once it is gone (the caller rides through once more)."""
         deadline = time.monotonic() + self.watch.wait_limit
         while True:
             try:
-                return self.client.ps()
+                return ask()
             except CcsupError:
                 if self.watch.gone():
                     return None

@@ -156,20 +156,16 @@ def _waiting_record(ident: procs.Identity, path: str, turn_id: str) -> dict[str,
     if record.get("v") != 1 or record.get("guard") != ident.to_json():
         raise _NotAdopted(f"its guard record {path} is of another version or guard")
     if record.get("turn") != turn_id or record.get("state") != "running":
-        return _no(None)
+        raise _NotAdopted(None)
     link = record.get("channel")
     if not isinstance(link, dict):
-        return _no(None)  # started without adopt_within (an older build, tty, cluster)
+        raise _NotAdopted(None)  # started without adopt_within (an older build, tty, cluster)
     if link.get("v") != channel.CHANNEL_VERSION or not isinstance(link.get("path"), str):
         raise _NotAdopted(
             f"its guard speaks channel version {link.get('v')!r}, not {channel.CHANNEL_VERSION}; "
             "it is left to finish (counted) and reaped once its work is gone"
         )
     return record
-
-
-def _no(problem: str | None) -> dict[str, Any]:
-    raise _NotAdopted(problem)
 
 
 @dataclass
@@ -219,14 +215,14 @@ def _ask(entry: dict[str, Any], view: SlotView) -> _Asked:
 
 def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
     """Read the guard's answer; once it watches us, take its slot back and re-bind the turn."""
-    entry, view, record, pidfd = asked.entry, asked.view, asked.record, asked.pidfd
-    turn_id, key, holder, argv, ident = (
-        asked.turn_id,
-        asked.key,
-        asked.holder,
-        asked.argv,
+    entry, view, record, pidfd, ident = (
+        asked.entry,
+        asked.view,
+        asked.record,
+        asked.pidfd,
         asked.ident,
     )
+    turn_id, key, holder = asked.turn_id, asked.key, asked.holder
     try:
         answer = asked.adopting.finish(CHANNEL_TIMEOUT)
     except (OSError, ValueError) as e:
@@ -263,7 +259,7 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
     turn = Turn(
         turn_id,
         key,
-        argv,
+        asked.argv,
         entry.get("cwd") if isinstance(entry.get("cwd"), str) else None,
         {},
         holder,

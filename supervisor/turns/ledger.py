@@ -77,7 +77,7 @@ class Ledger:
         self.reservations: dict[str, Reservation] = {}
         self.holders: dict[tuple[str | None, str | None, str], str] = {}  # -> reservation id
         self.deadlines: dict[str, float] = {}  # wait deadlines (epoch), for queue.json
-        self.lost_running: list[dict[str, Any]] = []  # a dead supervisor's turns not yet gone
+        self.lost_running: list[dict[str, str]] = []  # a dead supervisor's turns not yet gone
         self.on_finished: list[Callable[[Item], None]] = []
         self.on_flushed: list[Callable[[], None]] = []  # after each save and its events
         # Called with every event as it is emitted (before the batch is saved and published), so
@@ -256,8 +256,8 @@ class Ledger:
         if reservation is not None:
             return "reservations", reservation.to_json(self.deadlines.get(item_id))
         for entry in self.lost_running:
-            if entry["id"] == item_id:  # (its guard's record, if kept, is not saved)
-                return "running", {"id": entry["id"], "key": entry["key"]}
+            if entry["id"] == item_id:
+                return "running", entry
         key = self.unsaved_ends.get(item_id)
         if key is not None:  # its end is not in finished.log: a restart must end it, not forget it
             return "running", {"id": item_id, "key": key}

@@ -70,12 +70,8 @@ def restore(manager: Manager, data: dict[str, Any], slot_views: list[SlotView]) 
             manager, running, slot_views
         )
         problems += adoption_problems
-        ended = _ended_meanwhile(manager.paths.guards, {entry["id"] for entry in lost})
         for entry in lost:
-            kept = {"id": entry["id"], "key": entry["key"]}
-            if entry["id"] in ended:  # not saved: its record is read again after a restart
-                kept["ended"] = ended[entry["id"]]
-            ledger.lost_running.append(kept)
+            ledger.lost_running.append({"id": entry["id"], "key": entry["key"]})
         settle_lost(manager, slot_views)
         for entry in data["reservations"]:
             try:
@@ -96,8 +92,9 @@ def _ended_meanwhile(guards: Path, ids: set[str]) -> dict[str, dict[str, Any]]:
     """The guard records, by turn, of these turns whose command ended by itself while no supervisor
     ran (the record is `gone`, reason `exited`, and holds the exit): their `exited` says the
     command's own status, not `supervisor_restarted` (work its guard ended because its supervisor
-    was gone, `parent_gone` or `not_adopted`, still reads as that). Each record read bounded (guardd.record.read_json: no symlink, no FIFO
-    followed); one that cannot be read is passed over (the turn ends as a lost one)."""
+    was gone, `parent_gone` or `not_adopted`, still reads as that). Each record read bounded
+    (guardd.record.read_json: no symlink, no FIFO followed); one that cannot be read is passed
+    over (the turn ends as a lost one)."""
     if not ids:
         return {}
     found: dict[str, dict[str, Any]] = {}
@@ -126,10 +123,9 @@ def settle_lost(manager: Manager, slot_views: list[SlotView]) -> None:
     still_held = {v.turn for v in slot_views if v.state in STILL_HELD and v.turn}
     ledger = manager.ledger
     lost, ledger.lost_running = ledger.lost_running, []
-    # Looked at again now, not only at the start: a guard that was not adopted (it did not answer
-    # in time) may have seen its command end by itself since.
-    unknown = {e["id"] for e in lost if e["id"] not in still_held and "ended" not in e}
-    ended = _ended_meanwhile(manager.paths.guards, unknown)
+    # Read when its slot frees (at the start, and at each later settle): a guard that was not
+    # adopted (it did not answer in time) may have seen its command end by itself since.
+    ended = _ended_meanwhile(manager.paths.guards, {e["id"] for e in lost} - still_held)
     with ledger.batch():
         for entry in lost:
             if entry["id"] in still_held:
@@ -139,7 +135,7 @@ def settle_lost(manager: Manager, slot_views: list[SlotView]) -> None:
             for event in (Event.QUEUED, Event.GRANTED, Event.STARTED):
                 ledger.apply(turn, event, replay=True)
             # its guard's record, when its command ended by itself while none ran
-            record = entry.get("ended") or ended.get(entry["id"])
+            record = ended.get(entry["id"])
             if record is not None:
                 manager.endings.happen(turn, What.EXIT_KNOWN, record=record)
             else:

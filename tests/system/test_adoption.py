@@ -305,8 +305,7 @@ def test_a_turns_stdin_stays_open_across_the_gap_and_send_works_after_adoption(
         wait_until(lambda: _log(state_dir, "s1") == b"ready\n", 20)
         client.send("s1", "one\n")
         wait_until(lambda: _log(state_dir, "s1").endswith(b"got one\n"), 20)
-    d.kill()  # its stdin's writer dies with it: CMD must not read EOF
-    time.sleep(0.5)
+    d.kill()  # its stdin's writer dies with it (reaped: gone): CMD must not read EOF
     d.start()
     events = event_log(d)
     with d.client() as client:
