@@ -39,13 +39,16 @@ from typing import Any, TypedDict
 
 from ..errors import CcsupError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Columns each version added, for files of an older version (`migrations`): version 2, the
 # turn's command (argv as a JSON list, and cwd), from its queued event; version 3, its adoption
-# by a supervisor after the one that started it (from its `adopted` events).
+# by a supervisor after the one that started it (from its `adopted` events); version 4, the
+# whole tree's peak memory (bytes, from its exited event), what it left running when its command
+# exited (JSON, from its leftovers event) and the pool member it ran on (from its granted event).
 ADDED_COLUMNS = {
     2: (("argv", "TEXT"), ("cwd", "TEXT")),
     3: (("adopted_at", "REAL"), ("adoption_gap_s", "REAL")),
+    4: (("peak_mem", "INTEGER"), ("leftovers", "TEXT"), ("member", "TEXT")),
 }
 FILE_NAME = "history.sqlite"
 OUTCOMES = (
@@ -84,7 +87,10 @@ CREATE TABLE IF NOT EXISTS turns (
     argv TEXT,                -- JSON: the command, as asked (version 2)
     cwd TEXT,                 -- its working directory (version 2)
     adopted_at REAL,          -- when a later supervisor last adopted it (version 3)
-    adoption_gap_s REAL       -- seconds it ran with no supervisor, all its gaps (version 3)
+    adoption_gap_s REAL,      -- seconds it ran with no supervisor, all its gaps (version 3)
+    peak_mem INTEGER,         -- bytes: the whole tree's peak memory (version 4)
+    leftovers TEXT,           -- JSON: {"count", "names": [...]}, what outlived its command (version 4)
+    member TEXT               -- the pool member it ran on, when asked for a pool (version 4)
 );
 CREATE INDEX IF NOT EXISTS turns_key_ended ON turns(key, ended_at);
 CREATE INDEX IF NOT EXISTS turns_ended ON turns(ended_at);
@@ -132,6 +138,10 @@ class TurnRecord(TypedDict):
     # None when never adopted, or recorded by a ccsup before version 3.
     adopted_at: float | None
     adoption_gap_s: float | None
+    # Version 4; None in a turn recorded before it, or where nothing was measured or left.
+    peak_mem: int | None  # bytes, the whole tree's peak
+    leftovers: dict[str, Any] | None  # {"count", "names"}: what outlived its command
+    member: str | None  # the pool member it ran on
 
 
 class TurnEvent(TypedDict):
@@ -213,7 +223,8 @@ def _connect_ro(state_dir: Path) -> sqlite3.Connection:
 
 def _record(row: sqlite3.Row) -> TurnRecord:
     # An older file (read-only: never migrated by a reader) lacks the later columns: version 1
-    # has no argv or cwd, version 2 no adopted_at or adoption_gap_s.
+    # has no argv or cwd, version 2 no adopted_at or adoption_gap_s, version 3 no peak_mem,
+    # leftovers or member.
     keys = row.keys()
 
     def span(a: str, b: str) -> float | None:
@@ -243,6 +254,9 @@ def _record(row: sqlite3.Row) -> TurnRecord:
         cwd=row["cwd"] if "cwd" in keys else None,
         adopted_at=row["adopted_at"] if "adopted_at" in keys else None,
         adoption_gap_s=row["adoption_gap_s"] if "adoption_gap_s" in keys else None,
+        peak_mem=row["peak_mem"] if "peak_mem" in keys else None,
+        leftovers=json.loads(row["leftovers"]) if "leftovers" in keys and row["leftovers"] else None,
+        member=row["member"] if "member" in keys else None,
     )
 
 

@@ -17,7 +17,7 @@ State question. Runs again: rows are keyed by turn id and each event only fills 
 event seen twice changes nothing. Stops half-way (SIGKILL): SQLite's transactions (WAL) keep the
 file whole; events still queued are lost, and a turn whose terminal event was lost stays
 `running` in the history until a restarted supervisor's restore publishes its end. Empty or
-missing file: created with the schema. An older version (1 or 2): the columns it lacks are added
+missing file: created with the schema. An older version (1 to 3): the columns it lacks are added
 in one transaction (db.migrations) before anything is written; old rows read NULL there (version
 2's turns: never adopted). Corrupt file: moved aside to `history.sqlite.corrupt-<time>` (logged)
 and started afresh. A newer version (`PRAGMA user_version` > ours): left untouched and
@@ -56,6 +56,7 @@ LIFECYCLE = frozenset(
         "rejected",
         "truncated",  # the turn's logs reached [logs] turn_max_bytes (kept as an event only)
         "adopted",  # a later supervisor took the running turn over (adopted_at, adoption_gap_s)
+        "leftovers",  # what still ran when its command exited (kept in `leftovers`)
     }
 )
 # States a turn has left once it runs: an adopted turn whose started event was lost with its
@@ -147,6 +148,13 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
     )
     if kind == "truncated":
         return  # an event of the turn's story, not a change of its state
+    if kind == "leftovers":  # part of the turn's story too: its state stays
+        left = {"count": body.get("count"), "names": body.get("names")}
+        db.execute(
+            "UPDATE turns SET leftovers = ? WHERE id = ?",
+            (json.dumps(left, separators=(",", ":")), turn_id),
+        )
+        return
     if kind == "adopted":
         _apply_adopted(db, turn_id, key, body)
         return
@@ -165,6 +173,8 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
     elif kind == "granted":
         sets["granted_at"] = ts
         sets["slot_index"] = body.get("index")
+        if body.get("member") is not None:  # a pool's turn: the member it was granted on
+            sets["member"] = body.get("member")
     elif kind == "started":
         sets["started_at"] = ts
         sets["guard_pid"] = (body.get("guard") or {}).get("pid")
@@ -176,6 +186,8 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
         sets["signal"] = body.get("signal")
         usage = {k: v for k, v in body.items() if k not in _EXIT_FIELDS}
         sets["usage"] = json.dumps(usage, separators=(",", ":"))
+        if isinstance(body.get("peak_mem"), int):  # the whole tree's peak, bytes
+            sets["peak_mem"] = body["peak_mem"]
         if body.get("reason") is not None:
             sets["reason"] = body.get("reason")
     elif kind in ("released", "cancelled", "rejected"):

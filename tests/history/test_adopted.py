@@ -112,7 +112,7 @@ def test_a_version_2_file_is_read_as_never_adopted_and_migrated_by_the_writer(st
     assert (by_id["new"]["adopted_at"], by_id["new"]["adoption_gap_s"]) == (1004.0, 0.75)
     assert (by_id["old"]["outcome"], by_id["old"]["adopted_at"]) == ("ok", None)
     db = sqlite3.connect(history.history_path(state_dir))
-    assert db.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION == 4
     columns = [row[1] for row in db.execute("PRAGMA table_info(turns)")]
     db.close()
     assert columns[-2:] == ["adopted_at", "adoption_gap_s"]

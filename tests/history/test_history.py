@@ -313,5 +313,5 @@ def test_a_version_1_file_is_read_as_it_is_and_migrated_by_the_writer_keeping_it
     assert (by_id["new"]["argv"], by_id["new"]["cwd"]) == (["sh", "-c", "é"], "/tmp")
     assert (by_id["old"]["outcome"], by_id["old"]["argv"]) == ("ok", None)
     db = sqlite3.connect(history.history_path(state_dir))
-    assert db.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION == 4
     db.close()
