@@ -36,6 +36,9 @@ class WaitReason(enum.Enum):
     MEMORY_FLOOR = "memory_floor"
     UNREADABLE = "unreadable"  # a slot record that cannot be read counts as taken
     CHECKING_OUTPUT = "checking_output"  # an ended turn's stderr is being matched (pause_on)
+    QUOTA = "quota"  # a provider window of the key is at or past [quota] hold_at, or rejected
+    MEMORY = "memory"  # the key's predicted peak does not fit in the [memory] budget's room
+    PRESSURE = "pressure"  # PSI memory `some avg10` is at or above [memory] pressure
 
 
 # The slot gate's `last_refusal` words.

@@ -255,7 +255,9 @@ def _record(row: sqlite3.Row) -> TurnRecord:
         adopted_at=row["adopted_at"] if "adopted_at" in keys else None,
         adoption_gap_s=row["adoption_gap_s"] if "adoption_gap_s" in keys else None,
         peak_mem=row["peak_mem"] if "peak_mem" in keys else None,
-        leftovers=json.loads(row["leftovers"]) if "leftovers" in keys and row["leftovers"] else None,
+        leftovers=json.loads(row["leftovers"])
+        if "leftovers" in keys and row["leftovers"]
+        else None,
         member=row["member"] if "member" in keys else None,
     )
 

@@ -115,7 +115,7 @@ def test_a_version_2_file_is_read_as_never_adopted_and_migrated_by_the_writer(st
     assert db.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION == 4
     columns = [row[1] for row in db.execute("PRAGMA table_info(turns)")]
     db.close()
-    assert columns[-2:] == ["adopted_at", "adoption_gap_s"]
+    assert columns[-5:] == ["adopted_at", "adoption_gap_s", "peak_mem", "leftovers", "member"]
 
 
 def ccsup(state_dir, *args):

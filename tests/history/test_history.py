@@ -14,6 +14,7 @@ import pytest
 from conftest import wait_until
 
 from supervisor.history import db as history
+from supervisor.history import writer
 from supervisor.history.db import HistoryError, outcome_of, query, show
 from supervisor.history.writer import Recorder
 from supervisor.wire import protocol
@@ -315,3 +316,41 @@ def test_a_version_1_file_is_read_as_it_is_and_migrated_by_the_writer_keeping_it
     db = sqlite3.connect(history.history_path(state_dir))
     assert db.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION == 4
     db.close()
+
+
+def test_version_4_columns_come_from_their_events(tmp_path):
+    """peak_mem from the exited event, member from granted, leftovers from its own event; a
+    version-3 file gains the three columns (NULL in its old rows) at the writer's next start."""
+    state_dir = tmp_path / "s"
+    state_dir.mkdir()
+    path = history.history_path(state_dir)
+    db = sqlite3.connect(path)
+    # A version-3 file: the schema without the lines of version 4's columns.
+    lines = [line for line in history.SCHEMA.splitlines() if "(version 4)" not in line]
+    db.executescript("\n".join(lines).replace("REAL,      -- seconds", "REAL       -- seconds"))
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+    t = 1000.0
+    events = [
+        ("turn.a.queued", {"key": "codex", "ts": t, "argv": ["true"], "holder": {}}),
+        ("turn.a.granted", {"key": "codex", "ts": t + 1, "index": 0, "member": "codex:work"}),
+        ("turn.a.started", {"key": "codex", "ts": t + 2, "guard": {"pid": 7}}),
+        ("turn.a.exited", {"key": "codex", "ts": t + 3, "code": 0, "peak_mem": 5 << 20}),
+        ("turn.a.leftovers", {"key": "codex", "ts": t + 3.1, "count": 1, "names": ["x"]}),
+        ("turn.a.released", {"key": "codex", "ts": t + 4}),
+    ]
+    db = writer.open_writer(path)
+    assert db is not None
+    with db:
+        for topic, body in events:
+            writer.apply_event(db, topic, body)
+    db.close()
+    row = show(state_dir, "a")
+    assert (row["peak_mem"], row["member"], row["leftovers"], row["state"], row["outcome"]) == (
+        5 << 20,
+        "codex:work",
+        {"count": 1, "names": ["x"]},
+        "released",
+        "ok",
+    )
