@@ -4,7 +4,8 @@ events leave in (`ledger`), every ending as one table (`endings`), starting a gr
 (`starting`), the confirmed gone (`gone`), restore after a restart (`restore`), finished ids
 (`finished`), requesters watched until gone (`requesters`), the fair wait queue and its order
 (`waits`, `fairness`), the seams to the outside world (`seams`: the slot gate, guards, time),
-what `ps` and `status` answer (`views`), and queue.json and its journal (`store`).
+what `ps` and `status` answer (`views`), queue.json and its journal (`store`), and the
+OpenTelemetry attributes a turn's environment carries (`telemetry`).
 
 Knows turns, waits and reservations; asks slots and guards through `seams`. Imports slots, guards,
 output, wire, config and the ground floor; never admission, cluster, history, the daemon, the CLI

@@ -37,6 +37,7 @@ from ..guards import containment
 from ..guards.handle import LOG_FILES, GuardSpec
 from ..output.chunks import Chunk
 from ..paths import StatePaths
+from . import telemetry
 from .endings import What
 from .ledger import Ledger
 from .seams import Guard, GuardSettings, PendingStart, StartGuard
@@ -48,11 +49,18 @@ log = logging.getLogger("ccsup.starting")
 def _guard_env(turn: Turn) -> dict[str, str | None]:
     """What the guard starter adds to the supervisor's environment: the turn's `env`; for an
     `env_replace` turn, also the removal of every variable of ours it does not name, so that its
-    environment is exactly `env` (the caller's, for `ccsup run`)."""
+    environment is exactly `env` (the caller's, for `ccsup run`); and, in either,
+    `OTEL_RESOURCE_ATTRIBUTES` with the turn's own after the caller's (supervisor.turns.telemetry)."""
+    ours = telemetry.turn_attributes(turn.id, turn.key, turn.holder.session, turn.holder.agent)
+    if telemetry.VARIABLE in turn.env:
+        own = turn.env[telemetry.VARIABLE]
+    else:
+        own = None if turn.env_replace else os.environ.get(telemetry.VARIABLE)
+    attributes = {telemetry.VARIABLE: telemetry.merged(own, ours)}
     if not turn.env_replace:
-        return turn.env
+        return {**turn.env, **attributes}
     drop: dict[str, str | None] = {name: None for name in os.environ if name not in turn.env}
-    return {**drop, **turn.env}
+    return {**drop, **turn.env, **attributes}
 
 
 class Happen(Protocol):
