@@ -253,14 +253,16 @@ def wait_empty(path: str, timeout: float) -> bool:
 
 
 def usage(path: str) -> dict[str, int]:
-    """cpu.stat's usage (usec) and memory.peak (bytes) where the cgroup has them."""
+    """cpu.stat's usage (usec), memory.peak and memory.current (bytes) where the cgroup has
+    them."""
     stat = read_keyed(os.path.join(path, "cpu.stat"))
     found: dict[str, int] = {k: stat[k] for k in ("user_usec", "system_usec") if k in stat}
-    try:
-        with open(os.path.join(path, "memory.peak"), "rb") as f:
-            found["memory_peak"] = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass  # no memory controller here
+    for name in ("peak", "current"):
+        try:
+            with open(os.path.join(path, f"memory.{name}"), "rb") as f:
+                found[f"memory_{name}"] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # no memory controller here
     return found
 
 

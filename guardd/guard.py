@@ -141,6 +141,7 @@ class Guard:
         self.eperm: list[str] = []
         self.usage = usage.Usage(self.opts.cgroup)
         self._next_stop_scan = 0.0
+        self._next_sample = 0.0  # the tree's memory is sampled at most once a scan interval
         self._stop_scan_every = _STOP_SCAN
         self._give_up_after = max(_GIVE_UP_GRACES * self.opts.grace, _MIN_GIVE_UP)
         self._record_due = False  # a change to write at the end of the loop's pass
@@ -497,6 +498,9 @@ class Guard:
         found = self.scanner.descendants()
         self.descendants = found
         self.usage.seen(found)
+        if self.phase is RUNNING and self.clock() >= self._next_sample:
+            self._next_sample = self.clock() + self.opts.scan
+            self.usage.sample(found)
         changed = self.usage.due(self.clock())  # figures so far reach the record (ps) now and then
         new: list[procs.Group] = []
         own_pgid = self.own.pgid if self.own else None

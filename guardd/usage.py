@@ -9,25 +9,46 @@ still running when the figures are read is not in them yet ("so far"). With a cg
 counts every process that ever ran inside (exact, live), and memory.peak (where the memory
 controller is enabled) is the peak of the whole cgroup.
 
+Memory of the whole tree: `mem` (bytes now) and `peak_mem` (the largest `mem`, bytes) are the
+cgroup's memory.current and memory.peak where it has the memory controller, else guardd.treemem's
+samples, taken at the guard's scans (`sample`, at most once a scan interval), with the largest
+single process's peak (`peak_rss_bytes`) as a floor: a turn that ended before its first sample
+still has a figure.
+
 `processes` is counted from what the guard sees: every distinct (pid, start) its scans found plus
 every child it reaped that no scan had shown. A process that starts and ends between two scans
 and is reaped by its own parent is not seen: the count is a lower bound (exact for trees whose
 processes live across a scan or end as orphans).
 
-Figures: `cpu_user_s`, `cpu_system_s` (float seconds), `peak_rss_bytes` (int), `processes` (int).
+Figures: `cpu_user_s`, `cpu_system_s` (float seconds), `peak_rss_bytes`, `mem`, `peak_mem` (int
+bytes), `processes` (int).
 State: in memory in the guard, written into its record (`usage`) at every record write and at
 most once a second otherwise. Standard library only.
 """
 
 from __future__ import annotations
 
+import os
+
 from guardd import cgroup as cgroups
+from guardd.treemem import TreeMemory
 
 WRITE_EVERY = 1.0  # seconds between record writes for usage alone
 
 
 class Usage:
-    __slots__ = ("cgroup", "user", "system", "peak", "identities", "last_start", "unseen", "_at")
+    __slots__ = (
+        "cgroup",
+        "user",
+        "system",
+        "peak",
+        "identities",
+        "last_start",
+        "unseen",
+        "_at",
+        "tree",
+        "_kernel_memory",
+    )
 
     def __init__(self, cgroup: str | None = None):
         self.cgroup = cgroup
@@ -38,6 +59,21 @@ class Usage:
         self.last_start: dict[int, int] = {}  # pid -> start ticks of the process last seen there
         self.unseen = 0  # reaped children no scan had shown
         self._at = 0.0
+        self.tree: TreeMemory | None = None  # made at the first sample without memory.current
+        self._kernel_memory: bool | None = None  # the cgroup has memory.current (looked once)
+
+    def sample(self, found) -> None:
+        """The tree's memory now, from a scan's descendants (guardd.scan.Proc by pid); nothing
+        to do where the cgroup's memory controller counts it."""
+        if self._kernel_memory is None:
+            self._kernel_memory = self.cgroup is not None and os.path.exists(
+                os.path.join(self.cgroup, "memory.current")
+            )
+        if self._kernel_memory:
+            return
+        if self.tree is None:
+            self.tree = TreeMemory()
+        self.tree.sample(found)
 
     def seen(self, found) -> None:
         """A scan's descendants (guardd.scan.Proc by pid)."""
@@ -69,10 +105,18 @@ class Usage:
             if "user_usec" in found:
                 user = found["user_usec"] / 1e6
                 system = found.get("system_usec", 0) / 1e6
-            peak = found.get("memory_peak", peak)
+        else:
+            found = {}
+        now = self.tree.now if self.tree is not None else 0
+        peak_mem = max(self.tree.peak if self.tree is not None else 0, peak)
+        if "memory_peak" in found:  # the kernel's own figures for the whole tree
+            peak = peak_mem = found["memory_peak"]
+            now = found.get("memory_current", now)
         return {
             "cpu_user_s": round(user, 6),
             "cpu_system_s": round(system, 6),
             "peak_rss_bytes": peak,
             "processes": len(self.identities) + self.unseen,
+            "mem": now,
+            "peak_mem": peak_mem,
         }

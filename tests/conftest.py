@@ -32,7 +32,15 @@ PYTHON = sys.executable
 
 
 # What a turn used, as `turn.<id>.exited` carries it (checked in tests/test_cgroup.py).
-USAGE_KEYS = ("wall_s", "wait_s", "cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes")
+USAGE_KEYS = (
+    "wall_s",
+    "wait_s",
+    "cpu_user_s",
+    "cpu_system_s",
+    "peak_rss_bytes",
+    "processes",
+    "peak_mem",
+)
 
 
 def without_usage(body: dict) -> dict:

@@ -55,6 +55,7 @@ from .pause_on import PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
 from .policy import Admission, WaitReason, Why, WhyJSON, gate_why
 from .rates import RateTable, StartWindows
+from .room import MachineRoom
 from .runtime_limits import RuntimeLimits
 
 if TYPE_CHECKING:
@@ -121,6 +122,9 @@ class KeyControl:
         self._granted_at: dict[str, float] = {}  # rate-limited grants not yet started
         self._dirty = False  # admission.json is behind memory (see _save_soon)
         self._save_pending = False
+        self.room: MachineRoom | None = (
+            None  # [memory] (supervisor.admission.room), set by the daemon
+        )
 
     def ordering(self) -> Ordering:
         return make_ordering(self.settings.fairness)
@@ -150,6 +154,12 @@ class KeyControl:
 
     def refusal(self, item: Item, now: float) -> Refusal | None:
         why = self.hold(item.key, now)
+        if why is not None and self.room is not None:
+            self.room.held.pop(item.id, None)  # held for time: it keeps nobody from the room
+        if why is None and self.room is not None:
+            why = self.room.hold(item, now)  # memory room and pressure: the last hold asked
+            if why is not None:
+                self.policy.note(item.key, why)
         if why is None:
             return None
         if why.until is not None:

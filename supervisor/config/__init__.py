@@ -53,6 +53,7 @@ from . import (
     hooks,
     limits,
     logs,
+    memory,
     metrics,
     slots,
     top,
@@ -72,6 +73,7 @@ from .guard import DEFAULT_GRACE, DEFAULT_SCAN
 from .harness import Harness
 from .hooks import HookSettings
 from .logs import LogLimits
+from .memory import MemorySettings
 from .metrics import MetricsSettings
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
@@ -121,6 +123,7 @@ SECTIONS: tuple[Section, ...] = (
     metrics.SECTION,
     admission.PAUSE_ON_SECTION,
     cluster.SECTION,
+    memory.SECTION,
     hooks.SECTION,
 )
 
@@ -146,6 +149,7 @@ class Config:
         None  # [cluster]: caps across machines (supervisor.cluster.gate)
     )
     hooks: HookSettings = HookSettings()  # [hooks]: supervisor.agents' shell-command hook
+    memory: MemorySettings = field(default_factory=MemorySettings)  # [memory]: the machine's room
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -171,6 +175,9 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     admission_settings = admission.parse_admission(c, table)
     cluster_settings = cluster.parse_cluster(c, table, guard_settings.grace, env)
     hook_settings = hooks.parse_hooks(c, table)
+    named = set(slot_settings.caps) | set(harnesses)
+    named |= set(cluster_settings.caps) if cluster_settings is not None else set()
+    memory_settings = memory.parse_memory(c, table, named)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -206,6 +213,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         admission=admission_settings,
         cluster=cluster_settings,
         hooks=hook_settings,
+        memory=memory_settings,
     )
 
 

@@ -44,6 +44,8 @@ from pathlib import Path
 from guardd import procs
 
 from ..admission.control import KeyControl, admission_settings
+from ..admission.room import PEAKS, MachineRoom
+from ..admission.room import REFRESH as ROOM_REFRESH
 from ..caps import SlotState, cap_sources
 from ..cluster.wiring import cluster_wiring
 from ..config import EMBEDDED_SOURCE, Config, load
@@ -53,6 +55,7 @@ from ..guards import containment, fdlimit
 from ..guards import waiting as guard_waiting
 from ..guards.launcher import Launcher
 from ..guards.strays import StrayWatch
+from ..history import db as history_db
 from ..history import metrics
 from ..history import writer as history_writer
 from ..holder import Holder
@@ -218,6 +221,10 @@ class Daemon:
             cgroups=self.cgroups,
         )
         self.keyctl.attach(self.manager)
+        # [memory]: admission by the machine's room and the pressure brake (the last hold asked).
+        self.room = MachineRoom(config.memory, publish=self.server.publish)
+        self.keyctl.room = self.room
+        self.room.attach(self.manager)
         self._stop = asyncio.Event()
         self.handing_over = False  # `ccsup restart`: exit without ending a turn (_hand_over)
         self._reaping: asyncio.Task | None = None
@@ -259,6 +266,7 @@ class Daemon:
         )
         self.strays.start(asyncio.get_running_loop())  # before any guard, zygote or page starts
         self.launcher.start()  # before restore, which may start guards
+        await self._load_peaks()  # before restore: a restored waiter is granted by its prediction
         self.restore_queue()  # before any request is served: nothing new can jump what was waiting
         self.server.start(self.handle_request, self.handle_bus, self.handle_bad_bus)
         self._serve_metrics()
@@ -276,6 +284,7 @@ class Daemon:
             asyncio.create_task(self._tick()),
             asyncio.create_task(self._every(lambda: retention.PRUNE_INTERVAL, ("prune_logs",))),
             asyncio.create_task(self._every(lambda: memtrim.TRIM_INTERVAL, ("trim_memory",))),
+            asyncio.create_task(self._every(lambda: ROOM_REFRESH, ("memory_room",))),
         ]
         await self._stop.wait()
         sd_notify("STOPPING=1")
@@ -490,7 +499,17 @@ class Daemon:
         duties["reap"] = (f"reap the orphaned slots of {self.gate.root}", self.reap_orphans)
         duties["prune_logs"] = (f"prune the turn logs in {self.paths.turns}", self.prune_logs)
         duties["trim_memory"] = ("give freed memory back to the kernel", self.trimmer.step)
+        duties["memory_room"] = ("read the running turns' memory and PSI", self.room.refresh)
         return duties
+
+    async def _load_peaks(self) -> None:
+        """Each key's last peaks from the history (in a thread), for the memory predictions."""
+        try:
+            peaks = await asyncio.to_thread(history_db.recent_peaks, self.paths.root, PEAKS)
+        except CcsupError as e:
+            log.error("%s: memory predictions come from [memory] estimate alone", e.message)
+            return
+        self.room.load(peaks)
 
     async def run_duty(self, name: str) -> None:
         """One run of a periodic duty. Whatever it raises is logged (its operation and object, the
@@ -588,6 +607,7 @@ class Daemon:
             "systemd": _notify_socket is not None,
         }
         result.update(self.cgroups.describe())
+        result["memory"] = self.room.view()
         # Guards that wait for adoption (not adopted at start: supervisor.turns.adopt), from their
         # records in a thread; our own guards' records are not read (we watch them).
         ours = {t.guard.record_path.name for t in self.manager.turns.values() if t.guard}
@@ -633,6 +653,9 @@ class Daemon:
         # What each running turn used so far: read from its guard record, in a worker thread.
         running = {t.id: t.guard.record_path for t in self.manager.turns.values() if t.guard}
         await asyncio.to_thread(containment.add_usage, result["slots"], running)
+        for slot in result["slots"]:  # each running turn's key's predicted peak
+            if slot.get("turn") in running:
+                slot["predicted_mem"] = self.room.prediction(str(slot.get("key")))[0]
         if self.cluster:
             result["cluster"] = await self.cluster.view()
         return result
@@ -692,6 +715,7 @@ class Daemon:
         self.manager.settings = self._settings(config)
         self.launcher.log_limit = self._log_limits().turn_max_bytes
         self.keyctl.retune(admission_settings(config))
+        self.room.retune(config.memory)
         for sentence in self.cgroups.set_limits(dict(config.limits)):  # [guard] cgroup: at start
             log.warning("%s", sentence)
         changed = in_force.changes(before, in_force.settings(config, self.caps_override))

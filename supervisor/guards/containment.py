@@ -36,7 +36,7 @@ def read_record(record_path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 # -- what a turn used ---------------------------------------------------------------------------
 
-USAGE_FIELDS = ("cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes")
+USAGE_FIELDS = ("cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes", "peak_mem")
 
 
 def usage_fields(
@@ -44,8 +44,8 @@ def usage_fields(
 ) -> dict[str, Any]:
     """The figures `turn.<id>.exited` carries, each named with its unit: wall_s (guard start to
     now), wait_s (request to guard start: the time waited for the slot), and the guard's
-    `usage` (guardd.usage): cpu_user_s, cpu_system_s, peak_rss_bytes, processes; None where not
-    known (no record)."""
+    `usage` (guardd.usage): cpu_user_s, cpu_system_s, peak_rss_bytes, processes, peak_mem (the
+    whole tree's peak memory); None where not known (no record)."""
     used = (record or {}).get("usage")
     used = used if isinstance(used, dict) else {}
     fields: dict[str, Any] = {

@@ -348,3 +348,33 @@ def show(state_dir: Path, turn_id: str) -> TurnStory | None:
     finally:
         db.close()
     return TurnStory(**_record(row), events=events)
+
+
+def recent_peaks(state_dir: Path, per_key: int = 20) -> dict[str, list[int]]:
+    """Each key's last `per_key` whole-tree peaks (`peak_mem`, bytes), oldest first, for the
+    memory prediction (supervisor.admission.room). {} when there is no history yet; HistoryError
+    when it cannot be read (a file from before version 4 has no peaks: {})."""
+    try:
+        db = _connect_ro(state_dir)
+    except HistoryError:
+        if not history_path(state_dir).exists():
+            return {}
+        raise
+    try:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(turns)")}
+        if "peak_mem" not in columns:
+            return {}
+        rows = db.execute(
+            "SELECT key, peak_mem FROM (SELECT key, peak_mem, exited_at, ROW_NUMBER() OVER "
+            "(PARTITION BY key ORDER BY exited_at DESC) AS n FROM turns "
+            "WHERE peak_mem IS NOT NULL AND peak_mem > 0) WHERE n <= ? ORDER BY exited_at",
+            (per_key,),
+        ).fetchall()
+    except sqlite3.Error as e:
+        raise HistoryError(f"unable to read history {history_path(state_dir)}: {e}") from None
+    finally:
+        db.close()
+    peaks: dict[str, list[int]] = {}
+    for key, peak in rows:
+        peaks.setdefault(key, []).append(int(peak))
+    return peaks

@@ -398,7 +398,14 @@ def test_ps_shows_a_running_turns_usage_so_far(daemon, event_log):
             return used if cpu and used.get("processes") else None  # after a scan saw CMD
 
         used = wait_until(usage, what="usage so far in ps")
-        assert set(used) == {"cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes"}
+        assert set(used) == {
+            "cpu_user_s",
+            "cpu_system_s",
+            "peak_rss_bytes",
+            "processes",
+            "mem",
+            "peak_mem",
+        }
         assert used["processes"] >= 1
         client.cancel("t1")
         log.wait_for("turn.t1.released")

@@ -318,7 +318,14 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
     assert rec["own_group"]["pgid"] != g.proc.pid
     assert rec["groups"] == [] and rec["state"] == "gone"
     assert rec["cgroup"] is None  # no --cgroup: subreaper and groups only
-    assert set(rec["usage"]) == {"cpu_user_s", "cpu_system_s", "peak_rss_bytes", "processes"}
+    assert set(rec["usage"]) == {
+        "cpu_user_s",
+        "cpu_system_s",
+        "peak_rss_bytes",
+        "processes",
+        "mem",
+        "peak_mem",
+    }
     assert rec["usage"]["processes"] >= 1
     assert "s3cr3t" not in path.read_text()  # the environment is never written
     assert os.listdir(g.record_dir) == [path.name]  # its last version took the spare's place

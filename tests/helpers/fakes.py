@@ -265,6 +265,7 @@ NO_USAGE = {
     "cpu_system_s": None,
     "peak_rss_bytes": None,
     "processes": None,
+    "peak_mem": None,
 }
 
 
