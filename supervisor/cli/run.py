@@ -340,7 +340,11 @@ class _TurnRunner:
             return
         position, since = self._waiting
         if self.wait_line is not None and time.monotonic() - since >= WAIT_NOTICE:
-            return self.wait_line.show(position, since)
+            from .wait_line import in_foreground
+
+            if in_foreground():
+                return self.wait_line.show(position, since)
+            self.wait_line.finish()  # put in the background (Ctrl-Z, bg): plain lines from now
         if position == self._shown_position or time.monotonic() - since < WAIT_NOTICE:
             return
         self._shown_position = position

@@ -6,16 +6,30 @@ rewritten in place (carriage return, erase to the end of the line) when the posi
 once a second for the time waited; why comes from `ps`, asked at most every WHY_EVERY seconds
 (a waiter that waits long costs the supervisor one `ps` per WHY_EVERY, not one per second).
 `finish` ends the line (a newline), before anything else is written to stderr. Not used off a
-terminal: a script's stderr gets run's plain lines. Knows the terminal and the clock.
+terminal: a script's stderr gets run's plain lines. A live line belongs to a job in the
+terminal's foreground process group only (`in_foreground`): a `ccsup run ... &` in an interactive
+shell gets run's plain lines too, each once, so it never rewrites the line the user types on.
+Knows the terminal and the clock.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
 
 WHY_EVERY = 2.0  # seconds between two `ps` asked for why
+
+
+def in_foreground(stream=None) -> bool:
+    """Whether we are in the foreground process group of the terminal `stream` (stderr) is on:
+    false for a shell's background job (`&`, `bg`), which must not draw over the prompt."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+    except (OSError, ValueError):  # not a terminal, or closed
+        return False
 
 
 class WaitLine:

@@ -57,3 +57,50 @@ def test_a_waiting_run_keeps_one_line_current_until_it_starts(cli_daemon, tmp_pa
         go.touch()
         pane.close()
         holder.wait(timeout=20)
+
+
+def test_a_background_run_never_rewrites_the_line_the_user_types_on(cli_daemon, tmp_path):
+    """`ccsup run ... &` in an interactive shell (job control: the job has its own process group,
+    not the terminal's foreground one) says it waits once, in plain lines, and never redraws
+    a live line over the prompt or what is typed after it."""
+    state_dir = cli_daemon("[slots]\ncaps = { t = 1 }\n")
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env |= {"CCSUP_STATE_DIR": str(state_dir), "CCSUP_CONFIG": str(state_dir / "ccsup.toml")}
+    env |= {"HISTFILE": "/dev/null"}
+    holder = subprocess.Popen(
+        [*CCSUP, "run", "--key", "t", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    wait_until(
+        lambda: '"held"' in ccsup("ps", "--json", state_dir=state_dir).stdout, what="a held slot"
+    )
+    pane = Pane(
+        f"ccsup-bg-{os.getpid()}", "env PS1='$ ' bash --norc --noprofile -i", env, width=160
+    )
+    try:
+        wait_until(lambda: pane.screen().rstrip().endswith("$"), what="the shell's prompt")
+        pane.keys(f"{CCSUP[0]} -m supervisor run --key t -- echo done &", "Enter")
+        wait_until(lambda: "waiting for a slot of t" in pane.screen(), what="the waiting notice")
+        pane.keys("echo typed-", "Enter")
+        wait_until(lambda: "typed-" in pane.screen().split("echo typed-")[-1], what="the echo")
+        # Three seconds of waiting: a live line would have redrawn itself (a second each).
+        wait_until(lambda: _waited(state_dir) >= 3, what="3 s of waiting")
+        screen = pane.screen()
+        assert "since" not in screen  # no live line: plain ones
+        assert screen.count("waiting for a slot of t") == 1
+        assert any(line.rstrip() == "typed-" for line in screen.splitlines())
+        go.touch()
+        wait_until(lambda: "done" in pane.screen().splitlines(), what="the turn's output")
+    finally:
+        go.touch()
+        pane.close()
+        holder.wait(timeout=20)
+
+
+def _waited(state_dir) -> float:
+    import json
+    import time
+
+    waits = json.loads(ccsup("ps", "--json", state_dir=state_dir).stdout)["waits"]
+    return max((time.time() - w["since"] for w in waits), default=0.0)
