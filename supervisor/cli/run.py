@@ -550,7 +550,7 @@ class _TurnRunner:
                 follower.close()
                 if follower.lost:  # lost on the bus and past the log's [logs] turn_max_bytes
                     click.echo(f"ccsup: {follower.lost} bytes of {stream} were lost", err=True)
-        from .run_exit import run_exit_status
+        from .run_exit import ended_line, run_exit_status
 
         if kind == "released":
             if self.exited is None and not self.as_json:
@@ -558,10 +558,10 @@ class _TurnRunner:
                     f"ccsup: turn {self.turn_id} was released without an exit status", err=True
                 )
             elif self.stop_reason and not self.as_json:
-                click.echo(f"ccsup: turn {self.turn_id} stopped: {self.stop_reason}", err=True)
+                click.echo(ended_line(self.turn_id, "stopped", self.stop_reason), err=True)
         elif not self.as_json:
             click.echo(
-                f"ccsup: turn {self.turn_id} {kind}: {body.get('reason') or 'no reason given'}",
+                ended_line(self.turn_id, kind, body.get("reason")),
                 err=True,
             )
         return run_exit_status(

@@ -41,6 +41,33 @@ EXIT_CODES_HELP = (
 )
 
 
+# Why a turn was cancelled or stopped (the event's `reason`), as `ccsup run` says it.
+_REASONS = {
+    "cancelled": "by `ccsup cancel`",
+    "requester_gone": "its requester is gone",
+    "shutdown": "the supervisor was stopped",
+    "timeout": "its time limit ran out",
+    "supervisor_restarted": "its supervisor died while it ran",
+    "not_adopted": "its supervisor died and none adopted it in time",
+}
+
+
+def ended_line(turn_id: str, kind: str, reason: str | None) -> str:
+    """`ccsup run`'s last line for a turn cancelled before it started, stopped, or rejected:
+    `ccsup: turn X was cancelled by `ccsup cancel``, never `cancelled: cancelled`."""
+    said = _REASONS.get(reason or "", reason or "no reason given")
+    if kind == "cancelled":
+        what = "was cancelled before it started"
+        if reason == "timeout":
+            return f"ccsup: turn {turn_id} {what}: its --wait-timeout ran out"
+    elif kind == "rejected":
+        return f"ccsup: turn {turn_id} was rejected: {said}"
+    else:
+        what = "was stopped"
+    joiner = " " if said.startswith("by ") else ": "
+    return f"ccsup: turn {turn_id} {what}{joiner}{said}"
+
+
 def default_key(env: Mapping[str, str]) -> str:
     """The key of `ccsup run` without --key: $CCSUP_KEY, else "default"."""
     return env.get("CCSUP_KEY") or DEFAULT_KEY

@@ -101,13 +101,13 @@ def test_ps_shows_the_requester_of_a_turn_without_labels(env, state_dir):
 def test_each_exit_code(env, state_dir):
     assert run(env, "--", "sh", "-c", "exit 7").returncode == 7
     timed = run(env, "--timeout", "300ms", "--", "sleep", "30")
-    assert timed.returncode == 124 and "stopped: timeout" in timed.stderr
+    assert timed.returncode == 124 and "was stopped: its time limit ran out" in timed.stderr
     go = state_dir / "go"
     holder = run_until(env, go)
     try:
         assert holder.stdout.readline() == b"ready\n"
         waited = run(env, "--wait-timeout", "0.3", "--", "true")
-        assert waited.returncode == 75 and "cancelled: timeout" in waited.stderr
+        assert waited.returncode == 75 and "its --wait-timeout ran out" in waited.stderr
         go.touch()
         assert holder.wait(15) == 0
     finally:
@@ -197,6 +197,31 @@ def test_run_says_why_it_waits_when_the_key_is_paused(env):
         assert proc.stderr.readline().startswith("ccsup: codex: paused: 429 (until ")
         subprocess.run([*CCSUP, "resume", "codex"], env=env, check=True, capture_output=True)
         assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_cancelled_run_says_who_cancelled_it_in_words(env):
+    """A waiting `ccsup run` cancelled by another client ends with one sentence that says so
+    (`was cancelled before it started by `ccsup cancel``), not the bare `cancelled: cancelled`."""
+    subprocess.run([*CCSUP, "pause", "codex", "--for", "60s"], env=env, check=True)
+    proc = subprocess.Popen(
+        [*CCSUP, "run", "--key", "codex", "--", "true"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        said = proc.stderr.readline()
+        turn_id = said.split()[2].rstrip(":")
+        subprocess.run([*CCSUP, "cancel", turn_id], env=env, check=True, capture_output=True)
+        assert proc.wait(15) == 69
+        rest = proc.stderr.read()
+        assert f"ccsup: turn {turn_id} was cancelled before it started by `ccsup cancel`\n" in rest
+        assert "cancelled: cancelled" not in rest
     finally:
         if proc.poll() is None:
             proc.kill()
