@@ -51,6 +51,20 @@ class SupervisorLost(CcsupError):
     exit_code = 71  # `ccsup run`'s too (supervisor.cli.run_exit)
 
 
+class UnknownTurn(CcsupError):
+    """An id that neither the supervisor nor the history knows: `show`, `wait`, `logs` and
+    `cancel` say it in these words and exit 1 (a failure to find, not a usage error)."""
+
+    code = "not_found"
+
+    def __init__(self, turn_id: str, state_dir: object = None):
+        where = f" on {state_dir}" if state_dir is not None else ""
+        super().__init__(
+            f"no turn {turn_id}{where}: neither the supervisor nor the history knows it "
+            "(never asked here, or ended before [logs] keep)"
+        )
+
+
 class AlreadyRunning(CcsupError):
     """A second supervisor on a state directory that has one (found at start; never a reply)."""
 

@@ -36,7 +36,7 @@ from pydantic import Field
 
 from .. import __version__
 from ..caps import key_problem
-from ..errors import CcsupError, UsageError
+from ..errors import CcsupError, UnknownTurn, UsageError
 from ..paths import TURN_ID
 from . import turns
 
@@ -320,9 +320,7 @@ def build(settings: Settings) -> MCPServer:
                         }
                 view = turns.current(client, turn_id)
             if view is None:
-                raise UsageError(
-                    f"unknown turn {turn_id!r}: neither the supervisor nor its history knows it"
-                )
+                raise UnknownTurn(turn_id, client.state_dir)
             return {"id": turn_id, "state": view["state"], "why": None}
 
         return await in_thread(ctx, work)
@@ -347,9 +345,7 @@ def build(settings: Settings) -> MCPServer:
         def work(on_tick):
             with settings.client() as client:
                 if turns.current(client, turn_id) is None:
-                    raise UsageError(
-                        f"unknown turn {turn_id!r}: neither the supervisor nor its history knows it"
-                    )
+                    raise UnknownTurn(turn_id, client.state_dir)
                 path = client.paths.output_log(turn_id, stream)
                 size = path.stat().st_size if path.exists() else 0
                 data = (
@@ -380,7 +376,7 @@ def build(settings: Settings) -> MCPServer:
         def work(on_tick):
             with settings.client() as client:
                 if turns.current(client, turn_id) is None:
-                    raise UsageError(f"unknown turn {turn_id!r}: nothing was cancelled")
+                    raise UnknownTurn(turn_id, client.state_dir)
                 return client.cancel(turn_id)
 
         return await in_thread(ctx, work)

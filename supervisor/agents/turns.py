@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 
 from ..client.control import Client
 from ..client.subscription import is_terminal
-from ..errors import CcsupError, UsageError
+from ..errors import CcsupError, UnknownTurn
 from ..history import db as history
 
 TERMINAL = ("released", "cancelled", "rejected")
@@ -142,7 +142,7 @@ def follow(
     """The turn's end if it comes within `bound` seconds, else where it stands then.
 
     `request` (a turn request) is sent once the subscription is live; without it the turn must
-    exist already, else UsageError "unknown turn". `on_tick(elapsed, view)` runs every `tick`
+    exist already, else UnknownTurn. `on_tick(elapsed, view)` runs every `tick`
     seconds while it waits (the MCP server's progress notifications).
     """
     started = time.monotonic()
@@ -154,9 +154,7 @@ def follow(
         else:
             view = current(client, turn_id)
             if view is None:
-                raise UsageError(
-                    f"unknown turn {turn_id!r}: neither the supervisor nor its history knows it"
-                )
+                raise UnknownTurn(turn_id, client.state_dir)
             if view["state"] == "ended":
                 return view
         next_tick = started + tick

@@ -3,7 +3,8 @@
 A turn that had already finished is said to have finished, with its outcome from the history
 (`turn X had already finished (exit 0, released); nothing to cancel`), and the command exits 0: cancel is idempotent, so a
 retried cancel, or one that lost a race with the turn's end, is not a failure. An id the
-supervisor has never seen (or forgot: finished ids are kept at least 10 minutes) exits 1.
+supervisor has never seen (or forgot: finished ids are kept at least 10 minutes) exits 1 with
+the words every command uses for an unknown id (supervisor.errors.UnknownTurn).
 """
 
 from __future__ import annotations
@@ -22,9 +23,17 @@ def cancel(ctx: click.Context, turn_id: str, as_json: bool) -> None:
     """Cancel a turn in any state (a running one is stopped and released once gone).
 
     A turn that had already finished is left as it is: the command says so, and exits 0."""
+    from ..client.control import RemoteError
+    from ..errors import UnknownTurn
+
     place = where(ctx)
     with place.client() as client:
-        result = client.cancel(turn_id)
+        try:
+            result = client.cancel(turn_id)
+        except RemoteError as e:
+            if e.code != "not_found":
+                raise
+            raise UnknownTurn(turn_id, place.state_dir()) from None
     if as_json:
         emit_json(result)
     elif result.get("finished"):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..caps import SlotState
-from ..errors import CcsupError
+from ..errors import CcsupError, UnknownTurn
 from .options import complete_ids, complete_keys, key_option, turn_id_argument
 from .where import where
 
@@ -186,12 +186,24 @@ def logs(
             if not any(r.exists() for r in readers):
                 if follow:
                     client.check_running()  # nothing to print and nothing to follow: exit 3
+                if not _known(client, turn_id):
+                    raise UnknownTurn(turn_id, client.state_dir)
                 raise CcsupError(f"no output of turn {turn_id} in {readers[0].log.parent}")
             printer.show(readers, final=True)
             return
         _follow_turn(ctx, client, turn_id, readers, printer)
     finally:
         client.close()
+
+
+def _known(client: Client, turn_id: str) -> bool:
+    """Whether the history knows the turn (one with no output yet, or whose logs are gone)."""
+    from ..history import db as history
+
+    try:
+        return history.show(client.state_dir, turn_id) is not None
+    except history.HistoryError:
+        return False
 
 
 def _exact(ctx: click.Context, client: Client, turn_id: str, stream: str, follow: bool) -> None:
@@ -212,12 +224,16 @@ def _exact(ctx: click.Context, client: Client, turn_id: str, stream: str, follow
         client.check_running()  # nothing to print and nothing to follow: NotRunning
     if not follow or not running:
         if not out.copy_from_file():
+            if not _known(client, turn_id):
+                raise UnknownTurn(turn_id, client.state_dir)
             raise CcsupError(f"unable to read the {stream} of turn {turn_id}: no file {path}")
         out.close()
         return
     with client.subscribe([f"turn.{turn_id}."]) as sub:
         active = _turn_active(client.ps(), turn_id)
         if not active and not path.exists():
+            if not _known(client, turn_id):
+                raise UnknownTurn(turn_id, client.state_dir)
             raise CcsupError(
                 f"unable to follow turn {turn_id}: it is not running and has no {stream} log"
             )

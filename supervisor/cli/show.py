@@ -11,7 +11,7 @@ import json
 
 import click
 
-from ..errors import CcsupError
+from ..errors import CcsupError, UnknownTurn
 from ..history import db as history
 from .options import complete_ids, turn_id_argument
 from .records import format_story
@@ -30,10 +30,7 @@ def show(ctx: click.Context, turn_id: str, as_json: bool) -> None:
     except history.HistoryError as e:
         raise CcsupError(e.message) from None
     if story is None:
-        raise CcsupError(
-            f"no turn {turn_id} in the history of {state_dir} (never run here, or older than "
-            "[logs] keep)"
-        )
+        raise UnknownTurn(turn_id, state_dir)
     if as_json:
         click.echo(json.dumps(story, ensure_ascii=False))
         return

@@ -7,7 +7,8 @@ The output is the turn's whole stdout and stderr logs, printed once it has ended
 
 Exit codes: the command's own (128+N for a signal N), supervisor.cli.run_exit's 124 (its runtime
 limit), 69 (cancelled), 65 (rejected), 125 (guard lost); 75 when --timeout ran out first (the turn
-goes on: run `ccsup wait ID` again); 2 for an unknown id; 3 with no supervisor running.
+goes on: run `ccsup wait ID` again); 1 for an unknown id (supervisor.errors.UnknownTurn, as
+show, logs and cancel); 3 with no supervisor running.
 """
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ def test_ccsup_wait_exits_with_the_commands_status_and_refuses_an_unknown_id(env
     unknown = subprocess.run(
         [*CCSUP, "wait", "nosuchturn"], env=env, capture_output=True, timeout=30
     )
-    assert unknown.returncode == 2 and b"unknown turn 'nosuchturn'" in unknown.stderr
+    assert unknown.returncode == 1 and b"no turn nosuchturn on " in unknown.stderr
 
 
 def test_no_supervisor_passes_by_default_and_refuses_when_configured(base_env, tmp_path):

@@ -251,7 +251,7 @@ def test_logs_without_follow_reads_the_file_even_when_nothing_runs(runner, state
     result = runner.invoke(main, ["logs", "abc", "--stdout"])
     assert (result.exit_code, result.stdout_bytes) == (0, b"one\n\xff\xfetwo")
     missing = runner.invoke(main, ["logs", "abd", "--stdout"])
-    assert missing.exit_code == 1 and "unable to read the stdout of turn abd" in missing.stderr
+    assert missing.exit_code == 1 and "no turn abd on " in missing.stderr
 
 
 # -- pure pieces -----------------------------------------------------------------------------------
@@ -796,3 +796,16 @@ def test_reload_of_a_broken_config_exits_2_and_the_old_one_stays(daemon, tmp_pat
     )
     status = json.loads(ccsup("status", "--json", state_dir=state_dir, timeout=10).stdout)
     assert status["caps"] == {"t": 3, "one": 1}
+
+
+def test_an_unknown_id_gets_one_wording_and_one_exit_code_from_every_command(daemon):
+    """show, wait, logs (with and without a stream) and cancel of an id nobody knows: the same
+    sentence and exit 1 (a failure to find; 2 is for a malformed id)."""
+    state_dir, _ = daemon
+    unknown = "0123456789abcdef0123456789abcdef"
+    said = (
+        f"ccsup: no turn {unknown} on {state_dir}: neither the supervisor nor the history knows it"
+    )
+    for args in (["show"], ["wait"], ["logs"], ["logs", "--stderr"], ["cancel"]):
+        done = ccsup(*args, unknown, state_dir=state_dir)
+        assert (done.returncode, done.stderr.decode().split(" (")[0]) == (1, said), args
