@@ -53,7 +53,8 @@ from ..wire.protocol import output_bytes
 from . import state as admission_state
 from .pause_on import PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
-from .policy import Admission, WaitReason, Why, WhyJSON, gate_why
+from .policy import Admission, WaitReason, Why, WhyJSON, gate_why, quota_why
+from .quota import QuotaBook, Window, WindowJSON
 from .rates import RateTable, StartWindows
 from .room import MachineRoom
 from .runtime_limits import RuntimeLimits
@@ -80,6 +81,7 @@ def admission_settings(config: object) -> AdmissionSettings:
 class KeyViewJSON(TypedDict):
     key: str
     paused: PauseJSON | None
+    quota: list[WindowJSON]  # the key's provider windows not yet reset
     next_grant: float | None  # when the rate window lets the next grant through (None: now)
     waiting: WhyJSON | None  # why the key's head waits
 
@@ -109,8 +111,13 @@ class KeyControl:
         self.queue: WaitQueue | None = None
         self.files: FileWorker | None = None
         self.policy = Admission(
-            PauseBook(settings.max_pause), StartWindows(RateTable(settings.rates))
+            PauseBook(settings.max_pause),
+            StartWindows(RateTable(settings.rates)),
+            QuotaBook(),
+            settings.hold_at,
         )
+        # Told of every window taken or cleared here (the cluster shares them through etcd).
+        self.quota_observers: list[Callable[[str, list[Window]], None]] = []
         self.limits = RuntimeLimits(settings.max_runtime, settings.expiring_notice)
         self.rules = PauseRules(settings.pause_on)
         self._scanner: StderrScanner | None = None
@@ -256,6 +263,7 @@ class KeyControl:
         problems = [problem] if problem else []
         problems += self.policy.pauses.from_json(data["pauses"], now)
         problems += self.policy.starts.from_json(data["starts"], now)
+        problems += self.policy.quota.from_json(data["quota"], now)
         self._save()  # what ended meanwhile is gone from the file too
         self._arm()
         return problems
@@ -267,6 +275,7 @@ class KeyControl:
             self.queue.reorder(make_ordering(settings.fairness))
         self.settings = settings
         self.policy.pauses.max_pause = settings.max_pause
+        self.policy.hold_at = settings.hold_at
         self.policy.starts.retune(RateTable(settings.rates))
         self.limits = RuntimeLimits(settings.max_runtime, settings.expiring_notice)
         self.rules = PauseRules(settings.pause_on)
@@ -283,6 +292,7 @@ class KeyControl:
         names |= {
             k for k in self.policy.starts.to_json() if self.policy.starts.next_allowed(k, now)
         }
+        names |= set(self.policy.quota.keys(now))
         view: list[KeyViewJSON] = []
         for key in sorted(names):
             pause = self.policy.pauses.covering(key, now)
@@ -290,11 +300,117 @@ class KeyControl:
                 {
                     "key": key,
                     "paused": pause.to_json() if pause else None,
+                    "quota": [w.to_json() for w in self.policy.quota.windows(key, now)],
                     "next_grant": self.policy.starts.next_allowed(key, now),
                     "waiting": self.waits_why(key, 1, refused.get(key)) if key in keys else None,
                 }
             )
         return view
+
+    # -- provider windows (supervisor.admission.quota) ------------------------------------------
+
+    def quota_room(self, key: str) -> bool:
+        """Whether `key` has quota room now: no window at or past `[quota] hold_at`."""
+        return self.policy.quota_hold(key, self.clock()) is None
+
+    def quota_hold(self, key: str) -> Why | None:
+        """Why `key` is held for quota now (its window, use and reset), or None."""
+        window = self.policy.quota_hold(key, self.clock())
+        return quota_why(window) if window is not None else None
+
+    def quota_set(
+        self,
+        key: str,
+        window: object,
+        used: object,
+        resets_at: object,
+        *,
+        source: str,
+        request_id: str | None = None,
+    ) -> dict:
+        """Take a reading of one of `key`'s windows. ReadingError (naming the field) when it
+        cannot be one: nothing changes. Announced as `key.<key>.quota` (the answer to a bus
+        `request.quota`: once per id, even when nothing changed)."""
+        now = self.clock()
+        answer = self.policy.quota.record(
+            key, window, used, resets_at, now, source=source, request_id=request_id
+        )
+        if answer.repeat:
+            return self._quota_answer(answer.key, request_id, changed=False, now=now)
+        if answer.changed:
+            log.info(
+                "key %s window %s: %.3f used, resets at %.0f (%s)",
+                key,
+                window,
+                used,
+                resets_at,
+                source,
+            )
+        self._quota_changed(key, now, announce=False)
+        result = self._quota_answer(key, request_id, changed=answer.changed, now=now)
+        self.publish(f"key.{key}.quota", result)
+        return result
+
+    def quota_clear(self, key: str, window: str | None = None, *, source: str = "cli") -> dict:
+        """Forget `key`'s windows (or the one named): its grants are no longer held for them."""
+        now = self.clock()
+        gone = self.policy.quota.clear(key, window)
+        self._quota_changed(key, now, announce=bool(gone), reason="cleared")
+        return {
+            **self._quota_answer(key, None, changed=bool(gone), now=now),
+            "cleared": [w.window for w in gone],
+        }
+
+    def quota_merge(self, key: str, windows: list[Window]) -> None:
+        """Windows read on another machine (supervisor.cluster): taken when newer than ours."""
+        now = self.clock()
+        if any([self.policy.quota.merge(key, w, now) for w in windows]):
+            self._quota_changed(key, now, announce=True, share=False, reason="cluster")
+
+    def quota_view(self, key: str | None = None) -> dict:
+        """`ccsup quota [KEY]`: each key's windows, and whether it is held."""
+        now = self.clock()
+        keys = [key] if key is not None else self.policy.quota.keys(now)
+        return {
+            "hold_at": self.policy.hold_at,
+            "skipped": self.policy.quota.skipped,
+            "keys": [self._quota_answer(k, None, changed=False, now=now) for k in keys],
+        }
+
+    def quota_reading_failed(self) -> None:
+        """A reader met a payload it could not take (counted, never fatal)."""
+        self.policy.quota.skipped += 1
+
+    def _quota_answer(self, key: str, request_id: str | None, *, changed: bool, now: float) -> dict:
+        held = self.policy.quota_hold(key, now)
+        return {
+            "key": key,
+            "id": request_id,
+            "windows": [w.to_json() for w in self.policy.quota.windows(key, now)],
+            "held": held.to_json() if held is not None else None,
+            "hold_at": self.policy.hold_at,
+            "changed": changed,
+        }
+
+    def _quota_changed(
+        self,
+        key: str,
+        now: float,
+        *,
+        announce: bool,
+        share: bool = True,
+        reason: str | None = None,
+    ) -> None:
+        self._save()
+        if share:
+            windows = self.policy.quota.windows(key, now)
+            for observer in self.quota_observers:
+                observer(key, windows)
+        if announce:
+            body = self._quota_answer(key, None, changed=True, now=now)
+            self.publish(f"key.{key}.quota", {**body, "reason": reason})
+        self._arm()
+        self.grant()  # a window below hold_at, or gone, frees the key's waiters now
 
     def close(self) -> None:
         if self._dirty:
@@ -343,7 +459,7 @@ class KeyControl:
         or the hold of a refused head ends (`hold_ends`: its pause or rate window). A timer set
         for a later moment is brought forward, never put off."""
         now = self.clock()
-        times = [self.policy.pauses.next_expiry(), hold_ends]
+        times = [self.policy.pauses.next_expiry(), self.policy.quota.next_reset(), hold_ends]
         if self._wake is not None:
             times.append(self._wake_at)
         at = min((t for t in times if t is not None), default=None)
@@ -365,6 +481,12 @@ class KeyControl:
             for pause in ended:
                 self.publish(f"key.{pause.key}.resumed", {"key": pause.key, "reason": "expired"})
         self.policy.starts.forget_old(self.clock())
+        reset = self.policy.quota.expire(self.clock())
+        if reset:
+            self._save()
+            for key in sorted({key for key, _ in reset}):
+                body = self._quota_answer(key, None, changed=True, now=self.clock())
+                self.publish(f"key.{key}.quota", {**body, "reason": "reset"})
         self.grant()  # a head still held is refused again, which arms its own wake
         self._arm()
 
@@ -388,6 +510,7 @@ class KeyControl:
                 self.path,
                 pauses=self.policy.pauses.to_json(),
                 starts=self.policy.starts.to_json(),
+                quota=self.policy.quota.to_json(),
                 sync=self.files is None,
             )
             if self.files is not None:

@@ -2,7 +2,8 @@
 
 Design note. Capacity (the flock slots, the machine cap, the memory floor) is decided by the slot
 gate; everything that depends on time is decided here, before the gate is tried: a pause
-(supervisor.admission.pauses) and the start rate (supervisor.admission.rates). `hold(key, now)` answers None (try the
+(supervisor.admission.pauses), a provider window at or past `[quota] hold_at`
+(supervisor.admission.quota) and the start rate (supervisor.admission.rates). `hold(key, now)` answers None (try the
 gate) or a Why; `refused(key, refusal, now)` turns the gate's refusal into a Why; `granted(key, now)`
 counts the grant in the key's rate window. Only the head of a key's queue is ever asked: when it
 waits, everyone behind it waits too (`behind`), so a rate or a pause never lets a later waiter
@@ -14,16 +15,18 @@ of the rate window. A full key, the machine cap or the memory floor have no know
 limit of the running turns would bound it, and the caller may pass that as `free_by`).
 
 The clock is the caller's `now` (epoch seconds): a test replays histories without waiting.
-Knows pauses, rates and the gate's refusal words; nothing of turns, files or sockets.
+Knows pauses, quota windows, rates and the gate's refusal words; nothing of turns, files or sockets.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass
 from typing import TypedDict
 
 from .pauses import PauseBook
+from .quota import DEFAULT_HOLD_AT, QuotaBook, Window, describe
 from .rates import RateTable, StartWindows
 
 
@@ -67,9 +70,17 @@ class Why:
 
 
 class Admission:
-    def __init__(self, pauses: PauseBook, starts: StartWindows):
+    def __init__(
+        self,
+        pauses: PauseBook,
+        starts: StartWindows,
+        quota: QuotaBook | None = None,
+        hold_at: float = DEFAULT_HOLD_AT,
+    ):
         self.pauses = pauses
         self.starts = starts
+        self.quota = quota if quota is not None else QuotaBook()
+        self.hold_at = hold_at
         self._why: dict[str, Why] = {}
 
     @classmethod
@@ -83,11 +94,19 @@ class Admission:
             by = f" (paused as {pause.key})" if pause.key != key else ""
             why = f": {pause.reason}" if pause.reason else ""
             return self._note(key, Why(WaitReason.PAUSED, pause.until, f"paused{by}{why}"))
+        window = self.quota_hold(key, now)
+        if window is not None:
+            return self._note(key, quota_why(window))
         opens = self.starts.next_allowed(key, now)
         if opens is not None:
             rate = self.starts.table.rate_for(key)
             return self._note(key, Why(WaitReason.RATE, opens, f"start rate {rate} reached"))
         return None
+
+    def quota_hold(self, key: str, now: float) -> Window | None:
+        """The window of `key` at or past `hold_at` that resets last, or None: the key has
+        quota room at `now` (a pool asks this of each member)."""
+        return self.quota.holding(key, now, self.hold_at)
 
     def refused(self, key: str, refusal: str | None, free_by: float | None = None) -> Why:
         """The gate refused the head of `key` (`SlotGate.last_refusal`): noted, and returned."""
@@ -123,6 +142,12 @@ class Admission:
     def _note(self, key: str, why: Why) -> Why:
         self._why[key] = why
         return why
+
+
+def quota_why(window: Window) -> Why:
+    """Why a head waits for a window of its key to reset."""
+    clock = time.strftime("%H:%M:%S", time.localtime(window.resets_at))
+    return Why(WaitReason.QUOTA, window.resets_at, f"quota: {describe(window, clock)}")
 
 
 def gate_why(refusal: str | None, free_by: float | None = None) -> Why:

@@ -1,8 +1,12 @@
-"""admission.json: the pauses and the start-rate windows, kept across a supervisor restart.
+"""admission.json: the pauses, the start-rate windows and the keys' provider windows, kept across
+a supervisor restart.
 
-`{"v":1, "saved_at", "pauses": {"pauses":[...], "ids":{...}}, "starts": {key: [epoch, ...]}}`,
-written whole (it is small: one entry per paused key, at most N times per rate-limited key) by
-guardd.record.write_json at every change: a new or ended pause, and a grant of a rate-limited key.
+`{"v":1, "saved_at", "pauses": {"pauses":[...], "ids":{...}}, "starts": {key: [epoch, ...]},
+"quota": {"windows": {key: [{window, used, resets_at, source, seen_at}, ...]}, "ids": {...}}}`,
+written whole (it is small: one entry per paused key, at most N times per rate-limited key, at
+most 16 windows per key) by guardd.record.write_json at every change: a new or ended pause, a
+grant of a rate-limited key, a new, changed, cleared or reset window. A file without "quota"
+(written before windows were kept) reads as no window.
 
 The state question:
 - Runs again / restarts: `load` gives back what the last `save` wrote; supervisor.admission.pauses and
@@ -34,17 +38,26 @@ FILE_NAME = "admission.json"
 class AdmissionFile(TypedDict):
     pauses: dict
     starts: dict
+    quota: dict
 
 
 def path_in(state_dir: Path) -> Path:
     return Path(state_dir) / FILE_NAME
 
 
-def save(path: Path, *, pauses: dict, starts: dict, sync: bool = True) -> None:
+def save(
+    path: Path, *, pauses: dict, starts: dict, quota: dict | None = None, sync: bool = True
+) -> None:
     """Write the file atomically; `sync=False` leaves its fsync to the caller (a file worker)."""
     write_json(
         path,
-        {"v": ADMISSION_VERSION, "saved_at": time.time(), "pauses": pauses, "starts": starts},
+        {
+            "v": ADMISSION_VERSION,
+            "saved_at": time.time(),
+            "pauses": pauses,
+            "starts": starts,
+            "quota": quota or {},
+        },
         mode=0o600,
         sync=sync,
     )
@@ -52,10 +65,10 @@ def save(path: Path, *, pauses: dict, starts: dict, sync: bool = True) -> None:
 
 def load(path: Path) -> tuple[AdmissionFile, str | None]:
     """(contents, problem). A bad file is moved aside and reported; contents are then empty."""
-    empty: AdmissionFile = {"pauses": {}, "starts": {}}
+    empty: AdmissionFile = {"pauses": {}, "starts": {}, "quota": {}}
     try:
         data = read_json(path, max_version=ADMISSION_VERSION)
-        for name in ("pauses", "starts"):
+        for name in ("pauses", "starts", "quota"):
             if not isinstance(data.get(name, {}), dict):
                 raise RecordError(f"{path}: '{name}' is not an object")
     except FileNotFoundError:
@@ -67,4 +80,8 @@ def load(path: Path) -> tuple[AdmissionFile, str | None]:
         except OSError as move_error:
             return empty, f"{e}; unable to move it aside: {move_error.strerror}"
         return empty, f"{e}; moved aside to {aside}"
-    return {"pauses": data.get("pauses", {}), "starts": data.get("starts", {})}, None
+    return {
+        "pauses": data.get("pauses", {}),
+        "starts": data.get("starts", {}),
+        "quota": data.get("quota", {}),
+    }, None

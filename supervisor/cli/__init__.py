@@ -58,6 +58,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "metrics": ("metrics", "metrics"),
     "pause": ("pause", "pause"),
     "resume": ("resume", "resume"),
+    "quota": ("quota", "quota"),
     "top": ("top", "top"),
     "mcp": ("mcp", "mcp"),
     "hook": ("hook", "hook"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Run work", ("run", "wait", "cancel")),
     ("Watch", ("ps", "top", "status", "logs", "events", "history", "show", "metrics", "web")),
-    ("Admission", ("pause", "resume")),
+    ("Admission", ("pause", "resume", "quota")),
     ("The supervisor", ("start", "stop", "restart", "reload", "reap", "config")),
     ("Agents", ("mcp", "hook")),
 )
@@ -36,6 +36,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "ccsup pause opencode --until 2026-12-02T18:00",
     ),
     "resume": ("ccsup resume codex",),
+    "quota": (
+        "ccsup quota codex",
+        "ccsup quota set codex --window 5h --used 97% --resets-at 15:00",
+        "ccsup quota clear codex",
+    ),
     "restart": ("ccsup restart --timeout 30s",),
     "mcp": ("ccsup mcp  # as an MCP server command in the agent's config",),
     "hook": ("ccsup hook install claude", "ccsup hook doctor codex"),

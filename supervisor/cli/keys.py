@@ -38,7 +38,18 @@ def format_keys(result: dict, now: float | None = None) -> list[str]:
             lines.append(
                 f"{entry['key']} next grant at {clock_time(next_grant)}{_in(next_grant, now)} (rate)"
             )
+        for window in entry.get("quota") or []:
+            lines.append(f"{entry['key']} quota {format_window(window, now)}")
     return lines
+
+
+def format_window(window: dict, now: float) -> str:
+    """`5h 97% used, resets at 2026-12-07 15:00:05 (in 2m), from codex-session`."""
+    return (
+        f"{window['window']} {window['used'] * 100:.0f}% used, resets at"
+        f" {clock_time(window['resets_at'])}{_in(window['resets_at'], now)},"
+        f" from {window['source']}"
+    )
 
 
 def format_why(why: dict | None, now: float) -> str:
@@ -46,6 +57,10 @@ def format_why(why: dict | None, now: float) -> str:
     if not why:
         return "-"
     until = f" until {clock_time(why['until'])}" if why.get("until") else ""
+    if why["reason"] == "quota" and isinstance(why.get("detail"), str):
+        # "quota: 5h window 97% used, resets at 15:00:05": the window and its use
+        window = why["detail"].removeprefix("quota: ").partition(", resets")[0]
+        return f"quota ({window}){until}"
     return f"{why['reason']}{until}"
 
 

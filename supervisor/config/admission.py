@@ -1,5 +1,5 @@
 """The configuration of admission: `[slots]` max_pause, rates, max_runtime, expiring_notice,
-fairness, and the `[pause_on.<key>]` tables. Pure: parses what the config's checker hands it.
+fairness, the `[pause_on.<key>]` tables, and `[quota]` (supervisor.config.quota). Pure: parses what the config's checker hands it.
 
 ```toml
 [slots]
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from ..caps import key_problem
 from ..errors import ConfigError
+from .quota import DEFAULT_HOLD_AT, READERS, parse_quota
 from .schema import Check, Checker, Key, Section, Table, per_key
 from .values import duration as parse_duration
 
@@ -99,6 +100,8 @@ class AdmissionSettings:
     expiring_notice: float = DEFAULT_EXPIRING_NOTICE
     fairness: str = "fifo"
     pause_on: Mapping[str, PauseRule] = field(default_factory=dict)
+    hold_at: float = DEFAULT_HOLD_AT  # [quota] hold_at (supervisor.config.quota)
+    quota_read: frozenset[str] = frozenset(READERS)  # [quota] read
 
 
 DEFAULT_PAUSE_ON_FOR = 60.0
@@ -178,6 +181,7 @@ def parse_admission(c: Checker, top: Table) -> AdmissionSettings:
 
     rates = _key_table(c, slots, "rates", rate)
     max_runtime = _key_table(c, slots, "max_runtime", parse_duration)
+    hold_at, quota_read = parse_quota(c, top)
     return AdmissionSettings(
         max_pause=max_pause or DEFAULT_MAX_PAUSE,
         rates=rates,
@@ -185,6 +189,8 @@ def parse_admission(c: Checker, top: Table) -> AdmissionSettings:
         expiring_notice=notice or DEFAULT_EXPIRING_NOTICE,
         fairness=fairness,
         pause_on=_pause_on(c, top),
+        hold_at=hold_at,
+        quota_read=quota_read,
     )
 
 

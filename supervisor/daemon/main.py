@@ -44,6 +44,7 @@ from pathlib import Path
 from guardd import procs
 
 from ..admission.control import KeyControl, admission_settings
+from ..admission.quota import ReadingError
 from ..admission.room import PEAKS, MachineRoom
 from ..admission.room import REFRESH as ROOM_REFRESH
 from ..caps import SlotState, cap_sources
@@ -675,6 +676,45 @@ class Daemon:
     async def cmd_resume(self, args: dict) -> dict:
         return self.keyctl.resume(command_args.parse_resume(args))
 
+    async def cmd_quota(self, args: dict) -> dict:
+        return self.quota(command_args.parse_quota(args), source="cli")
+
+    def quota(self, args: command_args.QuotaArgs, *, source: str) -> dict:
+        """`ccsup quota`, `request.quota`: show, take a reading of, or clear a key's windows."""
+        if args.action == "show":
+            return self.keyctl.quota_view(args.key)
+        assert args.key is not None
+        if not self._known_key(args.key):
+            raise protocol.bad_request(
+                f"key {args.key!r} is not configured and has never run here: no window is kept"
+                " for it (check the spelling)",
+            )
+        if args.action == "clear":
+            return self.keyctl.quota_clear(args.key, args.window, source=source)
+        try:
+            return self.keyctl.quota_set(
+                args.key,
+                args.window,
+                args.used,
+                args.resets_at,
+                source=source,
+                request_id=args.id,
+            )
+        except ReadingError as e:
+            raise protocol.bad_request(str(e)) from None
+
+    def _known_key(self, key: str) -> bool:
+        """Configured, with slot files (it ran here), waiting, running, or capped in the cluster."""
+        try:
+            known = set(self.gate.keys())
+        except CcsupError:
+            known = set(self.gate.caps.configured_keys())
+        known |= set(self.manager.queue.keys_by_age())
+        known |= {t.key for t in self.manager.turns.values()}
+        if self.config.cluster:
+            known |= set(self.config.cluster.caps)
+        return key in known
+
     async def cmd_quit(self, args: dict) -> dict:
         what = command_args.parse_quit(args)
         if what == "handover":
@@ -748,6 +788,8 @@ class Daemon:
                 self.manager.cancel(command_args.parse_cancel(body), reason="cancelled")
             elif kind == "pause":
                 self.keyctl.pause(command_args.parse_pause(body), by="bus")
+            elif kind == "quota":
+                self.quota(command_args.parse_quota(body, bus=True), source="bus")
             else:
                 self.manager.reserve(command_args.parse_reserve(body))
         except (ProtocolError, CcsupError) as e:

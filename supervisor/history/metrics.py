@@ -20,7 +20,8 @@ Rejected: prometheus_client's `start_http_server`, whose collectors would run in
 pushing to a gateway (a scrape is what Prometheus expects of a daemon).
 
 Figures (all prefixed `ccsup_`): slots{key,state} and cap{key} and waiting{key} (gauges, at
-scrape); turns_ended_total{key,outcome} (outcomes of supervisor.history.db.OUTCOMES);
+scrape); quota_used_ratio{key,window} and quota_resets_at_seconds{key,window} (gauges, at
+scrape, from ps's `keys`); turns_ended_total{key,outcome} (outcomes of supervisor.history.db.OUTCOMES);
 turn_wait_seconds{key} and turn_run_seconds{key} (histograms: queued to granted, started to
 exited); turns_adopted_total{key} (running turns a supervisor took over from one that was gone:
 `turn.<id>.adopted`); cpu_seconds_total{key,mode} (user/system, from the exited event's usage
@@ -171,6 +172,21 @@ def _slot_families(ps: dict) -> Iterator[Metric]:
     for key, value in sorted(waiting.items()):
         waits.add_metric([key], value)
     yield from (cap, slots, waits)
+    used = GaugeMetricFamily(
+        "ccsup_quota_used_ratio",
+        "The used fraction (0-1) of each provider window of a key not yet reset.",
+        labels=["key", "window"],
+    )
+    resets = GaugeMetricFamily(
+        "ccsup_quota_resets_at_seconds",
+        "When each provider window of a key resets (epoch seconds).",
+        labels=["key", "window"],
+    )
+    for entry in ps.get("keys", []):
+        for window in entry.get("quota") or []:
+            used.add_metric([entry["key"], window["window"]], window["used"])
+            resets.add_metric([entry["key"], window["window"]], window["resets_at"])
+    yield from (used, resets)
 
 
 class _Live:

@@ -5,7 +5,7 @@ request's body (`request.turn|reserve|cancel|pause`, the same fields plus the en
 "ts") come here, one pure function per command: it refuses an unknown field, a wrong type or a
 value out of its limit (MAX_ARGV, MAX_WAIT_TIMEOUT, MAX_TIMEOUT, MAX_PAUSE_ASKED) with a
 protocol.ProtocolError `bad_request` whose message names the field, and returns a frozen
-dataclass (TurnArgs, ReserveArgs, SendArgs, PauseArgs, ResumeArgs) or a plain id or key. The
+dataclass (TurnArgs, ReserveArgs, SendArgs, PauseArgs, ResumeArgs, QuotaArgs) or a plain id or key. The
 same parse checks a turn restored from queue.json (restore.py), so what was saved runs only if it
 would be accepted today.
 
@@ -381,3 +381,41 @@ class ResumeArgs:
 def parse_resume(args: dict) -> ResumeArgs:
     _reject_unknown(args, {"key", "reason"}, "a resume request")
     return ResumeArgs(parse_key(args.get("key")), _opt_str(args, "reason", 1024))
+
+
+QUOTA_ACTIONS = ("show", "set", "clear")
+
+
+@dataclass(frozen=True)
+class QuotaArgs:
+    """`quota {action?, id?, key?, window?, used?, resets_at?}`: show (KEY optional), set (a
+    reading: window, used 0-1, resets_at epoch seconds) or clear (KEY, window optional). The
+    reading's values are checked by supervisor.admission.quota.check_reading (it knows windows)."""
+
+    action: str
+    id: str | None
+    key: str | None
+    window: str | None
+    used: object
+    resets_at: object
+
+
+def parse_quota(args: dict, *, bus: bool = False) -> QuotaArgs:
+    """A control `quota` command, or a bus `request.quota` (`bus`: always a set, id required)."""
+    known = {"id", "key", "window", "used", "resets_at", "v", "ts"}
+    if not bus:
+        known.add("action")
+    _reject_unknown(args, known, "a quota request")
+    action = "set" if bus else args.get("action", "show")
+    if action not in QUOTA_ACTIONS:
+        raise bad_request(f"'action' must be one of {', '.join(QUOTA_ACTIONS)}, not {action!r}")
+    quota_id = None if args.get("id") is None else check_id(args["id"])
+    if bus and quota_id is None:
+        raise bad_request("a request.quota needs an 'id' (its answer, key.<key>.quota, names it)")
+    key = None if action == "show" and args.get("key") is None else parse_key(args.get("key"))
+    window = _opt_str(args, "window", 64)
+    if action == "set":
+        for name in ("window", "used", "resets_at"):
+            if args.get(name) is None:
+                raise bad_request(f"a quota reading needs '{name}'")
+    return QuotaArgs(action, quota_id, key, window, args.get("used"), args.get("resets_at"))

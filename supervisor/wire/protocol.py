@@ -9,7 +9,7 @@ disagree; a reader takes at most MAX_REPLY bytes in all. Rejected: paging `ps` b
 another instant: a waiter granted between two pages shows in neither or both) and raising
 MAX_FRAME (every peer would buffer that much for every request it sends).
 Bus: a message is two frames, a topic and a JSON body carrying "v", "ts" and the event's fields
-(the supervisor's own events also "seq"). Sidecars publish `request.turn|reserve|cancel|pause`
+(the supervisor's own events also "seq"). Sidecars publish `request.turn|reserve|cancel|pause|quota`
 with the same bodies as the control commands' args plus a client-made "id".
 
 This module knows the envelope: the commands, topics and error codes, the version, frame sizes,
@@ -41,12 +41,14 @@ COMMANDS += (
     "pause",
     "resume",
     "metrics",
-)  # pause, resume: admission, see command_args.parse_pause; metrics: {"text"}
+    "quota",
+)  # pause, resume, quota: admission, see command_args.parse_pause, parse_quota; metrics: {"text"}
 # Commands that take no arguments: anything in their args is refused (a closed vocabulary; a
 # `quit` carrying fields it does not know is not obeyed on a guess).
 NO_ARGS = ("status", "ps", "reload", "metrics")  # quit: {drain?} (command_args.parse_quit)
 REQUEST_TOPICS = {"request.turn": "turn", "request.reserve": "reserve", "request.cancel": "cancel"}
 REQUEST_TOPICS["request.pause"] = "pause"
+REQUEST_TOPICS["request.quota"] = "quota"  # {id, key, window, used, resets_at}: key.<key>.quota
 
 # The fixed set of error codes a reply may carry.
 ERROR_CODES = (
