@@ -3,9 +3,12 @@
 `check` reads the configuration the daemon would read (same discovery: --config, $CCSUP_CONFIG,
 the XDG file, the embedded defaults) and either prints "ok: <source>" with the effective caps, or
 every problem it found, each with file, key and line, and exits 2. It starts nothing and writes
-nothing. `init` writes `default_config_text()` to the XDG path (or --path): the file appears whole
+nothing (with --json, a file that cannot serve prints `{"ok": false, "problems": [...]}` on
+stdout too). `init` writes `default_config_text()` to the XDG path (or --path; `--path -`
+prints it on stdout, the one way to pipe it): the file appears whole
 or not at all (temporary file, fsync, then link or rename), and an existing file is never replaced
-without --force, even by a racing second `init`. Run again, it refuses (exit 1) or, with --force,
+without --force, even by a racing second `init` (an empty one is: it holds nothing, and a
+shell's `ccsup config init > file` leaves one). Run again, it refuses (exit 1) or, with --force,
 replaces the file with a fresh default; stopped half-way it leaves at most a `.ccsup-init-*`
 temporary file beside the target, never a partial config.
 
@@ -125,14 +128,24 @@ def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
             click.echo(f"error: {problem}", err=True)
         noun = "problem" if len(err.problems) == 1 else "problems"
         click.echo(f"{len(err.problems)} {noun} in {err.problems[0].source}", err=True)
+        if as_json:
+            _emit_problems([str(p) for p in err.problems])
         ctx.exit(err.exit_code)
     except ConfigError as err:  # a file that cannot be read, an unbindable socket path
         click.echo(f"error: {err.message}", err=True)
+        if as_json:
+            _emit_problems([err.message])
         ctx.exit(err.exit_code)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
         _print_summary(summary)
+
+
+def _emit_problems(problems: list[str]) -> None:
+    """`check --json` of a configuration that cannot serve: what a script reads on stdout (the
+    same sentences as stderr's), besides the exit code 2."""
+    click.echo(json.dumps({"ok": False, "problems": problems}, indent=2))
 
 
 @config_group.command("init")
@@ -141,12 +154,16 @@ def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
     "target",
     metavar="FILE",
     default=None,
-    help="Where to write (default: $XDG_CONFIG_HOME/ccsup/ccsup.toml).",
+    help="Where to write (default: $XDG_CONFIG_HOME/ccsup/ccsup.toml; its folders are made); "
+    "- prints it on stdout.",
 )
 @click.option("--force", is_flag=True, help="Replace an existing file.")
 @click.pass_context
 def init(ctx: click.Context, target: str | None, force: bool) -> None:
-    """Write the commented default configuration."""
+    """Write the commented default configuration (to the file `ccsup` reads by default)."""
+    if target == "-":
+        click.echo(cfg.default_config_text(), nl=False)
+        return
     path = Path(target) if target else cfg.xdg_config_path(os.environ)
     try:
         written = write_default(path, force=force)
@@ -154,6 +171,16 @@ def init(ctx: click.Context, target: str | None, force: bool) -> None:
         click.echo(f"error: {err.message}", err=True)
         ctx.exit(err.exit_code)
     click.echo(f"wrote {written}")
+
+
+def _empty_file(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    import stat
+
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
 
 
 def write_default(path: Path, *, force: bool = False) -> Path:
@@ -165,7 +192,9 @@ def write_default(path: Path, *, force: bool = False) -> Path:
     path = Path(os.path.abspath(path))
     refused = CcsupError(f"{path} already exists; not replacing it (use --force to overwrite)")
     if not force and os.path.lexists(path):
-        raise refused
+        if not _empty_file(path):
+            raise refused
+        force = True  # an empty file (a shell's `> file` before `init`) holds nothing to keep
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "cancel": ("ccsup cancel 3f2a9c01",),
     "reap": ("ccsup reap", "ccsup reap --key codex"),
     "reload": ("ccsup reload", "kill -HUP $(ccsup status --json | jq .pid)  # the same"),
-    "config": ("ccsup config init > ~/.config/ccsup/ccsup.toml", "ccsup config check"),
+    "config": (
+        "ccsup config init                  write ~/.config/ccsup/ccsup.toml (folders made)",
+        "ccsup config init --path - | less  print it instead",
+        "ccsup config check",
+    ),
     "web": ("ccsup web --listen 127.0.0.1:8765",),
     "history": ("ccsup history --key codex --since 1h", "ccsup history --outcome exit --json"),
     "show": ("ccsup show 3f2a9c01", "ccsup show 3f2a9c01 --json | jq .events"),

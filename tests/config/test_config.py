@@ -4,6 +4,7 @@ the embedded and example files, and `ccsup config check|init`. No test reads the
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from pathlib import Path
@@ -825,3 +826,26 @@ def test_init_never_overwrites_a_file_that_appears_after_the_check(tmp_path, mon
     monkeypatch.undo()
     assert target.read_text() == "# a racer's file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]
+
+
+def test_init_to_stdout_over_an_empty_file_and_on_a_fresh_home(cli_env, tmp_path):
+    """What a new user types: `--path -` prints the default (no file named `-`); `init` on a fresh
+    HOME makes the folders; a file left empty by a shell's redirect is filled, not refused."""
+    result = run(["init", "--path", "-"], cli_env)
+    assert (result.exit_code, result.stdout) == (0, cfg.default_config_text())
+    assert not (Path.cwd() / "-").exists()
+    target = tmp_path / "xdg" / "ccsup" / "ccsup.toml"
+    assert not target.parent.exists()
+    target.parent.mkdir(parents=True)
+    target.write_text("")  # `ccsup config init > ~/.config/ccsup/ccsup.toml` left it empty
+    result = run(["init"], cli_env)
+    assert (result.exit_code, result.stdout) == (0, f"wrote {target}\n")
+    assert target.read_text() == cfg.default_config_text()
+
+
+def test_check_json_of_a_bad_file_prints_its_problems_on_stdout(cli_env, tmp_path):
+    bad = write(tmp_path / "bad.toml", "[slots]\ndefault_cap = 0\n")
+    result = run(["check", "--json", "--config", str(bad)], cli_env)
+    assert result.exit_code == 2
+    got = json.loads(result.stdout)
+    assert got["ok"] is False and "default_cap" in got["problems"][0]
