@@ -63,6 +63,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mcp": ("mcp", "mcp"),
     "hook": ("hook", "hook"),
     "wait": ("wait", "wait"),
+    "version": ("version", "version"),
 }
 
 
@@ -177,9 +178,14 @@ DOCS_EPILOG = (
 
 
 @click.group(
-    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=DOCS_EPILOG
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=DOCS_EPILOG,
+    invoke_without_command=True,
 )
-@click.version_option(__version__, prog_name="ccsup", message="%(prog)s %(version)s")
+@click.version_option(
+    __version__, "-V", "--version", prog_name="ccsup", message="%(prog)s %(version)s"
+)
 @click.option(
     "--state-dir",
     envvar="CCSUP_STATE_DIR",
@@ -197,3 +203,6 @@ DOCS_EPILOG = (
 def main(ctx: click.Context, state_dir: str | None, config: str | None) -> None:
     """ccsup: a machine-wide supervisor for capped, contained work."""
     ctx.obj = Where(state_dir, config)
+    if ctx.invoked_subcommand is None:  # bare `ccsup`: the help, as docker and kubectl give it
+        click.echo(ctx.get_help())
+        ctx.exit(0)

@@ -10,7 +10,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Run work", ("run", "wait", "cancel")),
     ("Watch", ("ps", "top", "status", "logs", "events", "history", "show", "metrics", "web")),
     ("Admission", ("pause", "resume", "quota")),
-    ("The supervisor", ("start", "stop", "restart", "reload", "reap", "config")),
+    ("The supervisor", ("start", "stop", "restart", "reload", "reap", "config", "version")),
     ("Agents", ("mcp", "hook")),
 )
 
@@ -31,10 +31,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "ccsup config init --path - | less  print it instead",
         "ccsup config check",
     ),
-    "web": ("ccsup web --listen 127.0.0.1:8765",),
+    "web": (
+        "ccsup web                          serve the page on http://127.0.0.1:8765",
+        "ccsup web --listen 127.0.0.1:0     on a port the system chooses (printed)",
+    ),
     "history": ("ccsup history --key codex --since 1h", "ccsup history --outcome exit --json"),
     "show": ("ccsup show 3f2a9c01", "ccsup show 3f2a9c01 --json | jq .events"),
-    "metrics": ("ccsup metrics | grep ccsup_turns",),
+    "metrics": ("ccsup metrics | grep ccsup_turns", "ccsup metrics --json"),
+    "version": ("ccsup version", "ccsup -V"),
     "pause": (
         "ccsup pause codex --for 15m --reason 'rate limited'",
         "ccsup pause opencode --until 2026-12-02T18:00",

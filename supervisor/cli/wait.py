@@ -17,7 +17,7 @@ import sys
 
 import click
 
-from .options import complete_ids, turn_id_argument
+from .options import DURATION, complete_ids, turn_id_argument
 from .where import emit_json, where
 
 FOREVER = 366 * 24 * 3600.0
@@ -43,8 +43,8 @@ def ended_status(view: dict) -> int:
 @click.argument("turn_id", metavar="ID", callback=turn_id_argument, shell_complete=complete_ids)
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Stop waiting after this many seconds (exit 75; the turn goes on).",
+    type=DURATION,
+    help="Stop waiting after this long (30s, 5m, or seconds; exit 75: the turn goes on).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print where the turn stands as JSON.")
 @click.pass_context

@@ -33,7 +33,17 @@ from .where import where
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
 @click.pass_context
 def web(ctx: click.Context, listen: str | None, exit_with_parent: bool) -> None:
-    """Serve a live page of keys, holders, the queue and recent turns."""
+    """Serve a live page of keys, holders, the queue and recent turns.
+
+    The page shows each key's slots and holders, the queue with why each waiter waits, a
+    timeline of recent turns and any turn's output, and can cancel a turn and pause or resume a
+    key. It is a client of the running supervisor: start one first (`ccsup start`); when the
+    supervisor stops, the page says "not connected" and waits for the next one.
+
+    It listens on 127.0.0.1 unless told otherwise. A listen address that is not loopback needs
+    `[web] token` in the config (refused before anything binds, exit 2); with a token, the
+    second line printed is a one-time login link. Ctrl-C (or SIGTERM) stops it. `[web] listen`
+    in the config makes the supervisor serve the page itself, beside it, for its whole life."""
     import asyncio
 
     from ..config.web import DEFAULT_LISTEN, check_exposure, parse_listen

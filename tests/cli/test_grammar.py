@@ -22,6 +22,7 @@ caps = { t = 1, "o:a" = 1, "o:b" = 1 }
         ["stop", "--timeout", "5s"],
         ["pause", "t", "--for", "500ms"],
         ["history", "--since", "1h"],  # a fresh state dir: an empty table, exit 0
+        ["wait", "abc", "--timeout", "30s"],
     ],
 )
 def test_every_time_option_takes_a_duration(tmp_path, args):
@@ -83,3 +84,25 @@ def test_history_on_a_fresh_state_dir_is_an_empty_table(tmp_path):
     assert table.stdout.split()[:4] == ["ID", "KEY", "HOLDER", "OUTCOME"]
     as_json = ccsup("history", "--json", state_dir=tmp_path)
     assert (as_json.returncode, as_json.stdout) == (0, "[]\n")
+
+
+def test_bare_ccsup_prints_its_help_and_version_has_three_spellings(tmp_path):
+    """`ccsup` alone is a request for help (exit 0, as docker and kubectl answer it); the version
+    answers to `--version`, `-V` and `ccsup version` alike."""
+    bare = ccsup(state_dir=tmp_path)
+    assert bare.returncode == 0 and bare.stdout.startswith("Usage: ccsup [OPTIONS] [COMMAND]")
+    versions = [ccsup(*args, state_dir=tmp_path) for args in (["--version"], ["-V"], ["version"])]
+    assert [(v.returncode, v.stdout.split("\n")[0]) for v in versions] == [(0, "ccsup 0.1.0")] * 3
+
+
+def test_metrics_json_and_a_web_help_that_says_what_the_page_needs(cli_daemon):
+    state_dir = cli_daemon(CONFIG)
+    assert ccsup("run", "--key", "t", "--", "true", state_dir=state_dir).returncode == 0
+    done = ccsup("metrics", "--json", state_dir=state_dir)
+    samples = json.loads(done.stdout)
+    ended = [s for s in samples if s["name"] == "ccsup_turns_ended_total"]
+    assert ended == [
+        {"name": "ccsup_turns_ended_total", "labels": {"key": "t", "outcome": "ok"}, "value": 1.0}
+    ]
+    helped = ccsup("web", "--help", state_dir=state_dir).stdout
+    assert all(w in helped for w in ("ccsup start", "[web] token", "not connected", "Ctrl-C"))
