@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import shlex
 import time
 
 from ..history import db as history
@@ -99,11 +99,55 @@ def _gap(body: dict) -> float | None:
     return float(gap) if isinstance(gap, (int, float)) and not isinstance(gap, bool) else None
 
 
+# The exited event's usage figures as `show` names them, each with its unit.
+_USAGE_LINES = {
+    "wall_s": ("wall", lambda v: f"{v:.3f}s"),
+    "wait_s": ("waited", lambda v: f"{v:.3f}s"),
+    "cpu_user_s": ("cpu user", lambda v: f"{v:.3f}s"),
+    "cpu_system_s": ("cpu system", lambda v: f"{v:.3f}s"),
+    "peak_rss_bytes": ("peak rss", lambda v: f"{_size(v)} (one process's)"),
+    "peak_mem": ("peak mem", lambda v: f"{_size(v)} (the whole tree's)"),
+    "processes": ("processes", str),
+}
+
+
+def _usage_line(name: str, value: object) -> tuple[str, str]:
+    known = _USAGE_LINES.get(name)
+    if known is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return known[0], known[1](value)
+    return name, _value_text(value)
+
+
+def _value_text(value: object) -> str:
+    """A field's value as plain text, never JSON: a list as its words in brackets (each
+    shell-quoted), a string as it is (quoted when it has spaces)."""
+    if isinstance(value, str):
+        return shlex.quote(value) if not value or any(c.isspace() for c in value) else value
+    if isinstance(value, list):
+        return "[" + " ".join(_value_text(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _plain(fields: dict, sep: str = "  ", eq: str = "=", prefix: str = "") -> str:
+    """An event's (or a holder's) fields as `name=value` pairs, a mapping's as `name.sub=value`,
+    None left out."""
+    parts = []
+    for k, v in fields.items():
+        if isinstance(v, dict):
+            inner = _plain(v, sep, eq, f"{prefix}{k}.")
+            parts.extend([inner] if inner else [])
+        elif v is not None:
+            parts.append(f"{prefix}{k}{eq}{_value_text(v)}")
+    return sep.join(parts)
+
+
 def format_story(story: history.TurnStory) -> list[str]:
     lines = [
         f"turn {story['id']}",
         f"  key        {story['key']}",
-        f"  holder     {json.dumps(_given(story['holder']), ensure_ascii=False)}",
+        f"  holder     {_plain(story['holder'], sep=', ', eq=' ') or '-'}",
         f"  command    {format_command(story.get('argv'))}",
         f"  cwd        {story.get('cwd') or '-'}",
         f"  state      {story['state']}",
@@ -121,7 +165,8 @@ def format_story(story: history.TurnStory) -> list[str]:
     if story["guard_pid"] is not None:
         lines.append(f"  guard pid  {story['guard_pid']}")
     for name, value in sorted(story["usage"].items()):
-        lines.append(f"  {name:<10} {value}")
+        label, shown = _usage_line(name, value)
+        lines.append(f"  {label:<10} {shown}")
     if story["log_pruned_at"] is not None:
         lines.append(f"  logs       pruned at {when(story['log_pruned_at'])}")
     lines.append("  events")
@@ -131,7 +176,7 @@ def format_story(story: history.TurnStory) -> list[str]:
             for k, v in event["body"].items()
             if k not in ("v", "ts", "epoch", "seq", "turn_seq", "id", "key")
         }
-        shown = json.dumps(fields, ensure_ascii=False) if fields else ""
+        shown = _plain(fields)
         lines.append(
             f"    {when(event['ts'])}.{int(event['ts'] % 1 * 1000):03d}  {event['kind']:<9} {shown}".rstrip()
         )

@@ -277,7 +277,8 @@ def test_ccsup_history_and_show_read_the_file_without_a_supervisor(state_dir):
     assert bad.returncode == 2 and "'fine'; known: ok, exit" in bad.stderr
     shown = ccsup(state_dir, "show", "b")
     assert shown.returncode == 0, shown.stderr
-    assert "  outcome    exit 3" in shown.stdout and "  cpu_user_s 1.5" in shown.stdout
+    assert "  outcome    exit 3" in shown.stdout and "  cpu user   1.500s" in shown.stdout
+    assert "{" not in shown.stdout and '"' not in shown.stdout  # plain text, no raw JSON
     assert [line.split()[2] for line in shown.stdout.splitlines() if line.startswith("    ")] == [
         "queued",
         "granted",
@@ -288,7 +289,7 @@ def test_ccsup_history_and_show_read_the_file_without_a_supervisor(state_dir):
     ]
     assert json.loads(ccsup(state_dir, "show", "e", "--json").stdout)["state"] == "queued"
     missing = ccsup(state_dir, "show", "nope")
-    assert missing.returncode == 1 and "no turn nope in the history" in missing.stderr
+    assert missing.returncode == 1 and "no turn nope on " in missing.stderr
 
 
 V1_TURNS = """CREATE TABLE turns (id TEXT PRIMARY KEY, key TEXT NOT NULL, holder TEXT,
