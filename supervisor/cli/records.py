@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 
 from ..history import db as history
 from ..wire.requester import describe
@@ -100,7 +101,7 @@ def _gap(body: dict) -> float | None:
 
 
 # The exited event's usage figures as `show` names them, each with its unit.
-_USAGE_LINES = {
+_USAGE_LINES: dict[str, tuple[str, Callable[[float], str]]] = {
     "wall_s": ("wall", lambda v: f"{v:.3f}s"),
     "wait_s": ("waited", lambda v: f"{v:.3f}s"),
     "cpu_user_s": ("cpu user", lambda v: f"{v:.3f}s"),
