@@ -40,7 +40,9 @@ killed outright leaves both, state "running" (or "stopping") and its groups: the
 reaper ends those groups. A guard that runs again is a new process with a new identity and a new
 record; it never reads old ones. A guard that cannot end the work exits 125 and leaves state
 "stopping" with a reason. Where the guard is in all this is one `Phase`; the record's `state` is
-read from it (`_record_state`: both stopping phases write "stopping").
+read from it (`_record_state`: both stopping phases write "stopping"). Once CMD has exited, what
+of its tree still runs is named in the record (`leftovers`, guardd.leftovers) before anything is
+signalled, in the same write as the exit.
 """
 
 from __future__ import annotations
@@ -53,7 +55,20 @@ import signal
 import sys
 import time
 
-from guardd import cgroup, channel, child, deadman, linux, output, procs, record, scan, stdin, usage
+from guardd import (
+    cgroup,
+    channel,
+    child,
+    deadman,
+    leftovers,
+    linux,
+    output,
+    procs,
+    record,
+    scan,
+    stdin,
+    usage,
+)
 from guardd.exits import EXIT_GUARD_FAILURE, Exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the guard's start pays)
@@ -133,6 +148,8 @@ class Guard:
         self.descendants: dict[int, procs.Stat] = {}
         self.scanner = scan.Scanner(pid)  # holds /proc files of what it saw: cheaper rescans
         self.exit: Exit | None = None
+        self.leftovers: dict | None = None  # what outlived CMD (guardd.leftovers), once it exited
+        self.leftovers_noted = False
         self.exit_told = False  # the exited hint is sent once
         self.phase = RUNNING  # -> TERMINATING -> KILLING, and GONE at the end
         self.reason: str | None = None
@@ -420,8 +437,10 @@ class Guard:
                     self.reason = "exited"
                     return self._finish()
                 if self.phase is RUNNING:
-                    self._begin_stop("exited")  # writes the record, exit included
+                    self._begin_stop("exited")  # writes the record, exit and leftovers included
                 else:
+                    self._scan()  # CMD ended while being stopped: what still runs outlived it
+                    self._note_leftovers()
                     self._record_due = True  # at the end of this pass, with "gone" if all is
             now = self.clock()
             if self.phase is not RUNNING:
@@ -542,6 +561,8 @@ class Guard:
         self.reason = reason
         self._reap()
         self._scan()
+        if self.exit is not None:
+            self._note_leftovers()  # named before anything is signalled
         self._write_record()
         self._signal_groups(self._all_groups(), signal.SIGTERM, signal.SIGCONT)
         # Descendants left in the guard's own group are in no recorded group: tell them one by one.
@@ -550,6 +571,12 @@ class Guard:
                 for sig in (signal.SIGTERM, signal.SIGCONT):
                     procs.signal_process(procs.Identity(proc.pid, proc.start), sig)
         self.deadline = self.clock() + self.opts.grace
+
+    def _note_leftovers(self) -> None:
+        """CMD has exited and the last scan is fresh: name what of its tree still runs, once."""
+        if not self.leftovers_noted:
+            self.leftovers_noted = True
+            self.leftovers = leftovers.collect(self.descendants)
 
     def _kill_all(self) -> None:
         if self.opts.cgroup is not None:
@@ -664,6 +691,8 @@ class Guard:
         }
         if self.logs is not None:
             data["truncated"] = self.logs.truncated
+        if self.leftovers is not None:
+            data["leftovers"] = self.leftovers
         if self.opts.adopt_within > 0:
             data["channel"] = (
                 {"v": channel.CHANNEL_VERSION, "path": self.channel.path} if self.channel else None

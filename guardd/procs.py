@@ -211,6 +211,36 @@ def snapshot() -> dict[int, Stat]:
     return stats
 
 
+def _read_small(path: str, size: int) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def command_of(pid: int, args: int = 3) -> tuple[str, list[str]] | None:
+    """The process's command name (`comm`) and the first `args` of its argv (an empty list for
+    a process whose argv is gone, such as a zombie); None when it is gone or unreadable."""
+    comm = _read_small(f"/proc/{pid}/comm", 64)
+    if comm is None:
+        return None
+    cmdline = _read_small(f"/proc/{pid}/cmdline", 4096) or b""
+    argv = [a.decode(errors="replace") for a in cmdline.split(b"\0")[:args] if a]
+    return comm.rstrip(b"\n").decode(errors="replace"), argv
+
+
+def uptime() -> float:
+    """Seconds since boot, the clock of start ticks (/proc/uptime); OSError when unreadable."""
+    with open("/proc/uptime", "rb") as f:
+        return float(f.read().split()[0])
+
+
 def _runs_anything(stat: Stat) -> bool:
     """A zombie thread-group leader may still have live threads; only then does it run anything."""
     if not stat.zombie:

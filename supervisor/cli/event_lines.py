@@ -43,6 +43,8 @@ def _value(name: str, value: object) -> str | None:
         return describe(value, None)
     if name == "guard" and isinstance(value, dict):
         return str(value.get("pid", "?"))
+    if name == "names" and isinstance(value, list):  # leftovers: each by its name
+        return _text(",".join(str(n.get("name")) if isinstance(n, dict) else str(n) for n in value))
     if name == "argv" and isinstance(value, list):
         return _text(shlex.join(str(a) for a in value))
     if isinstance(value, bool):

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import click
 
 from ..errors import CcsupError
 from ..history import db as turn_history
 from .options import DURATION, complete_keys, optional_key_option
-from .records import format_history
+from .records import format_history, format_leftover_counts
 from .where import where
 
 
@@ -56,6 +57,13 @@ def _outcome_option(
     help=f"Only these outcomes (repeat or comma-separate): {', '.join(turn_history.OUTCOMES)}.",
 )
 @click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True)
+@click.option(
+    "--leftovers",
+    "sum_leftovers",
+    is_flag=True,
+    help="What turns left running when their command exited, summed per harness and name across "
+    "turns (--key and --since filter; --outcome and --limit do not apply).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of turn records.")
 @click.pass_context
 def history(
@@ -64,10 +72,14 @@ def history(
     since: float | None,
     outcomes: list[str] | None,
     limit: int,
+    sum_leftovers: bool,
     as_json: bool,
 ) -> None:
     """Finished turns, newest first: id, key, holder, outcome, times, what they used."""
     state_dir = where(ctx).state_dir()
+    if sum_leftovers:
+        _leftovers(state_dir, key, since, as_json)
+        return
     records: list[turn_history.TurnRecord] = []
     if turn_history.history_path(state_dir).exists():  # else no turn ran here: an empty table
         try:
@@ -87,4 +99,20 @@ def history(
     if colour.enabled():  # exit 0 green, failures red
         lines = colour.paint_column(lines, "OUTCOME", colour.outcome_colour)
     for line in lines:
+        click.echo(line)
+
+
+def _leftovers(state_dir: Path, key: str | None, since: float | None, as_json: bool) -> None:
+    counts: list[turn_history.LeftoverCount] = []
+    if turn_history.history_path(state_dir).exists():
+        try:
+            counts = turn_history.leftovers(state_dir, key=key, since=since)
+        except turn_history.HistoryError as e:
+            raise CcsupError(e.message) from None
+    if as_json:
+        click.echo(json.dumps(counts, ensure_ascii=False))
+        return
+    from .formats import terminal_width
+
+    for line in format_leftover_counts(counts, terminal_width()):
         click.echo(line)

@@ -80,6 +80,49 @@ def format_history(records: list[history.TurnRecord], width: int | None = None) 
     return fit(format_table(header, rows), width)
 
 
+def format_leftover_counts(
+    counts: list[history.LeftoverCount], width: int | None = None
+) -> list[str]:
+    """`history --leftovers`: per harness and name, how many times over how long, in how many
+    turns ("opencode serve  14 times  over 3d02h")."""
+    if not counts:
+        return ["no turn left anything running when its command exited"]
+    header = ["HARNESS", "NAME", "TIMES", "TURNS", "OVER", "FIRST", "LAST"]
+    rows = [
+        [
+            c["harness"],
+            c["name"],
+            str(c["times"]),
+            str(c["turns"]),
+            format_age(c["last"] - c["first"]),
+            when(c["first"]),
+            when(c["last"]),
+        ]
+        for c in counts
+    ]
+    return fit(format_table(header, rows), width)
+
+
+def format_leftovers(left: dict | None) -> list[str]:
+    """`show`'s lines for what outlived the turn's command: one per process named."""
+    if not left:
+        return []
+    names = [n for n in left.get("names") or [] if isinstance(n, dict)]
+    count = left.get("count")
+    lines = [f"  leftovers  {count} (ended by the guard when the command exited)"]
+    for n in names:
+        argv = n.get("argv")
+        command = format_command(argv) if isinstance(argv, list) and argv else n.get("comm")
+        ran = n.get("ran_s")
+        lasted = f", ran {seconds(ran)}" if isinstance(ran, (int, float)) else ""
+        lines.append(
+            f"    {n.get('name')}  (pid {n.get('pid')}, group {n.get('pgid')}{lasted}): {command}"
+        )
+    if isinstance(count, int) and count > len(names):
+        lines.append(f"    ... and {count - len(names)} more, not named")
+    return lines
+
+
 def _given(fields: dict) -> dict:
     return {name: value for name, value in fields.items() if value is not None}
 
@@ -168,6 +211,7 @@ def format_story(story: history.TurnStory) -> list[str]:
     for name, value in sorted(story["usage"].items()):
         label, shown = _usage_line(name, value)
         lines.append(f"  {label:<10} {shown}")
+    lines.extend(format_leftovers(story.get("leftovers")))
     if story["log_pruned_at"] is not None:
         lines.append(f"  logs       pruned at {when(story['log_pruned_at'])}")
     lines.append("  events")
@@ -177,6 +221,8 @@ def format_story(story: history.TurnStory) -> list[str]:
             for k, v in event["body"].items()
             if k not in ("v", "ts", "epoch", "seq", "turn_seq", "id", "key")
         }
+        if event["kind"] == "leftovers":  # named above, in full
+            fields = {"count": fields.get("count")}
         shown = _plain(fields)
         lines.append(
             f"    {when(event['ts'])}.{int(event['ts'] % 1 * 1000):03d}  {event['kind']:<9} {shown}".rstrip()

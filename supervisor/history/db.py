@@ -378,3 +378,91 @@ def recent_peaks(state_dir: Path, per_key: int = 20) -> dict[str, list[int]]:
     for key, peak in rows:
         peaks.setdefault(key, []).append(int(peak))
     return peaks
+
+
+class LeftoverCount(TypedDict):
+    """`history --leftovers`: one harness's leftovers of one name, summed across turns."""
+
+    harness: str  # the turns' harness label, else their key's harness part (`opencode:xai` ->
+    # `opencode`)
+    name: str  # guardd.leftovers.name_of's: `opencode serve`; NOT_NAMED past a turn's first 100
+    times: int  # processes left over
+    turns: int  # turns that left at least one
+    first: float  # when the first of those turns exited (epoch seconds)
+    last: float
+
+
+NOT_NAMED = "(not named: past the first 100 of a turn)"
+
+
+def harness_of(key: str, holder: dict[str, Any]) -> str:
+    harness = holder.get("harness")
+    return harness if isinstance(harness, str) and harness else key.split(":", 1)[0]
+
+
+def sum_leftovers(
+    rows: Iterable[tuple[str, dict[str, Any], float | None, dict[str, Any]]],
+) -> list[LeftoverCount]:
+    """(key, holder, exited_at, leftovers) rows summed per harness and name, most often first.
+    Pure; a malformed leftovers value counts what can be read of it."""
+    sums: dict[tuple[str, str], LeftoverCount] = {}
+    for key, holder, at, left in rows:
+        harness = harness_of(key, holder)
+        names = [n for n in left.get("names") or [] if isinstance(n, dict)]
+        count = left.get("count")
+        counted: dict[str, int] = {}
+        for entry in names:
+            name = entry.get("name") or entry.get("comm")
+            name = name if isinstance(name, str) and name else "?"
+            counted[name] = counted.get(name, 0) + 1
+        if isinstance(count, int) and count > len(names):
+            counted[NOT_NAMED] = count - len(names)
+        when = at if isinstance(at, (int, float)) else 0.0
+        for name, times in counted.items():
+            was = sums.get((harness, name))
+            if was is None:
+                sums[(harness, name)] = LeftoverCount(
+                    harness=harness, name=name, times=times, turns=1, first=when, last=when
+                )
+            else:
+                was["times"] += times
+                was["turns"] += 1
+                was["first"] = min(was["first"], when)
+                was["last"] = max(was["last"], when)
+    return sorted(sums.values(), key=lambda c: (-c["times"], c["harness"], c["name"]))
+
+
+def leftovers(
+    state_dir: Path, *, key: str | None = None, since: float | None = None
+) -> list[LeftoverCount]:
+    """Every turn's leftovers (its `leftovers` column) summed per harness and name
+    (`sum_leftovers`); key and since as `query` (since: by when the turn exited). HistoryError
+    as `query`. Rows are read one at a time: a long history costs time, not memory."""
+    sql = "SELECT key, holder, exited_at, leftovers FROM turns WHERE leftovers IS NOT NULL"
+    params: list[object] = []
+    if key is not None:
+        sql += " AND key = ?"
+        params.append(key)
+    if since is not None:
+        sql += " AND exited_at >= ?"
+        params.append(since)
+    db = _connect_ro(state_dir)
+    try:
+        if "leftovers" not in {row[1] for row in db.execute("PRAGMA table_info(turns)")}:
+            return []  # a file from before version 4: nothing was named then
+        return sum_leftovers(
+            (key, _json_dict(holder), at, _json_dict(left))
+            for key, holder, at, left in db.execute(sql, params)
+        )
+    except sqlite3.Error as e:
+        raise HistoryError(f"unable to read history {history_path(state_dir)}: {e}") from None
+    finally:
+        db.close()
+
+
+def _json_dict(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

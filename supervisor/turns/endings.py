@@ -320,6 +320,7 @@ class Endings:
         returncode: int | None,
     ) -> None:
         if turn.exit is not None:
+            self._tell_leftovers(turn, record)
             return  # stopping, and already told
         outcome: Outcome | None = (
             {"code": None, "signal": None, "reason": reason}
@@ -339,6 +340,24 @@ class Endings:
             record, turn.requested_at, self._started_at.get(turn.id), self.ledger.clock()
         )
         self.ledger.apply(turn, Event.EXITED, **outcome, **used)
+        self._tell_leftovers(turn, record)
+
+    def _tell_leftovers(self, turn: Turn, record: dict[str, Any] | None) -> None:
+        """`turn.<id>.leftovers` once, from the guard record that names them (the guard writes
+        them with CMD's exit, before it ends them: guardd.leftovers); after `exited`."""
+        left = (record or {}).get("leftovers")
+        if turn.leftovers_told or not isinstance(left, dict) or turn.exit is None:
+            return
+        turn.leftovers_told = True
+        names = left.get("names")
+        self.ledger.emit(
+            f"turn.{turn.id}.leftovers",
+            {
+                **turn.fields(),
+                "count": left.get("count"),
+                "names": names if isinstance(names, list) else [],
+            },
+        )
 
     def _confirm(self, turn: Turn, *, record: dict[str, Any] | None, **_: Any) -> None:
         asyncio.get_running_loop().create_task(self._confirm_gone(turn, record, guard_done=False))
@@ -347,6 +366,7 @@ class Endings:
         assert turn.guard is not None
         record = self._read_guard_record(turn)
         self.happen(turn, What.EXIT_KNOWN, record=record, returncode=turn.guard.returncode)
+        self._tell_leftovers(turn, record)  # its final record: exit_known may do nothing now
         asyncio.get_running_loop().create_task(self._confirm_gone(turn, record, guard_done=True))
 
     def _release(self, turn: Turn, **_: Any) -> None:
@@ -401,6 +421,7 @@ class Endings:
             if gone:
                 returncode = turn.guard.returncode if guard_done and turn.guard else None
                 self.happen(turn, What.EXIT_KNOWN, record=record, returncode=returncode)
+                self._tell_leftovers(turn, record)
                 self.happen(turn, What.WORK_GONE)
                 if turn.guard is not None and (record or {}).get("state") == "gone":
                     # "gone" is a guard's last write: its record serves nobody any more, even

@@ -140,6 +140,7 @@ class Turn:
     requester: Identity | None = None  # when watched
     groups_seen: set[Group] = field(default_factory=set)  # published as turn.<id>.group
     followed: bool = True  # False when the guard runs but its pipes and exit could not be watched
+    leftovers_told: bool = False  # turn.<id>.leftovers published (from its guard's record)
     # stdin sent while the guard is being started (granted, not yet running): handed to the guard
     # the moment it runs, so an acknowledged `send` is never lost to the start's timing
     early_stdin: bytearray = field(default_factory=bytearray)

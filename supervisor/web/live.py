@@ -129,6 +129,7 @@ class TurnView(TypedDict):
     usage: dict[str, Any] | None
     exit: dict[str, Any] | None
     active: bool
+    leftovers: dict[str, Any] | None  # {"count", "names"}: what outlived its command
 
 
 class StateView(TypedDict):
@@ -164,6 +165,7 @@ class TurnTrace:
     seen_at: float = 0.0  # the clock when its last event came
     adopted_at: float | None = None
     adoption_gap_s: float | None = None
+    leftovers: dict[str, Any] | None = None  # turn.<id>.leftovers: {"count", "names"}
 
     def bar(self) -> Bar:
         code = self.exit.get("code") if self.exit else None
@@ -314,6 +316,8 @@ class Live:
             trace.exit = {
                 k: v for k, v in body.items() if k not in ("v", "epoch", "seq", "id", "key")
             }
+        elif event == "leftovers":
+            trace.leftovers = leftovers_of(body)
         elif event in TERMINAL:
             trace.ended_at = ts
             trace.outcome = event
@@ -539,10 +543,33 @@ class Live:
             output_chunks=trace.output_chunks,
             usage=usage,
             exit=trace.exit,
+            leftovers=trace.leftovers,
             # A terminal event is final (ps may be older); between an event and the next `ps`,
             # the event is the newer word.
             active=trace.ended_at is None and (active or trace.seen_at >= self.ps_at),
         )
+
+
+def leftovers_of(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The page's `{"count", "names"}` from a leftovers event or history column (each name with
+    `name`, `command`, `pid`, `pgid`, `ran_s`); None when it says nothing."""
+    if not body:
+        return None
+    names = body.get("names")
+    return {
+        "count": _int(body.get("count")),
+        "names": [
+            {
+                "name": _str(n.get("name")) or _str(n.get("comm")),
+                "command": _command(n.get("argv")) or _str(n.get("comm")),
+                "pid": _int(n.get("pid")),
+                "pgid": _int(n.get("pgid")),
+                "ran_s": _num(n.get("ran_s")),
+            }
+            for n in (names if isinstance(names, list) else [])
+            if isinstance(n, dict)
+        ],
+    }
 
 
 def _command(argv: Any) -> str | None:

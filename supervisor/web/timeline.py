@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .live import TERMINAL, Bar, EventView, Live, TurnView
+from .live import TERMINAL, Bar, EventView, Live, TurnView, leftovers_of
 
 HISTORY_LIMIT = 5000
 
@@ -105,4 +105,5 @@ def past_turn(state_dir: Path, turn_id: str) -> TurnView | None:
         usage=story.get("usage") or None,
         exit=exit_info,
         active=story.get("ended_at") is None,
+        leftovers=leftovers_of(story.get("leftovers")),
     )

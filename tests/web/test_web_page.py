@@ -538,3 +538,37 @@ def test_an_adopted_turn_has_a_badge_in_the_running_list(daemon, state_dir, web,
     expect(page.locator(f'#holders tr[data-turn="{later}"] .badge.adopted')).to_have_count(0)
     turn_page = page_of(browser, w.url + "turn/" + adopted)
     expect(turn_page.locator('[data-fact="adopted"]')).to_contain_text("after a gap of")
+
+
+def test_a_turns_page_lists_its_leftovers_as_text_live_and_from_the_history(
+    daemon, state_dir, web, browser
+):
+    d = start_supervisor(daemon, state_dir, "codex = 1")
+    w = web(d.config)
+    page = page_of(browser, w.url)
+    expect(page.locator("#conn")).to_have_text("live")
+    planted = "<i id=planted>left"  # no "/": argv[0] is named by its basename
+    script = (
+        'setsid bash -c \'trap "" TERM; exec -a "$0" sleep 300\' "$PLANT" '
+        "</dev/null >/dev/null 2>&1 & "
+        'while [ "$(cat /proc/$!/comm 2>/dev/null)" != sleep ]; do sleep 0.01; done'
+    )
+    turn_id = uuid.uuid4().hex
+    turn = page.context.new_page()
+    turn.goto(f"{w.url}turn/{turn_id}")
+    with d.client() as client:
+        events = list(
+            client.run_turn("codex", ["bash", "-c", script], id=turn_id, env={"PLANT": planted})
+        )
+    (left,) = [b for t, b in events if t.endswith(".leftovers")]
+    rows = turn.locator("#leftovers tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text(f"{planted} 300")  # the name, as text
+    expect(rows.first).to_contain_text(str(left["names"][0]["pid"]))
+    expect(turn.locator("#leftovers-count")).to_have_text("(1)")
+    assert turn.locator("#planted").count() == 0  # never parsed as HTML
+    w.stop()
+    later = page_of(browser, web(d.config).url.rstrip("/") + f"/turn/{turn_id}")  # the history's
+    expect(later.locator("#leftovers tbody tr")).to_have_count(1)
+    expect(later.locator("#leftovers tbody tr").first).to_contain_text(f"{planted} 300")
+    assert later.locator("#planted").count() == 0

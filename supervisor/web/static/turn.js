@@ -47,6 +47,17 @@
         el("td", {}, e.topic.split(".").pop()), el("td", { class: "mono details" }, details));
     });
     document.querySelector("#events tbody").replaceChildren(...events);
+    const left = turn.leftovers || { count: 0, names: [] };
+    const leftRows = left.names.map((n) => el("tr", {}, el("td", {}, n.name || "?"),
+      el("td", { class: "n" }, n.pid), el("td", { class: "n" }, n.pgid),
+      el("td", { class: "n" }, typeof n.ran_s === "number" ? age(n.ran_s) : "–"),
+      el("td", { class: "mono" }, n.command || "")));
+    if (left.count > left.names.length) {
+      leftRows.push(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "and " + (left.count - left.names.length) + " more, not named")));
+    }
+    document.querySelector("#leftovers tbody").replaceChildren(...leftRows);
+    document.getElementById("leftovers-count").textContent = left.count ? "(" + left.count + ")" : "";
+    document.getElementById("leftovers-empty").hidden = leftRows.length > 0;
   }
 
   function follow(stream) {
