@@ -28,10 +28,18 @@ def format_groups(groups) -> str:
 
 
 def format_command(argv, cwd=None) -> str:
-    """A turn's command as a shell would read it back; '-' when unknown."""
+    """A turn's command as a shell would read it back, on one line (a newline or other control
+    character inside an argument shown escaped, `\\n`, as bash's `$'...'` would); '-' when
+    unknown."""
     import shlex
 
-    return shlex.join(argv) if isinstance(argv, list) and argv else "-"
+    if not isinstance(argv, list) or not argv:
+        return "-"
+    return shlex.join(argv).translate(_ONE_LINE)
+
+
+# Control characters a table row must not contain (a newline broke a row in two).
+_ONE_LINE = {c: f"\\x{c:02x}" for c in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t"}
 
 
 def terminal_width() -> int | None:

@@ -51,24 +51,40 @@ def gap_text(gap: float | None) -> str:
 
 
 def format_history(records: list[history.TurnRecord], width: int | None = None) -> list[str]:
+    """The table; for a terminal (`width`), short ids (8 characters: every command takes a
+    prefix) and times, and usage columns left out, last first, until COMMAND has room."""
     usage = [c for c in USAGE_COLUMNS if any(c[0] in r["usage"] for r in records)]
     adopted = any(r.get("adopted_at") is not None for r in records)  # a column once any was
+    short = width is not None
+    while True:
+        lines = _history_table(records, usage, adopted, short)
+        command_at = lines[0].index("COMMAND") if lines else 0
+        if not short or not usage or width - command_at >= MIN_COMMAND:  # type: ignore[operator]
+            return fit(lines, width)
+        usage = usage[:-1]
+
+
+MIN_COMMAND = 24  # characters of COMMAND a terminal's table keeps, dropping usage columns for it
+
+
+def _history_table(records, usage, adopted: bool, short: bool) -> list[str]:
     header = ["ID", "KEY", "HOLDER", "OUTCOME", "QUEUED", "WAIT", "RUN", "ENDED"]
     header += [title for _, title, _ in usage]
     if adopted:
         header.append("ADOPTED")
     header.append("COMMAND")
+    at = short_when if short else when
     rows = []
     for r in records:
         row = [
-            r["id"],
+            r["id"][:8] if short else r["id"],
             r["key"],
             describe(r["holder"], None),
             outcome_text(r),
-            when(r["queued_at"]),
+            at(r["queued_at"]),
             seconds(r["wait_s"]),
             seconds(r["run_s"]),
-            when(r["ended_at"]),
+            at(r["ended_at"]),
         ]
         for name, _, fmt in usage:
             value = r["usage"].get(name)
@@ -77,7 +93,17 @@ def format_history(records: list[history.TurnRecord], width: int | None = None) 
             row.append("-" if r.get("adopted_at") is None else gap_text(r.get("adoption_gap_s")))
         row.append(format_command(r.get("argv")))
         rows.append(row)
-    return fit(format_table(header, rows), width)
+    return format_table(header, rows)
+
+
+def short_when(ts: float | None) -> str:
+    """A time as a terminal's table shows it: 10:53:07 today, else 12-06 10:53."""
+    if ts is None:
+        return "-"
+    local = time.localtime(ts)
+    if time.strftime("%Y-%m-%d", local) == time.strftime("%Y-%m-%d"):
+        return time.strftime("%H:%M:%S", local)
+    return time.strftime("%m-%d %H:%M", local)
 
 
 def format_leftover_counts(

@@ -355,3 +355,39 @@ def test_version_4_columns_come_from_their_events(tmp_path):
         "released",
         "ok",
     )
+
+
+def test_a_terminal_s_table_keeps_the_command_and_one_row_per_turn():
+    """160 columns: the COMMAND column stays (short ids and times, usage columns given up for
+    it); a command with a newline stays on its row, the newline shown as \\n."""
+    from supervisor.cli.records import format_history
+
+    now = time.time()
+    record = {
+        "id": "5c6c550e8bcc4c67adbe98b06a9e3c58",
+        "key": "opencode:xai",
+        "holder": {"session": "a-long-session-name", "agent": "reviewer"},
+        "state": "released",
+        "outcome": "ok",
+        "exit_code": 0,
+        "signal": None,
+        "queued_at": now - 60,
+        "ended_at": now,
+        "wait_s": 0.5,
+        "run_s": 59.5,
+        "usage": {
+            "cpu_user_s": 1.0,
+            "cpu_system_s": 0.5,
+            "peak_rss_bytes": 3 << 20,
+            "processes": 4,
+        },
+        "argv": ["sh", "-c", "echo first\npytest -x tests/unit/test_something_long.py"],
+        "adopted_at": None,
+    }
+    lines = format_history([record], 160)
+    assert len(lines) == 2 and all(len(line) <= 160 for line in lines)
+    assert "COMMAND" in lines[0]
+    command = lines[1][lines[0].index("COMMAND") :]
+    assert len(command) >= 24 and command.startswith("sh -c 'echo first\\npytest")
+    assert lines[1].startswith("5c6c550e  opencode:xai")
+    assert "\n" not in format_history([record])[1]  # off a terminal: whole, still one row
