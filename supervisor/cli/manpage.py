@@ -1,6 +1,12 @@
 """ccsup(1), generated from the click commands:
 
-    python -m supervisor.cli.manpage > ~/.local/share/man/man1/ccsup.1 && man ccsup
+    python -m supervisor.cli.manpage --install && man ccsup
+
+`--install` writes the page to `<prefix>/share/man/man1/ccsup.1`, beside ccsup's own `bin`
+(the venv's, for a venv): man-db looks in `X/share/man` for every `X/bin` on the PATH, so with
+the venv's bin on the PATH (as the README's set-up has it) `man ccsup` finds it with no MANPATH.
+It says where it wrote, and what to do when that bin is not on the PATH. Without `--install`
+the page goes to stdout.
 
 The page is what `--help` says, in roff: NAME, SYNOPSIS, DESCRIPTION, the global OPTIONS, every
 command (grouped as `ccsup --help` groups them) with its usage, text, examples and options, EXIT
@@ -9,6 +15,11 @@ commands: it is made from the installed ccsup. Pure but for importing every comm
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
 
 import click
 
@@ -65,9 +76,11 @@ def _command(parent: click.Context, name: str, command: click.Command, prefix: s
     from .help_text import examples_epilog
 
     examples = examples_epilog(name, command.help) if prefix == "ccsup " else None
-    for epilog in (command.epilog, examples):
-        if epilog:
-            out += [".PP", _paragraphs(epilog)]
+    if command.epilog:
+        out += [".PP", _paragraphs(command.epilog)]
+    if examples:  # a line each, as --help shows them (filled, they ran into one paragraph)
+        title, _, body = examples.removeprefix("\b\n").partition("\n")
+        out += [".PP", _roff(title), ".nf", ".RS 4", _roff(textwrap.dedent(body)), ".RE", ".fi"]
     out += _options(ctx, command)
     if isinstance(command, click.Group):
         for sub_name in command.list_commands(ctx):
@@ -113,5 +126,27 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
+def install(prefix: str = sys.prefix) -> str:
+    """Write the page where `man` finds it for this ccsup; what to tell the user."""
+    target = Path(prefix) / "share" / "man" / "man1" / "ccsup.1"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render(), encoding="utf-8")
+    bin_dir = os.path.realpath(Path(prefix) / "bin")
+    on_path = any(
+        os.path.realpath(d) == bin_dir for d in os.environ.get("PATH", "").split(os.pathsep) if d
+    )
+    if on_path:
+        return f"wrote {target}: man ccsup"
+    return (
+        f"wrote {target}; {bin_dir} is not on PATH, so man will not look there: "
+        f"MANPATH={target.parent.parent}: man ccsup"
+    )
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    if sys.argv[1:] == ["--install"]:
+        print(install())
+    elif sys.argv[1:]:
+        sys.exit("usage: python -m supervisor.cli.manpage [--install]")
+    else:
+        print(render(), end="")

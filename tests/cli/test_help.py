@@ -4,6 +4,7 @@ command and renders."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -50,3 +51,30 @@ def test_the_man_page_has_every_command_and_renders():
     assert done.returncode == 0, done.stderr
     assert "CCSUP(1)" in done.stdout and "ccsup stop" in done.stdout
     assert done.stderr == "", done.stderr
+
+
+def test_the_documented_install_step_makes_man_ccsup_work(tmp_path):
+    """`python -m supervisor.cli.manpage --install` into a prefix whose bin is on the PATH (a
+    venv's, as the README sets it up): `man ccsup` then finds the page with no MANPATH, and each
+    example is a line of its own, not one run-together paragraph."""
+    if shutil.which("man") is None or shutil.which("groff") is None:
+        pytest.skip("man/groff are not installed")
+    from supervisor.cli.manpage import install
+
+    prefix = tmp_path / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    env = {"PATH": f"{prefix / 'bin'}:/usr/bin:/bin", "MANWIDTH": "100", "LANG": "C.UTF-8"}
+    old = dict(os.environ)
+    os.environ["PATH"] = env["PATH"]
+    try:
+        said = install(str(prefix))
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert said == f"wrote {prefix}/share/man/man1/ccsup.1: man ccsup"
+    shown = subprocess.run(
+        ["man", "ccsup"], capture_output=True, text=True, env=env, timeout=60
+    ).stdout
+    lines = [line.strip() for line in shown.splitlines()]
+    assert "ccsup config check" in lines  # an example alone on its line
+    assert "ccsup cancel 3f2a9c01" in " ".join(lines)
