@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..client.control import Client
     from .top_view import Row
 
+STATUS_EVERY = 2.0  # seconds between two `status` reads, at a `ps` read (the header's pid, age)
 MAX_REDRAWS = 5.0  # `ps` reads (and redraws for events) per second at most
 TICK = 1.0  # seconds between two redraws without events (ages, clock, CPU)
 SAFETY_REFRESH = 15.0  # seconds between two `ps` reads without events
@@ -87,15 +88,18 @@ class Top:
         self.selected = 0
         self.message = ""
         self.rows: list[Row] = []
+        self._status_at = 0.0
 
     # -- data
 
     def refresh(self) -> None:
-        """`status` (once), `ps` and the last turns of the history."""
+        """`status` (every STATUS_EVERY s: a `ccsup restart` changes its pid and start), `ps`
+        and the last turns of the history."""
         from ..history import db as history
 
-        if not self.model.status:
+        if not self.model.status or time.monotonic() - self._status_at >= STATUS_EVERY:
             self.model.status = self.client.status()
+            self._status_at = time.monotonic()
         self.model.ps = self.client.ps()
         try:
             if history.history_path(self.state_dir).exists():
@@ -262,6 +266,8 @@ def loop(screen: Any, top: Top, sub: Any) -> None:
         poller.poll(int(timeout * 1000) + 1)
         while (event := sub.recv(0.001)) is not None:
             stale = stale or relevant(event[0])
+            if event[0].startswith("supervisor."):  # a restart: its pid and start are new
+                top.model.status = {}
         while (ch := screen.getch()) != -1:
             if not top.act(screen, styles, ch):
                 return

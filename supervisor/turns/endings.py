@@ -448,6 +448,11 @@ class Endings:
         if cgroup is not None:
             self._cgroup_of[turn.id] = cgroup
 
+    def started_at(self, turn_id: str) -> float | None:
+        """When the running turn's guard started (an adopted turn's: its first start, not the
+        adoption), for `ps`'s AGE; None when it does not run."""
+        return self._started_at.get(turn_id)
+
     def _read_guard_record(self, turn: Turn) -> dict[str, Any] | None:
         assert turn.guard is not None
         try:

@@ -29,6 +29,10 @@ def ps(manager: Manager) -> dict[str, Any]:
             # Taken over from a supervisor that was gone (turn.<id>.adopted): when, and the gap.
             slot.setdefault("adopted_at", asking.adopted_at)
             slot.setdefault("adoption_gap_s", asking.adoption_gap)
+            # Its age counts from its start: the slot record is rewritten at an adoption.
+            started = manager.endings.started_at(asking.id)
+            if started is not None:
+                slot["since"] = started
     waits = []
     position, last_key = 0, None
     for waiter in manager.queue.all():  # each key's waiters together, oldest first

@@ -118,3 +118,26 @@ def test_top_colours_the_holders_unless_no_color(cli_daemon, tmp_path, no_color)
         go.touch()
         pane.close()
         holder.wait(timeout=20)
+
+
+def test_top_s_header_follows_a_restart_to_the_new_supervisor(cli_daemon):
+    state_dir = cli_daemon(
+        '[slots]\ncaps = { t = 1 }\n[guard]\ngrace = "300ms"\nadopt_within = "30s"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env |= {"CCSUP_STATE_DIR": str(state_dir), "TERM": "xterm-256color"}
+    env["CCSUP_CONFIG"] = str(state_dir / "ccsup.toml")
+    old = json.loads(ccsup("status", "--json", state_dir=state_dir).stdout)["pid"]
+    pane = Pane(f"ccsup-top-r-{os.getpid()}", f"{CCSUP[0]} -m supervisor top; sleep 60", env)
+    try:
+        wait_until(lambda: f"pid {old} " in pane.screen(), what="top's header with the pid")
+        done = ccsup("restart", state_dir=state_dir)
+        assert done.returncode == 0, done.stderr
+        new = json.loads(ccsup("status", "--json", state_dir=state_dir).stdout)["pid"]
+        assert new != old
+        wait_until(lambda: f"pid {new} " in pane.screen(), what="the new supervisor's pid")
+        pane.keys("q")
+    finally:
+        pane.close()
+        # the restarted supervisor is not the fixture's: stopped here, by the state directory
+        ccsup("stop", state_dir=state_dir)

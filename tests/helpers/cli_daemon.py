@@ -44,7 +44,9 @@ def cli_daemon_fixture(state_dir):
     pids = []
 
     def start(config_text: str = "", *start_args: str) -> Path:
-        (state_dir / "ccsup.toml").write_text(FAST + config_text)
+        # A config with a [guard] table of its own says all of it (TOML takes a table once).
+        own_guard = "[guard]" in config_text
+        (state_dir / "ccsup.toml").write_text(config_text if own_guard else FAST + config_text)
         started = ccsup("start", *start_args, state_dir=state_dir)
         assert started.returncode == 0, started.stderr
         pids.append(procs.identity_of(int(started.stdout.split("(pid ")[1].split(",")[0])))

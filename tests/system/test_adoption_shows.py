@@ -106,6 +106,9 @@ def test_an_adopted_turn_shows_in_status_show_history_metrics_ps_and_the_page(da
             assert status["waiting_adoption"] == 0, status  # both adopted: none waits
             slots = {s["turn"]: s for s in client.ps()["slots"] if s.get("turn")}
             assert slots["long"]["adopted_at"] is not None
+            # AGE counts from the turn's start, not from its adoption.
+            started = _story(state_dir, "long")["started_at"]
+            assert abs(slots["long"]["since"] - started) < 0.5, (slots["long"], started)
             metrics = client.call("metrics")["text"]
             assert _counted(metrics, "ccsup_turns_adopted_total", "codex") == 2
         text = ccsup(state_dir, "status").stdout.splitlines()
@@ -120,6 +123,7 @@ def test_an_adopted_turn_shows_in_status_show_history_metrics_ps_and_the_page(da
             what="the page's holder marked adopted",
         )
         assert page["long"]["adoption_gap_s"] is not None
+        assert abs(page["long"]["since"] - started) < 0.5, page["long"]
 
         with d.client() as client:
             client.cancel("long")
