@@ -54,7 +54,9 @@ from . import state as admission_state
 from .pause_on import PauseRules, StderrScanner
 from .pauses import PauseBook, PauseJSON
 from .policy import Admission, WaitReason, Why, WhyJSON, gate_why, quota_why
-from .quota import QuotaBook, Window, WindowJSON
+from .quota import QuotaBook, ReadingError, Window, WindowJSON
+from .quota_readers import QuotaReaders, codex_home
+from .quota_signals import Reading
 from .rates import RateTable, StartWindows
 from .room import MachineRoom
 from .runtime_limits import RuntimeLimits
@@ -121,6 +123,8 @@ class KeyControl:
         self.limits = RuntimeLimits(settings.max_runtime, settings.expiring_notice)
         self.rules = PauseRules(settings.pause_on)
         self._scanner: StderrScanner | None = None
+        self.readers: QuotaReaders | None = None  # the harnesses' own signals, made at first use
+        self._homes: dict[str, Path] = {}  # granted turn -> its CODEX_HOME, until it starts
         self._checking: Counter[str] = Counter()  # key -> ended turns whose stderr is unscanned
         self._wake: Timer | None = None
         self._wake_at: float | None = None
@@ -179,17 +183,25 @@ class KeyControl:
         if len(parts) != 3 or parts[0] != "turn":
             return
         kind = parts[2]
-        if kind == "stderr":
-            if self._scanner is not None:
-                text = body.get("data")  # UTF-8 text, else the exact bytes as data_b64
-                if isinstance(text, str):
-                    self._scanner.feed(parts[1], text.encode())
-                else:
-                    self._scanner.feed(parts[1], output_bytes(body)[1])
+        if kind in ("stdout", "stderr"):
+            scanner = self._scanner if kind == "stderr" else None
+            readers = self.readers
+            if scanner is None and (readers is None or not readers.reading(parts[1])):
+                return
+            text = body.get("data")  # UTF-8 text, else the exact bytes as data_b64
+            data = text.encode() if isinstance(text, str) else output_bytes(body)[1]
+            if scanner is not None:
+                scanner.feed(parts[1], data)
+            if readers is not None:
+                readers.output(parts[1], kind, data)
             return
         if kind not in ("granted", "started", "exited", "adopted"):
             return
         item = self.lookup(parts[1])
+        if kind == "granted" and isinstance(item, Turn) and self.settings.quota_read:
+            # The turn's environment is the guard's once it starts: where its Codex keeps its
+            # session files is taken now (supervisor.admission.quota_readers).
+            self._homes[item.id] = codex_home(item.env, item.env_replace, item.cwd)
         if kind == "granted" and item is not None:
             if isinstance(body.get("reservation"), str):
                 return  # a turn binding a held reservation: that grant was counted already
@@ -206,6 +218,8 @@ class KeyControl:
             self.turn_exited(item)  # before its release: the key's next grant waits for pause_on
 
     def _finished(self, item_id: str) -> None:
+        if self.readers is not None:
+            self.readers.turn_ended(item_id)
         if self.queue is not None:
             self.queue.ordering.removed(item_id)
         self.turn_finished(item_id)
@@ -276,6 +290,8 @@ class KeyControl:
         self.settings = settings
         self.policy.pauses.max_pause = settings.max_pause
         self.policy.hold_at = settings.hold_at
+        if self.readers is not None:
+            self.readers.read = settings.quota_read
         self.policy.starts.retune(RateTable(settings.rates))
         self.limits = RuntimeLimits(settings.max_runtime, settings.expiring_notice)
         self.rules = PauseRules(settings.pause_on)
@@ -335,7 +351,8 @@ class KeyControl:
         answer = self.policy.quota.record(
             key, window, used, resets_at, now, source=source, request_id=request_id
         )
-        if answer.repeat:
+        if answer.repeat or (not answer.changed and request_id is None):
+            # A repeat of a known id, or a reader saying again what it said: nothing new.
             return self._quota_answer(answer.key, request_id, changed=False, now=now)
         if answer.changed:
             log.info(
@@ -377,9 +394,19 @@ class KeyControl:
             "keys": [self._quota_answer(k, None, changed=False, now=now) for k in keys],
         }
 
-    def quota_reading_failed(self) -> None:
-        """A reader met a payload it could not take (counted, never fatal)."""
+    def _quota_read(self, key: str, reading: Reading) -> None:
+        """A reading of a harness's own signal (supervisor.admission.quota_readers)."""
+        try:
+            self.quota_set(
+                key, reading.window, reading.used, reading.resets_at, source=reading.source
+            )
+        except ReadingError as e:
+            self._quota_unreadable(f"{key} {reading.source}: {e}")
+
+    def _quota_unreadable(self, what: str) -> None:
+        """A reader met a payload or reading it could not take (counted, never fatal)."""
         self.policy.quota.skipped += 1
+        log.info("quota reading skipped: %s", what)
 
     def _quota_answer(self, key: str, request_id: str | None, *, changed: bool, now: float) -> dict:
         held = self.policy.quota_hold(key, now)
@@ -422,6 +449,8 @@ class KeyControl:
         self._deadlines.clear()
         if self._scanner is not None:
             self._scanner.close()
+        if self.readers is not None:
+            self.readers.close()
 
     # -- hooks of the grant ----------------------------------------------------------------------
 
@@ -536,6 +565,16 @@ class KeyControl:
             self._deadlines[turn.id] = self.timers.call_later(
                 max(deadline.warn_at - now, 0.0), warn
             )
+        if self.settings.quota_read and turn.key.partition(":")[0] in self.settings.quota_read:
+            if self.readers is None:
+                self.readers = QuotaReaders(
+                    self.settings.quota_read,
+                    self._quota_read,
+                    self._quota_unreadable,
+                    asyncio.get_running_loop().call_soon_threadsafe,
+                )
+            home = self._homes.pop(turn.id, None) or codex_home({}, False, turn.cwd)
+            self.readers.turn_started(turn.id, turn.key, home)
         rule = self.rules.rule_for(turn.key)
         if rule is not None and rule.stderr is not None:
             if self._scanner is None:
@@ -571,6 +610,7 @@ class KeyControl:
             self._pause_for(turn.id, turn.key, rule, None, f"exit code {code}")
 
     def turn_finished(self, item_id: str) -> None:
+        self._homes.pop(item_id, None)
         self._paused_by_turn.discard(item_id)
         self._granted_at.pop(item_id, None)
         timer = self._deadlines.pop(item_id, None)
