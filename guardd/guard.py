@@ -150,6 +150,7 @@ class Guard:
         self.exit: Exit | None = None
         self.leftovers: dict | None = None  # what outlived CMD (guardd.leftovers), once it exited
         self.leftovers_noted = False
+        self.exited_at: float | None = None  # epoch: when CMD was reaped (the record's exited_at)
         self.exit_told = False  # the exited hint is sent once
         self.phase = RUNNING  # -> TERMINATING -> KILLING, and GONE at the end
         self.reason: str | None = None
@@ -509,6 +510,7 @@ class Guard:
             self.usage.reaped(pid, rusage)
             if pid == self.cmd_pid and self.exit is None:
                 self.exit = Exit.from_status(status)
+                self.exited_at = time.time()
                 cmd_exited = True
                 if self.logs is not None:
                     self.logs.drain()  # CMD's last bytes are logged before its exit is recorded
@@ -684,6 +686,7 @@ class Guard:
             "groups": [{**g.to_json(), "seen_at": seen} for g, seen in self.groups.items()],
             "state": _record_state(self.phase),
             "exit": self.exit.to_json() if self.exit else None,
+            "exited_at": self.exited_at,
             "reason": self.reason,
             "started_at": self.started_at,
             "cgroup": self.opts.cgroup,

@@ -460,13 +460,31 @@ class _TurnRunner:
             f"{rider.watch.wait_limit:g} s for one to take turn {self.turn_id} back",
             err=True,
         )
-        status = rider.await_return(interrupted=lambda: bool(interrupts))
-        if status is None:
-            if self.raw is not None:
-                self.raw.restore()
-            self._drain_logs()
+        told_queued = False
+        while (status := rider.await_return(interrupted=lambda: bool(interrupts))) is None:
             if interrupts:
+                self._drain_logs()
                 return 130
+            told, events = rider.on_file()
+            if told == "queued":  # acknowledged and waiting in queue.json: a supervisor runs it
+                if not told_queued:
+                    click.echo(
+                        f"ccsup: turn {self.turn_id} is queued, still waiting (no supervisor "
+                        f"answers on {state_dir})",
+                        err=True,
+                    )
+                    told_queued = True
+                continue
+            if told == "ended":
+                click.echo(
+                    f"ccsup: no supervisor answered on {state_dir}; turn {self.turn_id}'s end "
+                    "is read from its files",
+                    err=True,
+                )
+                for missed in events:
+                    if (done := self.on_event(*missed)) is not None:
+                        return done
+            self._drain_logs()
             click.echo(f"ccsup: {rider.lost().message}", err=True)
             return SupervisorLost.exit_code
         click.echo(

@@ -326,7 +326,9 @@ class Client:
         supervisor dies, it waits up to the `adopt_within` its `status` gave (+ 5 s) for one to
         answer, resubscribes, and yields the lifecycle events it missed from the history (output
         events published meanwhile are not repeated: a TurnOutput with `fill` takes them from the
-        logs by offset). SupervisorLost (exit code 71) when none came back in time.
+        logs by offset). When none came back in time: the end its guard recorded (`exited` and
+        `released` marked `"inferred": true`), or, for a turn still queued, waiting on;
+        SupervisorLost (exit code 71) when neither is known.
         """
         from .ride_through import IDLE, TurnRider
         from .subscription import is_terminal
@@ -345,6 +347,12 @@ class Client:
                     sub.close()
                     while True:  # a supervisor gone again before it took us: the next one
                         if rider.await_return() is None:
+                            told, events = rider.on_file()
+                            if told == "queued":
+                                continue  # waits in queue.json: a supervisor will run it
+                            if told == "ended":
+                                yield from events
+                                return
                             raise rider.lost()
                         if (again := rider.resubscribe()) is not None:
                             break

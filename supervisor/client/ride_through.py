@@ -20,6 +20,13 @@ supervisor disappears: `ccsup run` and Client.run_turn use a `TurnRider`.
   client can have resubscribed). Output is not here: it is in the turn's logs at the same
   offsets, so a follower fills from them by offset (OutputFollower, TurnOutput's `fill`) and
   skips what is below what it already gave: no byte twice, none missing.
+- No supervisor within that time: the files are asked (`on_file`) before the follower gives up.
+  The history may hold its end; else the turn's guard record (`<state>/guards/*.json`, its
+  `turn`) says how a command that ended by itself ended (`exited` and `released` are given from
+  it, marked `"inferred": true`, with the guard's `exited_at`); a turn this follower saw queued
+  and never granted, with no guard, still waits in queue.json (its requester, this process,
+  alive): "queued", and the follower waits on for a supervisor. Only a turn neither ended nor
+  queued has an end that is not known (SupervisorLost, 71).
 Rejected: taking a silent bus for a dead supervisor (a stopped or busy one is silent too), and
 pinging `status` to find out (a request every second per follower, and a stuck supervisor looks
 dead).
@@ -35,6 +42,7 @@ import os
 import select
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import CcsupError, SupervisorLost
@@ -130,6 +138,44 @@ def _kind(topic: str) -> str:
     return topic.rsplit(".", 1)[-1]
 
 
+def guard_record_of(guards: Path, turn_id: str) -> dict | None:
+    """The record of the guard that ran `turn_id` in this records directory (read bounded, as
+    every state file: guardd.record.read_json), or None; one that cannot be read is passed over."""
+    from guardd.record import RecordError, read_json
+
+    try:
+        names = [n for n in os.listdir(guards) if n.endswith(".json")]
+    except OSError:
+        return None
+    for name in names:
+        try:
+            record = read_json(guards / name)
+        except (OSError, RecordError):
+            continue
+        if record.get("turn") == turn_id:
+            return record
+    return None
+
+
+def _recorded_end(record: dict) -> dict | None:
+    """The `exited` body of a command that ended by itself, from its guard's record; None when
+    the record does not say so (still running, or ended by its guard: not_adopted)."""
+    exit_info = record.get("exit")
+    if record.get("state") != "gone" or record.get("reason") != "exited":
+        return None
+    if not isinstance(exit_info, dict):
+        return None
+    code, signum = exit_info.get("code"), exit_info.get("signal")
+    if isinstance(signum, int):
+        code = 128 + signum
+    elif not isinstance(code, int):
+        return None
+    end = {"id": record.get("turn"), "code": code, "signal": signum, "reason": None}
+    if isinstance(record.get("exited_at"), int | float):
+        end["exited_at"] = record["exited_at"]
+    return {**end, "inferred": True}
+
+
 class TurnRider:
     """Follows one turn across supervisor restarts: `gone` when the bus is quiet, then
     `come_back` (a live subscription and the events missed), and `before_end` for a terminal
@@ -165,6 +211,28 @@ class TurnRider:
             f"{RETURN_MARGIN:g} s): turn {self.turn_id}'s end is not known (its guard ends "
             "its work: reason not_adopted)"
         )
+
+    def on_file(self) -> tuple[str, list[tuple[str, dict]]]:
+        """With no supervisor answering: what the state directory's files say of the turn.
+        ("ended", its missed events up to the terminal one): the history has its end, or its
+        guard's record says its command ended by itself; ("queued", []): it waits in the queue
+        (seen queued, never granted, no guard record); ("unknown", []): neither."""
+        events = self._unseen(terminal=True)
+        if events and _kind(events[-1][0]) in protocol.TERMINAL_EVENTS:
+            return "ended", events
+        record = guard_record_of(self.client.paths.guards, self.turn_id)
+        if record is not None:
+            end = _recorded_end(record)
+            if end is None:
+                return "unknown", []
+            exited = [] if "exited" in self.seen else [(f"turn.{self.turn_id}.exited", end)]
+            released = (f"turn.{self.turn_id}.released", {"id": self.turn_id, "inferred": True})
+            for topic, _ in [*exited, released]:
+                self.seen.add(_kind(topic))
+            return "ended", [*events, *exited, released]
+        if "queued" in self.seen and not self.seen & {"granted", "started", "adopted"}:
+            return "queued", []
+        return "unknown", []
 
     def resubscribe(self) -> Subscription | None:
         """A live subscription to the turn's topics on the supervisor that answered; None when

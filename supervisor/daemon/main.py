@@ -376,6 +376,8 @@ class Daemon:
         problems = [problem] if problem else []
         problems += self.keyctl.restore()  # pauses first: nothing restored is granted past one
         problems += restore.restore(self.manager, saved, self.gate.inspect_all())
+        # Ends a SIGKILL took from the history's batch: written again from finished.log's lines.
+        self.history.repair(self.manager.finished.ends())
         for text in problems:
             log.error("%s", text)
             self.server.publish(

@@ -15,8 +15,9 @@ supervisor.history.db, which also does every read), the bus, the manager.
 
 State question. Runs again: rows are keyed by turn id and each event only fills columns, so an
 event seen twice changes nothing. Stops half-way (SIGKILL): SQLite's transactions (WAL) keep the
-file whole; events still queued are lost, and a turn whose terminal event was lost stays
-`running` in the history until a restarted supervisor's restore publishes its end. Empty or
+file whole; events still queued are lost: a turn whose end was lost gets it from the next
+supervisor, from finished.log's line (`repair`, dated as it happened) or, when it had not
+finished, from restore's settling of it. Empty or
 missing file: created with the schema. An older version (1 to 3): the columns it lacks are added
 in one transaction (db.migrations) before anything is written; old rows read NULL there (version
 2's turns: never adopted). Corrupt file: moved aside to `history.sqlite.corrupt-<time>` (logged)
@@ -65,6 +66,7 @@ _BEFORE_STARTED = ("queued", "granted")
 # Fields of an exited event that are not usage figures.
 _EXIT_FIELDS = frozenset(
     {"v", "ts", "epoch", "seq", "turn_seq", "id", "key", "code", "signal", "reason", "reservation"}
+    | {"exited_at", "repaired"}
 )
 
 
@@ -181,7 +183,10 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
     elif kind == "stopping":
         sets["reason"] = body.get("reason")
     elif kind == "exited":
-        sets["exited_at"] = ts
+        # when CMD ended, by its guard's record (a turn that ended in a supervisor's absence is
+        # settled later: the event's own time is the settling's)
+        at = body.get("exited_at")
+        sets["exited_at"] = at if isinstance(at, int | float) and not isinstance(at, bool) else ts
         sets["exit_code"] = body.get("code")
         sets["signal"] = body.get("signal")
         usage = {k: v for k, v in body.items() if k not in _EXIT_FIELDS}
@@ -245,6 +250,58 @@ def _apply_adopted(db: sqlite3.Connection, turn_id: str, key: str, body: dict) -
     )
 
 
+_TERMINAL = ("released", "cancelled", "rejected")
+
+
+def repair_ends(db: sqlite3.Connection, ends: dict[str, dict[str, Any]]) -> int:
+    """The ends finished.log holds and the history lacks (a SIGKILL within the writer's batch):
+    for a turn whose row is missing or not terminal, its `stopping` (a stop's reason), `exited`
+    and terminal event, dated as they happened and marked `"repaired": true`. A turn whose
+    history is whole is left as it is, so this runs again harmlessly. Returns the events written."""
+    written = 0
+    for turn_id, end in ends.items():
+        state, key = end.get("state"), end.get("key")
+        if state not in _TERMINAL or not isinstance(key, str):
+            continue
+        row = db.execute("SELECT state, exited_at FROM turns WHERE id = ?", (turn_id,)).fetchone()
+        if row is not None and row[0] in _TERMINAL:
+            continue
+        ended_at = _epoch(end.get("ended_at")) or time.time()
+        base = {"id": turn_id, "key": key, "repaired": True}
+        stop_reason = end.get("stop_reason")
+        exit_info = end.get("exit")
+        exited_at = _epoch(end.get("exited_at")) or ended_at
+        if isinstance(stop_reason, str) and state == "released":
+            stopped = db.execute(
+                "SELECT 1 FROM events WHERE turn_id = ? AND kind = 'stopping'", (turn_id,)
+            ).fetchone()
+            if stopped is None:
+                body = {**base, "ts": min(exited_at, ended_at), "reason": stop_reason}
+                apply_event(db, f"turn.{turn_id}.stopping", body)
+                written += 1
+        if isinstance(exit_info, dict) and (row is None or row[1] is None):
+            body = {
+                **base,
+                "ts": exited_at,
+                "code": exit_info.get("code"),
+                "signal": exit_info.get("signal"),
+                "reason": exit_info.get("reason"),
+                "exited_at": exited_at,
+            }
+            apply_event(db, f"turn.{turn_id}.exited", body)
+            written += 1
+        terminal = {**base, "ts": ended_at}
+        if state != "released":
+            terminal["reason"] = end.get("reason")
+        apply_event(db, f"turn.{turn_id}.{state}", terminal)
+        written += 1
+    return written
+
+
+def _epoch(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 class Recorder:
     """The supervisor's writer: `observe(topic, body)` on the event loop, SQLite in a thread.
 
@@ -286,6 +343,13 @@ class Recorder:
         """Forget turns that ended before `before` (epoch seconds)."""
         self._idle.clear()
         self._queue.put(("prune", before))
+
+    def repair(self, ends: dict[str, dict[str, Any]]) -> None:
+        """Write the ends the history lacks (supervisor.turns.finished.FinishedIds.ends): each
+        turn whose row is not terminal gets its `exited` and terminal event from its end."""
+        if ends:
+            self._idle.clear()
+            self._queue.put(("repair", ends))
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until everything queued so far is written (tests; shutdown)."""
@@ -335,6 +399,8 @@ class Recorder:
                     db.executemany(
                         "UPDATE turns SET log_pruned_at = ? WHERE id = ?", [(at, i) for i in ids]
                     )
+                elif topic == "repair":
+                    self.written += repair_ends(db, value)
                 elif topic == "prune":
                     old = "SELECT id FROM turns WHERE ended_at IS NOT NULL AND ended_at < ?"
                     db.execute(f"DELETE FROM events WHERE turn_id IN ({old})", (value,))

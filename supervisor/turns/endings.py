@@ -164,6 +164,12 @@ def outcome_of(record: dict[str, Any] | None, returncode: int | None) -> Outcome
     return None
 
 
+def _exited_at(record: dict[str, Any] | None) -> float | None:
+    """When the guard reaped CMD (epoch), as its record says; None when it does not say."""
+    at = (record or {}).get("exited_at")
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
+
+
 class Endings:
     def __init__(
         self,
@@ -254,6 +260,7 @@ class Endings:
 
     def _fail_start(self, turn: Turn, *, reason: str | None, **_: Any) -> None:
         turn.exit = {"code": None, "signal": None, "reason": reason}
+        turn.exited_at = self.ledger.clock()
         self.ledger.apply(turn, Event.EXITED, **turn.exit)
         self._release(turn)
 
@@ -336,10 +343,15 @@ class Endings:
         if outcome["reason"] is None and containment.oom_killed(self._cgroup_of.get(turn.id)):
             outcome = {**outcome, "reason": "oom"}  # the memory limit ended it
         turn.exit = outcome
+        # The guard's own time of CMD's end when its record has it: a turn that ended while no
+        # supervisor ran ends then, not when a later one settles it.
+        exited_at = _exited_at(record) if reason is None else None
+        turn.exited_at = exited_at if exited_at is not None else self.ledger.clock()
         used = containment.usage_fields(
-            record, turn.requested_at, self._started_at.get(turn.id), self.ledger.clock()
+            record, turn.requested_at, self._started_at.get(turn.id), turn.exited_at
         )
-        self.ledger.apply(turn, Event.EXITED, **outcome, **used)
+        dated: dict[str, Any] = {} if exited_at is None else {"exited_at": exited_at}
+        self.ledger.apply(turn, Event.EXITED, **outcome, **used, **dated)
         self._tell_leftovers(turn, record)
 
     def _tell_leftovers(self, turn: Turn, record: dict[str, Any] | None) -> None:

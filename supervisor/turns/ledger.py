@@ -114,7 +114,7 @@ class Ledger:
         if replay:
             return
         if item.state.terminal:
-            self._finish(item)
+            self._finish(item, fields.get("reason"))
         self._dirty.add(item.id)
         self._must_save |= event in PERSISTED
         self.emit(f"turn.{item.id}.{event.value}", {**item.fields(), **fields})
@@ -151,7 +151,7 @@ class Ledger:
     def in_batch(self) -> bool:
         return self._batch_depth > 0
 
-    def _finish(self, item: Item) -> None:
+    def _finish(self, item: Item, reason: str | None = None) -> None:
         self.turns.pop(item.id, None)
         if isinstance(item, Reservation) and self.reservations.pop(item.id, None) is not None:
             if item.holder_key and self.holders.get(item.holder_key) == item.id:
@@ -159,7 +159,7 @@ class Ledger:
         self.queue.remove(item.id)
         self.cancel_timer(item.id)
         self.deadlines.pop(item.id, None)
-        if not self.finished.remember(item.id, item.state.value):
+        if not self.finished.remember(item.id, item.state.value, _end_of(item, reason)):
             self.unsaved_ends[item.id] = item.key  # kept in `running` until finished.log has it
         for hook in self.on_finished:
             hook(item)
@@ -262,3 +262,19 @@ class Ledger:
         if key is not None:  # its end is not in finished.log: a restart must end it, not forget it
             return "running", {"id": item_id, "key": key}
         return None
+
+
+def _end_of(item: Item, reason: str | None) -> dict[str, Any] | None:
+    """A turn's end as finished.log keeps it (supervisor.turns.finished): enough for a later
+    supervisor to write the history's `exited` and terminal event when they were lost."""
+    if not isinstance(item, Turn):
+        return None  # reservations have no history
+    end: dict[str, Any] = {"key": item.key}
+    if item.exit is not None:
+        end["exit"] = dict(item.exit)
+        end["exited_at"] = item.exited_at
+    if item.stop_reason is not None:
+        end["stop_reason"] = item.stop_reason
+    if reason is not None:
+        end["reason"] = reason
+    return end

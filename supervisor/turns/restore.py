@@ -137,6 +137,9 @@ def settle_lost(manager: Manager, slot_views: list[SlotView]) -> None:
             # its guard's record, when its command ended by itself while none ran
             record = ended.get(entry["id"])
             if record is not None:
+                started = record.get("started_at")  # the guard's start: wall_s is its run
+                if isinstance(started, int | float) and not isinstance(started, bool):
+                    manager.endings.running(turn, None, started_at=float(started))
                 manager.endings.happen(turn, What.EXIT_KNOWN, record=record)
             else:
                 manager.endings.happen(turn, What.EXIT_KNOWN, reason="supervisor_restarted")

@@ -132,6 +132,7 @@ class Turn:
     winsize: tuple[int, int] | None = None  # a "tty" turn's terminal at its start
     state: State = State.NEW
     exit: Outcome | None = None  # once known
+    exited_at: float | None = None  # epoch: when CMD ended (its guard's record), once known
     stop_reason: str | None = None
     slot: Slot | None = None  # while granted
     guard: Guard | None = None  # once started

@@ -21,7 +21,8 @@ removed (by the file thread) once a line says the turn left the wait: one line a
 flat (0.5-1.2 ms at both sizes, as for waiters without env).
 
 finished.log holds the finished ids with their terminal state (remembered ten minutes, so a retried
-request is answered, not rerun): one line `<id> <state> <epoch>` appended per ending, so an ending
+request is answered, not rerun): one line `<id> <state> <epoch> [<end>]` appended per ending
+(`<end>`: a JSON object, how the turn ended, supervisor.turns.finished), so an ending
 costs one small write however many ids are remembered (kept in queue.json, 20,000 ids made every
 save 30 ms). It is compacted (rewritten atomically with the ids still remembered) at start and
 when it has grown to more than twice what it should hold. An id in it wins over the same id in
@@ -335,12 +336,18 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def append_finished(
-    path: Path, item_id: str, state: str, at: float, sync: FileWorker | None = None
+    path: Path,
+    item_id: str,
+    state: str,
+    at: float,
+    sync: FileWorker | None = None,
+    end: dict[str, Any] | None = None,
 ) -> None:
-    """One line appended; fsynced here, or soon by sync's thread when given."""
+    """One line appended; fsynced here, or soon by sync's thread when given. `end`: how the item
+    ended (a turn's exit and its time: FinishedIds), kept on the line as JSON."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        append_whole(fd, f"{item_id} {state} {at:.3f}\n".encode(), os.fstat(fd).st_size, path)
+        append_whole(fd, _finished_line(item_id, state, at, end), os.fstat(fd).st_size, path)
         if sync is None:
             os.fsync(fd)
     finally:
@@ -349,13 +356,29 @@ def append_finished(
         sync.sync_soon(path)
 
 
-def rewrite_finished(path: Path, finished: dict[str, tuple[str, float]]) -> None:
-    body = "".join(f"{i} {state} {at:.3f}\n" for i, (state, at) in finished.items())
-    _write_atomic(path, body.encode())
+def _finished_line(item_id: str, state: str, at: float, end: dict[str, Any] | None) -> bytes:
+    tail = "" if not end else " " + json.dumps(end, separators=(",", ":"), ensure_ascii=True)
+    return f"{item_id} {state} {at:.3f}{tail}\n".encode()
 
 
-def load_finished(path: Path) -> tuple[dict[str, tuple[str, float]], int]:
-    """(finished ids, how many lines were skipped as unreadable). A missing file is empty."""
+def rewrite_finished(
+    path: Path,
+    finished: dict[str, tuple[str, float]],
+    ends: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    ends = ends or {}
+    body = b"".join(
+        _finished_line(i, state, at, ends.get(i)) for i, (state, at) in finished.items()
+    )
+    _write_atomic(path, body)
+
+
+def load_finished(
+    path: Path, ends: dict[str, dict[str, Any]] | None = None
+) -> tuple[dict[str, tuple[str, float]], int]:
+    """(finished ids, how many lines were skipped as unreadable). A missing file is empty.
+    `ends`, when given, is filled with the lines' ends (a line of an older build has none; a
+    field it does not know is kept, and ignored by its readers)."""
     finished: dict[str, tuple[str, float]] = {}
     skipped = 0
     try:
@@ -363,12 +386,20 @@ def load_finished(path: Path) -> tuple[dict[str, tuple[str, float]], int]:
     except FileNotFoundError:
         return finished, 0
     for line in text.splitlines():
-        parts = line.split()
+        parts = line.split(" ", 3)
         try:
-            item_id, state, at = parts
-            finished[item_id] = (state, float(at))
-        except ValueError:
+            item_id, state, at = parts[:3]
+            when = float(at)
+            end = json.loads(parts[3]) if len(parts) == 4 else None
+        except ValueError:  # a torn line (a crash inside its append) or garbage
             skipped += 1
+            continue
+        if end is not None and not isinstance(end, dict):
+            skipped += 1
+            continue
+        finished[item_id] = (state, when)
+        if ends is not None and end is not None:
+            ends[item_id] = end
     return finished, skipped
 
 

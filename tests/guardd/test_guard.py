@@ -305,6 +305,7 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
         "groups",
         "state",
         "exit",
+        "exited_at",  # when CMD was reaped (epoch): the turn's end is dated by it
         "reason",
         "started_at",
         "cgroup",
@@ -330,6 +331,7 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
     assert "s3cr3t" not in path.read_text()  # the environment is never written
     assert os.listdir(g.record_dir) == [path.name]  # its last version took the spare's place
     assert abs(rec["started_at"] - time.time()) < 30
+    assert rec["started_at"] <= rec["exited_at"] <= time.time()
 
 
 def test_without_turn_an_id_is_made_and_given_to_cmd(tmp_path):

@@ -17,7 +17,8 @@ The supervisor runs with adopt_within 30s; between kills it is started again aft
 killed 0-2 s after it answered (seeded: the seed is in the counts). Counted at the end, once all
 is quiet, from the history file, the logs, the start marks, `ps` and an outside sampler:
 - lost: acknowledged and no terminal state, neither in the history nor in the supervisor's own
-  finished.log (`ends_missing_in_history`: finished there, its end missing in the history);
+  finished.log (`ends_missing_in_history`: finished there, its end missing in the history;
+  `misdated_ends`: the history's exited_at more than MISDATED s from the command's end mark);
   `ended_by_restart`: a turn that ended because a supervisor died (`supervisor_restarted`,
   `not_adopted`), its work cut short; `granted_never_ran`: one that ended so without its start
   mark (granted, its guard not started yet when its supervisor was killed: its story ends, and
@@ -53,15 +54,20 @@ KEY = "soak"
 TERMINAL = ("released", "cancelled", "rejected")
 CUT_SHORT = ("supervisor_restarted", "not_adopted")
 ADOPT_WITHIN = "30s"
+# Seconds between a turn's end mark (written just before its command exits) and the history's
+# exited_at beyond which its end is misdated: a supervisor's settling time is seconds later.
+MISDATED = 1.0
 
 
 def turn_command(lines: int, delay: float, starts: Path) -> list[str]:
-    """The turn: its start mark, `lines` numbered lines `delay` s apart, exit 0."""
+    """The turn: its start mark, `lines` numbered lines `delay` s apart, its end mark (the
+    time, epoch), exit 0."""
     return [
         "sh",
         "-c",
         f'echo "start $CCSUP_TURN" >> {starts}; i=0; while [ $i -lt {lines} ]; do '
-        f'echo "$CCSUP_TURN $i"; i=$((i+1)); sleep {delay:.3f}; done',
+        f'echo "$CCSUP_TURN $i"; i=$((i+1)); sleep {delay:.3f}; done; '
+        f'echo "end $CCSUP_TURN $(date +%s.%N)" >> {starts}',
     ]
 
 
@@ -556,9 +562,9 @@ def _count(
             asked[item["id"]] = item
     for item in bursts:
         asked[item["id"]] = item
-    starts = Counter(
-        line.split()[1] for line in (results / "starts").read_text().splitlines() if line
-    )
+    marks = [line.split() for line in (results / "starts").read_text().splitlines()]
+    starts = Counter(m[1] for m in marks if len(m) == 2 and m[0] == "start")
+    end_marks = {m[1]: float(m[2]) for m in marks if len(m) == 3 and m[0] == "end"}
     granted = Counter((turn, body.get("epoch")) for turn, kind, body in events if kind == "granted")
     outcomes: Counter[str] = Counter()
     lost, cut_short, never_ran = [], [], []
@@ -569,8 +575,14 @@ def _count(
     adopted = 0
     ended = _finished_log(state_dir)
     no_end_in_history = []
+    misdated: list[dict] = []  # the history's exited_at more than MISDATED s from the end mark
     for turn_id, item in asked.items():
         row = rows.get(turn_id) or {}
+        end_mark = end_marks.get(turn_id)
+        if end_mark is not None and row.get("state") in TERMINAL:
+            at = row.get("exited_at")
+            if at is None or abs(at - end_mark) > MISDATED:
+                misdated.append({"id": turn_id, "exited_at": at, "end_mark": end_mark})
         if row.get("state") not in TERMINAL:
             if turn_id not in ended:
                 lost.append(turn_id)
@@ -610,6 +622,8 @@ def _count(
         "lost_ids": lost[:10],
         "ends_missing_in_history": len(no_end_in_history),
         "ends_missing_ids": no_end_in_history[:10],
+        "misdated_ends": len(misdated),
+        "misdated": misdated[:10],
         "client_status_wrong": len(status_wrong),
         "status_wrong": status_wrong[:10],
         "client_status_wrong_end_missing": len(explained),

@@ -391,3 +391,64 @@ def test_a_terminal_s_table_keeps_the_command_and_one_row_per_turn():
     assert len(command) >= 24 and command.startswith("sh -c 'echo first\\npytest")
     assert lines[1].startswith("5c6c550e  opencode:xai")
     assert "\n" not in format_history([record])[1]  # off a terminal: whole, still one row
+
+
+def test_ends_finished_log_holds_repair_a_history_that_lost_them_dated_as_they_happened(
+    state_dir,
+):
+    """A SIGKILL within the writer's batch loses a turn's last events; the next supervisor writes
+    them from finished.log's ends (Recorder.repair): exit, stop reason, the times they happened.
+    A turn whose history is whole is left alone, and a repair run twice changes nothing."""
+    whole = ran("w")  # its end reached the history
+    cut = ran("c")[:3]  # queued, granted, started: its end was in the SIGKILLed batch
+    stopped = ran("s", t0=2000.0)[:3]
+    feed(state_dir, whole + cut + stopped)
+    ends = {
+        "w": {"key": "codex", "state": "released", "ended_at": 9999.0, "exit": {"code": 3}},
+        "c": {
+            "key": "codex",
+            "state": "released",
+            "ended_at": 1010.5,
+            "exit": {"code": 7, "signal": None, "reason": None},
+            "exited_at": 1010.25,
+        },
+        "s": {
+            "key": "codex",
+            "state": "released",
+            "ended_at": 2010.0,
+            "exit": {"code": 143, "signal": 15, "reason": None},
+            "exited_at": 2009.0,
+            "stop_reason": "cancelled",
+        },
+        "q": {"key": "codex", "state": "cancelled", "ended_at": 3000.0, "reason": "requester_gone"},
+    }
+    for _ in range(2):
+        recorder = Recorder(state_dir)
+        recorder.start()
+        recorder.repair(ends)
+        assert recorder.flush()
+        recorder.close()
+    w, c, s, q = (show(state_dir, i) for i in "wcsq")
+    assert (w["outcome"], w["exit_code"], w["ended_at"]) == ("ok", 0, 1007.0)  # untouched
+    assert (c["state"], c["outcome"], c["exit_code"]) == ("released", "exit", 7)
+    assert (c["exited_at"], c["ended_at"], c["run_s"]) == (1010.25, 1010.5, 7.25)
+    assert [e["kind"] for e in c["events"]] == [
+        "queued",
+        "granted",
+        "started",
+        "exited",
+        "released",
+    ]
+    assert c["events"][-1]["body"]["repaired"] is True
+    assert (s["outcome"], s["signal"]) == ("cancelled", 15)
+    assert (q["state"], q["reason"], q["ended_at"]) == ("cancelled", "requester_gone", 3000.0)
+
+
+def test_an_exited_event_dated_by_its_guard_is_recorded_at_that_time(state_dir):
+    """A turn that ended while no supervisor ran is settled later: its `exited` carries
+    exited_at (the guard's record), and the history's exited_at and run_s follow it."""
+    events = ran("g", exit_fields={"code": 0, "signal": None, "reason": None, "exited_at": 1004.5})
+    feed(state_dir, events)
+    row = show(state_dir, "g")
+    assert (row["exited_at"], row["run_s"]) == (1004.5, 1.5)
+    assert "exited_at" not in (row["usage"] or {})

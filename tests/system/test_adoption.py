@@ -364,9 +364,13 @@ def test_a_command_that_ended_while_no_supervisor_ran_ends_with_its_own_status(d
     d.kill()
     ended = wait_until(lambda: (r := _guards(state_dir)["e1"])["state"] == "gone" and r, 15)
     assert ended["exit"]["code"] == 7
+    time.sleep(3.0)  # the scenario: a supervisor started again seconds after the command ended
     d.start()  # nothing to adopt: its end is read from its guard's record
     story = wait_until(lambda: (s := _story(state_dir, "e1")).get("state") == "released" and s)
     assert story["exit_code"] == 7 and story["reason"] != "supervisor_restarted", story
+    # dated by its guard (when its command ended), not by the restarted supervisor's settling
+    assert story["exited_at"] == ended["exited_at"], (story, ended)
+    assert 1.0 <= story["usage"]["wall_s"] < 3.0, story
 
 
 @pytest.mark.timeout(60)

@@ -301,3 +301,83 @@ def test_a_supervisor_killed_again_before_it_answered_ps_is_ridden_through_again
         assert rider.resubscribe() is None
         assert rider.gone()
         rider.close()
+
+
+ENDS_BY_ITSELF = "for i in $(seq 1 20); do echo $i; sleep 0.05; done; exit 3"
+
+
+@pytest.mark.timeout(90)
+def test_ccsup_run_with_no_supervisor_back_exits_with_the_status_its_guard_recorded(
+    daemon, state_dir
+):
+    """The command ended by itself in the gap (at line 20, exit 3) and no supervisor came back:
+    the guard's record tells its status, and every byte of its log is printed once."""
+    d = daemon(adopt_within="2s")
+    out, err = state_dir / "run.out", state_dir / "run.err"
+    env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        run = subprocess.Popen(
+            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", ENDS_BY_ITSELF],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    try:
+        wait_until(lambda: b"\n3\n" in out.read_bytes(), 20, what="the counter at 3")
+        d.kill()
+        code = run.wait(40)
+    finally:
+        run.kill()
+        run.wait()
+    lines = err.read_text().splitlines()
+    assert code == 3, lines
+    assert "is read from its files" in lines[-1] and "not known" not in err.read_text(), lines
+    assert out.read_bytes() == "".join(f"{i}\n" for i in range(1, 21)).encode()
+
+
+@pytest.mark.timeout(90)
+def test_run_turn_with_no_supervisor_back_yields_the_end_its_guard_recorded(daemon, state_dir):
+    d = daemon(adopt_within="2s")
+    events = []
+    with Client(state_dir) as client:
+        for topic, body in client.run_turn("codex", ["sh", "-c", ENDS_BY_ITSELF], id="byself"):
+            events.append((topic, body))
+            if topic.endswith(".stdout") and d.proc.poll() is None:
+                d.kill()
+    kinds = [topic.rsplit(".", 1)[-1] for topic, _ in events if not topic.endswith(".stdout")]
+    assert kinds[-2:] == ["exited", "released"], kinds
+    exited = events[-2][1]
+    assert (exited["code"], exited["signal"], exited["inferred"]) == (3, None, True)
+    assert exited["exited_at"] > events[0][1]["ts"]
+
+
+@pytest.mark.timeout(120)
+def test_a_queued_ccsup_run_outliving_the_gap_says_so_and_waits_to_run(daemon, state_dir):
+    """No supervisor within adopt_within + 5 s: a queued turn is told "queued, still waiting",
+    its `ccsup run` waits on (so it is not cancelled requester_gone), and it runs on the next."""
+    d = daemon(caps="codex = 1", adopt_within="1s")
+    with d.client() as client:
+        client.turn("codex", ["sleep", "60"], id="hog")
+    out, err = state_dir / "run.out", state_dir / "run.err"
+    env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        run = subprocess.Popen(
+            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", "echo ran; exit 7"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    try:
+        with d.client() as client:
+            wait_until(lambda: len(client.ps()["waits"]) == 1, 20, what="the run queued")
+        d.kill()
+        wait_until(lambda: "queued, still waiting" in err.read_text(), 30, what="queued, waiting")
+        assert run.poll() is None, err.read_text()
+        d.start()  # the hog's guard ended it (not_adopted); the run is granted
+        code = run.wait(30)
+    finally:
+        run.kill()
+        run.wait()
+    assert (code, out.read_bytes()) == (7, b"ran\n"), err.read_text()

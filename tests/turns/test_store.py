@@ -235,3 +235,22 @@ def test_a_finished_line_a_full_disk_cuts_short_is_undone():
                 store.append_finished(path, "t" * 9000, "released", 2.0)
             assert path.read_text() == "t1 released 1.000\n"
         assert store.load_finished(path) == ({"t1": ("released", 1.0)}, 0)
+
+
+def test_finished_lines_keep_a_turns_end_and_read_older_and_torn_lines(tmp_path):
+    """`<id> <state> <epoch> [<end>]`: a line of an older build has no end; a torn end is
+    skipped as a torn line is; an end's fields are kept as written (newer ones too)."""
+    path = tmp_path / "finished.log"
+    end = {"key": "k", "exit": {"code": 3, "signal": None, "reason": None}, "exited_at": 5.5}
+    store.append_finished(path, "t1", "released", 6.0, end={**end, "newer": [1]})
+    with open(path, "a") as f:
+        f.write("t0 cancelled 1.000\n")  # an older build's line
+        f.write('t2 released 7.000 {"key": "k", "exit"\n')  # torn inside its end
+        f.write("t3 released 8.000 [1]\n")  # an end that is not an object
+    ends: dict = {}
+    finished, skipped = store.load_finished(path, ends)
+    assert finished == {"t1": ("released", 6.0), "t0": ("cancelled", 1.0)} and skipped == 2
+    assert ends == {"t1": {**end, "newer": [1]}}
+    store.rewrite_finished(path, finished, ends)
+    again: dict = {}
+    assert store.load_finished(path, again) == (finished, 0) and again == ends
