@@ -152,7 +152,7 @@ def doctor(
     version = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60)
     lines.append(f"{harness}: {found} {version.stdout.strip()}")
     nonce = uuid.uuid4().hex[:12]
-    canary = f"echo {CANARY}-{nonce} turn=${{CCSUP_TURN:-none}}"
+    canary = f"echo {CANARY}-{nonce} turn=$CCSUP_TURN"  # one plain command: approved
     if harness == "codex":
         provider = ScriptedProvider([("exec_command", {"cmd": canary})])
         drive = _codex

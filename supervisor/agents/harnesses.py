@@ -79,13 +79,15 @@ def parse(harness: str, payload: Any) -> Call | None:
     )
 
 
-def rewrite(harness: str, call: Call, command: str, reason: str) -> str:
+def rewrite(harness: str, call: Call, command: str, reason: str, decision: str = "allow") -> str:
+    """Replace the call's command; `decision` "allow" (approved without the harness asking: only
+    for one plain simple command) or "ask" (Claude Code: its own prompt judges the new line)."""
     if harness == "opencode":
         return json.dumps({"action": "rewrite", "command": command}, ensure_ascii=False)
     out = {
         "hookSpecificOutput": {
             "hookEventName": "PreToolUse",
-            "permissionDecision": "allow",
+            "permissionDecision": decision,
             "permissionDecisionReason": reason,
             "updatedInput": {**call.tool_input, "command": command},
         }
@@ -95,8 +97,8 @@ def rewrite(harness: str, call: Call, command: str, reason: str) -> str:
 
 def allow(harness: str) -> str | None:
     """Let the call run as it is, without the harness asking for permission."""
-    if harness == "opencode":
-        return None  # OpenCode asks nothing of a plugin; passing is allowing
+    if harness != "claude":
+        return None  # OpenCode asks nothing of a plugin; Codex takes no "allow" without a rewrite
     out = {
         "hookSpecificOutput": {
             "hookEventName": "PreToolUse",

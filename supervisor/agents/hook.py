@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if call is None:
         return 0
-    if rules.is_wait(call.command):  # what our refusal told the model to run: let it run
+    if rules.is_wait(call.command, sys.executable):  # exactly what our refusal told it to run
         allowed = harnesses.allow(options.harness)
         if allowed:
             emit(allowed)
@@ -144,16 +144,19 @@ def main(argv: list[str] | None = None) -> int:
         log(problem)
     extra, defaults, key, when_down = _settings(table)
     try:
-        rule = rules.rule_for(call.command, [*extra, *options.match], defaults=defaults)
+        found = rules.judge(call.command, [*extra, *options.match], defaults=defaults)
     except rules.RuleError as e:
         log(f"{e}; using the default rules alone")
-        rule = rules.rule_for(call.command, [], defaults=True)
-    if rule is None:
+        found = rules.judge(call.command, [], defaults=True)
+    except Exception as e:  # noqa: BLE001 - unjudged, it runs as the harness decides: say so
+        log(f"{options.harness}: passed to the harness's own decision, not judged: {e!r}")
+        return 0
+    if found is None:
         return 0
     from supervisor.agents.route import route  # the slow path: the client, zmq, the config
 
     try:
-        out = route(options.harness, call, options.key or key, when_down, rule)
+        out = route(options.harness, call, options.key or key, when_down, found)
     except Exception as e:  # noqa: BLE001 - a broken hook must never stop an agent: pass, say why
         log(f"{options.harness}: passed untouched after a failure: {type(e).__name__}: {e}")
         return 0

@@ -19,6 +19,7 @@ import uuid
 from supervisor.agents import harnesses
 from supervisor.agents.harnesses import Call
 from supervisor.agents.hook import log, log_path
+from supervisor.agents.rules import Match
 
 
 def _full_site() -> None:
@@ -40,14 +41,18 @@ def ccsup_words() -> list[str]:
 
 
 def wait_hint(turn_id: str) -> str:
-    on_path = shutil.which("ccsup")
-    if on_path:
-        return f"ccsup wait {turn_id}"
+    """The line the refusal tells the model to run; the hook approves exactly this line
+    (supervisor.agents.rules.is_wait): our interpreter by absolute path, never PATH's ccsup."""
     return shlex.join([*ccsup_words(), "wait", turn_id])
 
 
-def rewritten(command: str, key: str, reservation: str, session: str | None, harness: str) -> str:
-    words = [*ccsup_words(), "run", "--key", key, "--reservation", reservation, "--pass-env"]
+def rewritten(
+    command: str, key: str, reservation: str | None, session: str | None, harness: str
+) -> str:
+    words = [*ccsup_words(), "run", "--key", key]
+    if reservation:
+        words += ["--reservation", reservation]
+    words.append("--pass-env")
     if session:
         words += ["--session", session]
     words += ["--harness", harness, "--", shell(), "-c", command]
@@ -70,7 +75,27 @@ def _say_down_once(session: str | None, state_dir: object) -> bool:
     return True
 
 
-def route(harness: str, call: Call, key: str | None, when_down: str, rule: str) -> str | None:
+def not_plain(harness: str, call: Call, key: str, found: Match) -> str:
+    """A line the rules take that is not one plain simple command: the harness keeps its own
+    decision. Claude Code gets the rewrite with "ask" (its prompt, or its refusal where nobody can
+    be asked, judges the rewritten line); Codex applies a rewrite only with "allow" and OpenCode's
+    permission rules would see only our wrapper, so there the model is told to run the heavy
+    command on its own (then it is plain, and runs capped)."""
+    reason = f"ccsup: runs as a turn of {key} (rule: {found.name})"
+    if harness == "claude":
+        new = rewritten(call.command, key, None, call.session, harness)
+        return harnesses.rewrite(harness, call, new, reason, decision="ask")
+    heavy = f"`{shlex.join(found.heavy)}`" if found.heavy else "the heavy command"
+    return harnesses.refuse(
+        harness,
+        f"ccsup: this line runs {heavy} (rule: {found.name}) together with more shell (a ;, &&, "
+        f"||, |, &, newline, $(...), backticks, a heredoc or a redirection into a file), and "
+        f"ccsup approves only one plain command: run {heavy} on its own as a command of its own "
+        "(it then runs capped, as a ccsup turn), and the rest as separate commands.",
+    )
+
+
+def route(harness: str, call: Call, key: str | None, when_down: str, found: Match) -> str | None:
     _full_site()
     from supervisor import config as cfg
     from supervisor.agents.turns import passed_env
@@ -95,12 +120,14 @@ def route(harness: str, call: Call, key: str | None, when_down: str, rule: str) 
                     'without its cap until one is started (ccsup start)"}'
                 )
             return None
+        if not found.plain:
+            return not_plain(harness, call, the_key, found)
         answer = client.reserve(the_key, holder=holder)
         reservation = str(answer["reservation"])
         if answer.get("state") == "held":
             new = rewritten(call.command, the_key, reservation, call.session, harness)
             return harnesses.rewrite(
-                harness, call, new, f"ccsup: runs as a turn of {the_key} (rule {rule[-40:]!r})"
+                harness, call, new, f"ccsup: runs as a turn of {the_key} (rule: {found.name})"
             )
         turn_id = uuid.uuid4().hex
         reply = client.turn(

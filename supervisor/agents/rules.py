@@ -1,14 +1,18 @@
-"""Which shell commands the hook sends through ccsup: rules (Python regular expressions searched in
-the command line), the defaults, and the `[hooks]` table read fast.
+"""Which shell commands the hook sends through ccsup, and whether the hook may approve the line:
+rules (Python regular expressions), the defaults with their names, and the `[hooks]` table read
+fast.
 
-The defaults name heavy work at the start of a command word (after `;`, `&`, `|`, `(`, `&&`,
-`env VAR=...` or the line's start): test runners, builds, package installs, docker and podman.
-A rule from `--match` or `[hooks] rules` is added to them; `[hooks] defaults = false` drops them.
-A command that already runs through ccsup (`ccsup ...`, `python -m supervisor ...`) never matches,
-so nothing is wrapped twice, and neither does `ccsup wait`. A command holding `ccsup-canary`\nalways matches: it is the doctor's.
+Each rule is searched in every simple command of the line (supervisor.agents.shell_line: the
+line read as a shell reads it, the wrappers agents type taken off); the first one found is the
+`Match`, `plain` when the whole line is exactly that one plain simple command (the only line the
+hook approves without the harness asking). A simple command whose first word is ccsup (or a
+Python with `-m supervisor`) is already through ccsup and never matches. A command holding
+`ccsup-canary` always matches: it is the doctor's. `is_wait` knows exactly the `wait` line the
+hook's refusal prints, and nothing else.
 
 Pure but for `read_hooks_table`, which reads the config file with tomllib alone: this module is
-on the hook's path for every shell command, so it imports only the standard library (the full
+on the hook's path for every shell command, so it imports only the standard library, and the line
+is parsed only once a default rule's word (or an extra rule) makes a match possible (the full
 check of `[hooks]`, with keys and lines, is supervisor.config.hooks, run by `ccsup config check`).
 State: none.
 """
@@ -23,21 +27,37 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-# A command word starts the line or follows a separator, `sudo`, `time`, `env` or an assignment.
-_START = r"(?:^|[;&|(`]|\$\(|\bsudo\s+|\btime\s+|\benv\s+|\b[A-Za-z_][A-Za-z0-9_]*=\S*\s+)\s*"
-DEFAULT_RULES: tuple[str, ...] = tuple(
-    _START + body
-    for body in (
-        r"(?:python3?\s+-m\s+)?(?:pytest|tox|nox|unittest)\b",
+# A command word starts the text or follows `env VAR=...` or an assignment. Each rule is searched
+# in every simple command of a line (supervisor.agents.shell_line: wrappers taken off), and in the
+# whole line only when the line cannot be parsed.
+_START = r"(?:^|\benv\s+|\b[A-Za-z_][A-Za-z0-9_]*=\S*\s+)\s*"
+_DEFAULTS: tuple[tuple[str, str], ...] = (
+    ("python tests", r"(?:python3?\s+-m\s+)?(?:pytest|tox|nox|unittest)\b"),
+    (
+        "node packages and scripts",
         r"(?:npm|pnpm|yarn|bun)\s+(?:test|run\s+(?:test|build|e2e|lint)|install|ci|add|build)\b",
-        r"(?:npx\s+)?(?:jest|vitest|mocha|playwright\s+test)\b",
-        r"(?:go|cargo)\s+(?:test|build|check|install|bench|clippy)\b",
+    ),
+    ("node tests", r"(?:npx\s+)?(?:jest|vitest|mocha|playwright\s+test)\b"),
+    ("go and cargo", r"(?:go|cargo)\s+(?:test|build|check|install|bench|clippy)\b"),
+    (
+        "builds",
         r"(?:make|ninja|bazel|bazelisk|meson\s+compile|cmake\s+--build|mvn|gradle|\./gradlew|sbt)\b",
-        r"(?:pip3?|uv\s+pip|python3?\s+-m\s+pip)\s+install\b",
+    ),
+    ("pip installs", r"(?:pip3?|uv\s+pip|python3?\s+-m\s+pip)\s+install\b"),
+    (
+        "package installs",
         r"(?:uv\s+sync|poetry\s+install|apt-get\s+install|apt\s+install|dnf\s+install)\b",
-        r"(?:docker|podman|docker-compose)\b",
-    )
+    ),
+    ("containers", r"(?:docker|podman|docker-compose)\b"),
 )
+DEFAULT_RULES: tuple[str, ...] = tuple(_START + body for _, body in _DEFAULTS)
+_BODIES = {_START + body: body for _, body in _DEFAULTS}
+# Where a command word may start in a line that could not be read (one regex pass per rule).
+_START_ANYWHERE = (
+    r"(?:^|[;&|()`{\n]|\$\(|\bsudo\s+|\btime\s+|\benv\s+|\b[A-Za-z_][A-Za-z0-9_]*=\S*\s+|"
+    r"\b(?:then|do|else|timeout\s+\S+|nice|exec|command|npx|run)\s+)\s*"
+)
+RULE_NAMES: dict[str, str] = {_START + body: name for name, body in _DEFAULTS}
 # A word every default rule needs: a command with none of them is passed without compiling a rule
 # (compiling the defaults costs more than the rest of the hook's own work).
 DEFAULT_WORDS = frozenset(
@@ -57,7 +77,6 @@ PAYLOAD_HINTS = tuple(
 _SEPARATORS = str.maketrans({c: " " for c in ";&|()`$<>\"'\t\n\r{}"})
 # The doctor's canary matches whatever the rules say (supervisor.agents.doctor).
 CANARY = "ccsup-canary"
-_ALREADY = r"^\s*(?:\S*/)?(?:ccsup|ccsup-hook)\b|-m\s+supervisor\b"
 WHEN_DOWN = ("pass", "refuse")
 
 
@@ -109,51 +128,110 @@ def words(command: str) -> set[str]:
     return found | {w.rsplit("/", 1)[-1] for w in found if "/" in w}
 
 
-def rule_for(command: str, extra: list[str], *, defaults: bool = True) -> str | None:
-    """The rule (its pattern) that sends `command` through ccsup, or None. RuleError for an extra
-    rule that is not a regular expression. Compiles nothing for a command that holds no default
-    rule's word when there are no extra rules: the common case, before every shell command."""
-    if CANARY in command:
-        return CANARY
+class Match:
+    """What sends a line through ccsup: the rule (its pattern) and its name, the simple command it
+    found (`heavy`, as words), and `plain`: the whole line is exactly that one plain simple
+    command (supervisor.agents.shell_line), the only kind the hook may approve itself."""
+
+    __slots__ = ("heavy", "name", "plain", "rule")
+
+    def __init__(self, rule: str, name: str, heavy: list[str] | None, plain: bool):
+        self.rule = rule
+        self.name = name
+        self.heavy = heavy
+        self.plain = plain
+
+
+def rule_name(pattern: str) -> str:
+    """A default rule's name; a rule of the user's is named by its pattern."""
+    if pattern in (CANARY, "ccsup\\-canary"):
+        return "the doctor's canary"
+    return RULE_NAMES.get(pattern) or f"/{pattern}/"
+
+
+def through_ccsup(argv: list[str], executable: str | None = None) -> bool:
+    """A simple command that already runs through ccsup: its first word is ccsup, or a Python
+    interpreter (ours, or any python) with `-m supervisor`."""
+    if not argv:
+        return False
+    head = argv[0].rsplit("/", 1)[-1]
+    if head in ("ccsup", "ccsup-hook"):
+        return True
+    python = argv[0] == executable or head.startswith("python")
+    return python and argv[1:3] == ["-m", "supervisor"]
+
+
+def judge(command: str, extra: list[str], *, defaults: bool = True) -> Match | None:
+    """The rule that sends `command` through ccsup (None: none does), and whether the line is one
+    plain simple command. RuleError for an extra rule that is not a regular expression. Compiles
+    nothing for a command that holds no default rule's word when there are no extra rules: the
+    common case, before every shell command."""
     mine = words(command)
-    if "ccsup" in mine or "supervisor" in mine:
+    canary = CANARY in command
+    if not canary and not extra and not (defaults and mine & DEFAULT_WORDS):
+        return None
+    patterns = compile_rules(extra, defaults=defaults)
+    if canary:
         import re
 
-        if re.search(_ALREADY, command):
-            return None
-    if not extra and not (defaults and mine & DEFAULT_WORDS):
+        patterns.insert(0, re.compile(re.escape(CANARY)))
+    from supervisor.agents import shell_line
+
+    try:
+        line = shell_line.parse(command)
+    except shell_line.Unparsed:  # not understood: searched in the whole line, never plain
+        import re
+
+        for rule in patterns:
+            body = _BODIES.get(rule.pattern)
+            wide = re.compile(_START_ANYWHERE + body) if body is not None else rule
+            if wide.search(command):
+                return Match(rule.pattern, rule_name(rule.pattern), None, False)
         return None
-    rule = matching(command, compile_rules(extra, defaults=defaults))
-    return rule.pattern if rule is not None else None
+    if line.plain is not None:
+        found = _first(line.plain.argv, patterns)
+        if found is not None:
+            return Match(found.pattern, rule_name(found.pattern), line.plain.argv, True)
+    for simple in line.commands:
+        found = _first(simple.argv, patterns)
+        if found is not None:
+            return Match(found.pattern, rule_name(found.pattern), simple.argv, False)
+    return None
 
 
-# `ccsup wait <id>` as the hook's refusal told the model to run it (either form of ccsup).
-_WAIT = (
-    r"^\s*(?:\S*/)?(?:ccsup|python3?(?:\.\d+)?\s+-m\s+supervisor)\s+wait\s+[A-Za-z0-9_-]{1,128}\s*$"
-)
-
-
-def is_wait(command: str) -> bool:
-    """A bare `ccsup wait <id>`: the hook lets it run without asking (it only waits)."""
-    if " wait " not in command:
-        return False
-    import re
-
-    return re.match(_WAIT, command) is not None
-
-
-def matching(command: str, rules: Iterable[re.Pattern[str]]) -> re.Pattern[str] | None:
-    """The first rule that finds heavy work in `command`; None for one that runs through ccsup."""
-    import re
-
-    if re.search(_ALREADY, command):
+def _first(argv: list[str], patterns: list[re.Pattern[str]]) -> re.Pattern[str] | None:
+    if not argv or through_ccsup(argv):
         return None
-    if CANARY in command:
-        return re.compile(re.escape(CANARY))
-    for rule in rules:
-        if rule.search(command):
+    texts = [" ".join(argv)]
+    if "/" in argv[0]:  # a tool named by path: also as its name
+        texts.append(" ".join([argv[0].rsplit("/", 1)[-1], *argv[1:]]))
+    for rule in patterns:
+        if any(rule.search(text) for text in texts):
             return rule
     return None
+
+
+def rule_for(command: str, extra: list[str], *, defaults: bool = True) -> str | None:
+    """The rule (its pattern) that sends `command` through ccsup, or None."""
+    found = judge(command, extra, defaults=defaults)
+    return found.rule if found is not None else None
+
+
+_WAIT_ID = "0123456789abcdef"
+
+
+def is_wait(command: str, executable: str) -> bool:
+    """Exactly the `wait` line the hook's refusal printed (supervisor.agents.route.wait_hint):
+    our interpreter by its absolute path, `-m supervisor wait`, and a turn id of 32 hex digits.
+    Nothing else, not even the same words quoted another way."""
+    if " wait " not in command:
+        return False
+    import shlex
+
+    turn_id = command.strip().rpartition(" ")[2]
+    if len(turn_id) != 32 or turn_id.strip(_WAIT_ID):
+        return False
+    return command.strip() == shlex.join([executable, "-m", "supervisor", "wait", turn_id])
 
 
 def config_path(env: Mapping[str, str]) -> str | None:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import PYTHON, wait_until
-from npm_harness import PINNED, harness_bin, process_gone
+from npm_harness import PINNED, harness_bin, plain_make, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
@@ -102,11 +102,12 @@ def test_a_bash_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_en
 ):
     install_hook(sandbox)
     pidfile = sandbox["tmp"] / "daemon.pid"
-    command = (
-        "python3 -m pytest --version >/dev/null 2>&1; "
+    command = plain_make(
+        sandbox["tmp"],
+        "daemon",
         f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
         "</dev/null >/dev/null 2>&1 & "
-        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD"
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD",
     )
     provider = ScriptedProvider([("Bash", {"command": command, "description": "tests"})])
     daemon_pid = None
@@ -143,6 +144,36 @@ def test_a_bash_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_en
             os.kill(daemon_pid, signal.SIGKILL)
 
 
+def test_in_a_mode_that_asks_a_plain_command_runs_capped_and_a_hostile_line_never_runs(
+    claude, sandbox
+):
+    """Default permission mode, `-p`: nobody can answer a prompt, so a command Claude Code would
+    ask about is refused. The hook's "allow" runs the plain one as a turn; a line with a hostile
+    part gets the rewrite with "ask": refused, its marker never made."""
+    install_hook(sandbox)
+    marker = sandbox["tmp"] / "PWNED"
+    plain = plain_make(sandbox["tmp"], "plain", "echo turn=${CCSUP_TURN:-none}")
+    hostile = f"{plain}; touch {marker}"
+    provider = ScriptedProvider(
+        [
+            ("Bash", {"command": plain, "description": "build"}),
+            ("Bash", {"command": hostile, "description": "build"}),
+            ("Bash", {"command": f"touch {marker}", "description": "control"}),
+        ]
+    )
+    try:
+        finish(run_claude(claude, sandbox, provider))
+    finally:
+        provider.close()
+    ran, asked, control = provider.results
+    turn = re.search(r"turn=(\S+)", ran)
+    assert turn and turn.group(1) != "none", ran  # ran as a turn, nobody asked
+    assert db.show(sandbox["state_dir"], turn.group(1)) is not None
+    assert not marker.exists(), asked
+    assert "turn=" not in asked, asked
+    assert not marker.exists(), control  # the mode really asks: a plain touch is refused too
+
+
 def first_json(text: str) -> dict:
     """The JSON answer at the start of a tool result (Claude Code appends its own reminders)."""
     return json.JSONDecoder().raw_decode(text.strip())[0]
@@ -152,7 +183,11 @@ def test_three_sessions_on_a_cap_1_key_never_run_two_commands_at_once(claude, sa
     install_hook(sandbox)
     running = sandbox["tmp"] / "running"
     running.mkdir()
-    command = f"make --version >/dev/null 2>&1; touch {running}/$$; sleep 1; ls {running} | wc -l > {running}.$$; rm {running}/$$; echo ran"
+    command = plain_make(
+        sandbox["tmp"],
+        "build",
+        f"touch {running}/$$; sleep 1; ls {running} | wc -l > {running}.$$; rm {running}/$$; echo ran",
+    )
 
     def then_wait(results):
         found = re.search(r"queued as ([0-9a-f]+).*?Run: (.*?) \(it waits", results[-1], re.S)

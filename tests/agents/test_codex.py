@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from conftest import PYTHON, wait_until
-from npm_harness import PINNED, harness_bin, process_gone
+from npm_harness import PINNED, harness_bin, plain_make, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
@@ -93,11 +93,12 @@ def test_an_exec_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_e
     )
     assert done.returncode == 0, done.stderr
     pidfile = sandbox["tmp"] / "daemon.pid"
-    command = (
-        "cargo build --help >/dev/null 2>&1; "
+    command = plain_make(
+        sandbox["tmp"],
+        "daemon",
         f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
         "</dev/null >/dev/null 2>&1 & "
-        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD"
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD",
     )
     provider = ScriptedProvider([("exec_command", {"cmd": command})])
     provider_config(sandbox["home"], provider)
@@ -176,8 +177,8 @@ def test_three_codex_sessions_on_a_cap_1_key_never_run_two_commands_at_once(code
     )
     running = sandbox["tmp"] / "running"
     running.mkdir()
-    command = (
-        f"make --version >/dev/null 2>&1; touch {running}/$$; sleep 1; rm {running}/$$; echo ran"
+    command = plain_make(
+        sandbox["tmp"], "build", f"touch {running}/$$; sleep 1; rm {running}/$$; echo ran"
     )
 
     def then_wait(results):

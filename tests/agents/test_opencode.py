@@ -15,7 +15,7 @@ import time
 
 import pytest
 from conftest import PYTHON, wait_until
-from npm_harness import PINNED, cache_dir, harness_bin, process_gone
+from npm_harness import PINNED, cache_dir, harness_bin, plain_make, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
@@ -91,11 +91,12 @@ def test_a_bash_call_runs_as_a_turn_with_the_session_and_its_setsid_daemon_ends_
     )
     assert done.returncode == 0, done.stderr
     pidfile = sandbox["tmp"] / "daemon.pid"
-    command = (
-        "go test ./... >/dev/null 2>&1; "
+    command = plain_make(
+        sandbox["tmp"],
+        "daemon",
         f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
         "</dev/null >/dev/null 2>&1 & "
-        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD"
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD",
     )
     provider = ScriptedProvider([("bash", {"command": command, "description": "tests"})])
     provider_config(sandbox["config"], provider)
@@ -180,8 +181,8 @@ def test_three_opencode_sessions_on_a_cap_1_key_never_run_two_commands_at_once(o
     )
     running = sandbox["tmp"] / "running"
     running.mkdir()
-    command = (
-        f"make --version >/dev/null 2>&1; touch {running}/$$; sleep 1; rm {running}/$$; echo ran"
+    command = plain_make(
+        sandbox["tmp"], "build", f"touch {running}/$$; sleep 1; rm {running}/$$; echo ran"
     )
 
     def then_wait(results):

@@ -71,3 +71,14 @@ def process_gone(pid: int) -> bool:
     zombie (guardd.procs' reading of /proc/<pid>/stat)."""
     stat = procs.read_stat(pid)
     return stat is None or stat.state == "Z"
+
+
+def plain_make(folder: Path, name: str, script: str) -> str:
+    """`make -s -f <file>` running `script` (a shell script) as its recipe: one plain simple
+    command the hook's rules take, whatever the script holds (a line of several commands is not
+    approved by the hook, so a test that means "a hooked command" says it this way)."""
+    sh = folder / f"{name}.sh"
+    sh.write_text(script)
+    mk = folder / f"{name}.mk"
+    mk.write_text(f"all:\n\t@sh {sh}\n")
+    return f"make -s -f {mk}"
