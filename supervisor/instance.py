@@ -28,7 +28,10 @@ from .errors import CcsupError
 
 
 def not_running_message(state_dir: Path) -> str:
-    return f"no supervisor is running on {state_dir}; start one with `ccsup start`"
+    """What a command says with no supervisor: how to start one as the last one was started."""
+    from .last_start import start_command
+
+    return f"no supervisor is running on {state_dir}; start one with `{start_command(state_dir)}`"
 
 
 def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:

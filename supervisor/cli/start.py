@@ -57,6 +57,9 @@ def _caps_option(
     help="Caps that win over the config's, e.g. codex=2,opencode:xai=1.",
 )
 @click.option("--log-to-file", is_flag=True, hidden=True)
+# The detached supervisor of a caller that found no config file: the embedded defaults, even if a
+# file has appeared since (`ccsup restart` keeps the config the old supervisor ran with).
+@click.option("--embedded-config", is_flag=True, hidden=True)
 # `ccsup restart`'s new supervisor: started before the old one has left, it waits up to this many
 # seconds for the state directory's lock instead of exiting "already running".
 @click.option("--take-over-within", type=float, default=0.0, hidden=True)
@@ -68,6 +71,7 @@ def start(
     config_path: str | None,
     caps: dict | None,
     log_to_file: bool,
+    embedded_config: bool,
     take_over_within: float,
     ready_fd: int | None,
 ) -> None:
@@ -76,7 +80,10 @@ def start(
     from ..paths import StatePaths
 
     options = where(ctx)
-    config = options.config(config_path)
+    if embedded_config:
+        config = cfg.load(None, os.environ, embedded=True)
+    else:
+        config = options.config(config_path)
     state_dir = options.state_dir(config)
     config.endpoints.resolve(
         state_dir
@@ -135,6 +142,8 @@ def spawn_supervisor(
     if config_file is not None:
         argv += ["--config", config_file]
     argv += ["start", "--foreground", "--log-to-file"]
+    if config_file is None:
+        argv.append("--embedded-config")
     if caps:
         argv += ["--caps", ",".join(f"{k}={v}" for k, v in caps.items())]
     if take_over_within <= 0:

@@ -39,10 +39,12 @@ def _not_running(ctx: click.Context, e: NotRunning) -> NotRunning:
     found = waiting.survey(StatePaths(state_dir).guards)
     if not found.count:
         return e
+    from ..last_start import start_command
+
     them = "it" if found.count == 1 else "them"
     return NotRunning(
         f"no supervisor is running on {state_dir}; {waiting_text(found.count, found.last_until)}"
-        f"; start a supervisor to adopt {them}: ccsup start"
+        f"; start a supervisor to adopt {them}: {start_command(state_dir)}"
     )
 
 

@@ -219,9 +219,12 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     )
 
 
-def load(cli_path: str | None = None, env: Mapping[str, str] = os.environ) -> Config:
-    """Find, read and parse the configuration."""
-    path = find_config_path(cli_path, env)
+def load(
+    cli_path: str | None = None, env: Mapping[str, str] = os.environ, *, embedded: bool = False
+) -> Config:
+    """Find, read and parse the configuration; `embedded`: the embedded defaults, whatever files
+    exist (a supervisor started by `ccsup start` or `restart` whose caller found no file)."""
+    path = None if embedded else find_config_path(cli_path, env)
     if path is None:
         return parse(embedded_text(), EMBEDDED_SOURCE, env)
     return parse(read_text(path), str(path), env)

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from guardd import procs
 
+from .. import last_start
 from ..admission.control import KeyControl, admission_settings
 from ..admission.quota import ReadingError
 from ..admission.room import PEAKS, MachineRoom
@@ -834,6 +835,11 @@ def serve(
         os.close(ready_fd)  # every import done: what is left is quick (`ccsup restart`)
     lock_fd = take_instance_lock(paths, lock_wait)
     setup_logging(paths, foreground)
+    try:  # how this one was started: for `ccsup restart` and a later `start` (last_start)
+        source = None if config.source == EMBEDDED_SOURCE else os.path.abspath(config.source)
+        last_start.record(paths.root, source, dict(caps_override or {}))
+    except OSError as e:
+        logging.getLogger("ccsup").warning("unable to write %s: %s", last_start.FILE_NAME, e)
     fdlimit.raise_nofile()  # 500 turns need ~5k fds; each turn gets the old limit back
     try:
         daemon = Daemon(config, paths, config_path=config_path, caps_override=caps_override)

@@ -4,6 +4,7 @@ is restoring a queue) waits for it instead of failing after the first 1 s status
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -87,3 +88,43 @@ def test_start_waits_for_a_supervisor_that_is_up_but_not_answering_yet(state_dir
         ccsup("stop", "--timeout", "10s", state_dir=state_dir)
         if daemon is not None and procs.process_running(daemon):
             procs.signal_process(daemon, signal.SIGKILL)
+
+
+def test_after_a_sigkill_the_advice_starts_it_as_it_was_and_restart_keeps_its_config(tmp_path):
+    """A supervisor started with `--caps` on the embedded defaults: once SIGKILLed, `status`
+    advises `ccsup start --caps ...`, not a bare start that would lose the caps; and `ccsup
+    restart` keeps the embedded defaults even though a config file appeared since."""
+    state_dir = tmp_path / "s"
+    xdg = tmp_path / "xdg"
+    env = {k: v for k, v in os.environ.items() if k not in ("CCSUP_CONFIG", "NO_COLOR")}
+    env |= {"CCSUP_STATE_DIR": str(state_dir), "XDG_CONFIG_HOME": str(xdg)}
+    env["CCSUP_GUARD_GRACE_MS"] = "300"
+
+    def run(*args):
+        return subprocess.run([*CCSUP, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    started = run("start", "--caps", "codex=2")
+    assert started.returncode == 0, started.stderr
+    pid = int(started.stdout.split("(pid ")[1].split(",")[0])
+    try:
+        (xdg / "ccsup").mkdir(parents=True)
+        (xdg / "ccsup" / "ccsup.toml").write_text(
+            '[slots]\ndefault_cap = 7\n[guard]\nadopt_within = "5s"\n'
+        )
+        restarted = run("restart")
+        assert restarted.returncode == 0, restarted.stderr
+        status = run("status")
+        assert "config  <embedded defaults>" in status.stdout, status.stdout
+        pid = int(run("status", "--json").stdout.split('"pid": ')[1].split(",")[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: procs.read_stat(pid) is None or procs.read_stat(pid).zombie, what="gone")
+        gone = run("status")
+        assert gone.returncode == 3
+        assert gone.stderr == (
+            f"ccsup: no supervisor is running on {state_dir}; start one with "
+            "`ccsup start --caps codex=2`\n"
+        )
+    finally:
+        run("stop")  # whichever supervisor runs now (a failed check may leave the restarted one)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
