@@ -219,7 +219,7 @@ class KeyControl:
 
     def _finished(self, item_id: str) -> None:
         if self.readers is not None:
-            self.readers.turn_ended(item_id)
+            self.readers.turn_ended(item_id)  # one that ended with no exit (a lost guard)
         if self.queue is not None:
             self.queue.ordering.removed(item_id)
         self.turn_finished(item_id)
@@ -457,7 +457,7 @@ class KeyControl:
     def hold(self, key: str, now: float) -> Why | None:
         """Why the head of `key` may not be granted at `now` (None: ask the gate)."""
         if self._checking[key]:
-            detail = "the stderr of an ended turn is being checked against pause_on"
+            detail = "the output of an ended turn is being read (pause_on, quota)"
             return self.policy.note(key, Why(WaitReason.CHECKING_OUTPUT, None, detail))
         return self.policy.hold(key, now)
 
@@ -604,6 +604,10 @@ class KeyControl:
     def turn_exited(self, turn: Turn) -> None:
         if self._scanner is not None and self._scanner.finish(turn.id):
             self._checking[turn.key] += 1
+        if self.readers is not None and self.readers.reading(turn.id):
+            # Its last lines and records are read before the key's next grant (a 429 read).
+            self._checking[turn.key] += 1
+            self.readers.turn_ended(turn.id, partial(self._read_done, turn.key))
         rule = self.rules.rule_for(turn.key)
         code = turn.exit["code"] if turn.exit is not None else None
         if rule is not None and code in rule.exit_codes:
@@ -627,6 +631,12 @@ class KeyControl:
             self.pause(PauseArgs(None, key, seconds, None, reason, by), refine=True)
         elif not refine:
             self._pause_for(turn_id, key, rule, seconds, "stderr matched")
+
+    def _read_done(self, key: str) -> None:
+        self._checking[key] -= 1
+        if self._checking[key] <= 0:
+            del self._checking[key]
+            self.grant()
 
     def _stderr_done(self, turn_id: str, context: object) -> None:
         key, _ = cast(tuple[str, PauseRule], context)

@@ -123,10 +123,12 @@ class QuotaReaders:
         if turn_id in self._reading:
             self._send(("data", turn_id, stream, data))
 
-    def turn_ended(self, turn_id: str) -> None:
+    def turn_ended(self, turn_id: str, done: Callable[[], None] | None = None) -> None:
+        """The turn ended: its last lines and records are read, then `done` is called on the
+        loop (after every reading of it was handed over)."""
         if turn_id in self._reading:
             self._reading.discard(turn_id)
-            self._send(("end", turn_id))
+            self._send(("end", turn_id, done))
 
     def close(self) -> None:
         if self._thread is not None:
@@ -179,16 +181,22 @@ class QuotaReaders:
             if turn is not None:
                 self._feed(turn, stream, data)
         elif kind == "end":
-            turn = self._turns.pop(message[1], None)
-            if turn is None:
-                return
+            try:
+                self._end(message[1])
+            finally:
+                if message[2] is not None:
+                    self._post(message[2])
+
+    def _end(self, turn_id: str) -> None:
+        turn = self._turns.pop(turn_id, None)
+        if turn is not None:
             for stream, buffer in turn.buffers.items():
                 if buffer and stream not in turn.dropping:
                     self._line(turn, stream, bytes(buffer))
             watch = self._homes.get(turn.home) if turn.home is not None else None
             if watch is not None:
                 self._poll(watch, also=turn.key)  # its last records, written as it exited
-                watch.turns.discard(message[1])
+                watch.turns.discard(turn_id)
                 if not watch.turns:
                     del self._homes[watch.root]
 

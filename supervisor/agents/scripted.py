@@ -9,6 +9,10 @@ that offers no tools (a harness's side requests: titles, summaries) gets a short
 is in the conversation the harness sends, so several sessions at once each get their own steps.
 Every tool result seen is kept (`results`), in order, for the caller to judge what the model saw.
 
+`headers` adds response headers to every answer (a provider's rate-limit headers: Codex's
+`x-codex-primary-*`, Anthropic's `anthropic-ratelimit-unified-*`); `fail_count` and `failure`
+answer the next N model requests (-1: all) with an error status, body and headers (a 429).
+
 Listens on 127.0.0.1 only, port chosen by the system; `close()` stops it. Nothing is stored.
 """
 
@@ -56,6 +60,12 @@ class ScriptedProvider:
         self.requests: list[dict] = []
         self._seen_ids: set[str] = set()
         self._lock = threading.Lock()
+        # Extra response headers (a provider's rate-limit headers): a dict, or a function of
+        # nothing returning one (a reset time computed when the answer is sent).
+        self.headers: dict[str, str] | Callable[[], dict[str, str]] = {}
+        # Fail the next `fail_count` model requests (-1: all) with (status, JSON body, headers).
+        self.fail_count = 0
+        self.failure: tuple[int, dict, dict[str, str]] = (429, {}, {})
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -78,6 +88,10 @@ class ScriptedProvider:
                 if self.path.split("?")[0].endswith("/count_tokens"):
                     self._json(200, {"input_tokens": 10})
                     return
+                if provider._failing():
+                    status, obj, headers = provider.failure
+                    self._json(status, obj, {**provider.extra_headers(), **headers})
+                    return
                 if self.path.split("?")[0].endswith("/chat/completions"):
                     self._chunks(provider.answer_chat(body))
                     return
@@ -99,11 +113,15 @@ class ScriptedProvider:
                 else:
                     self._json(200, message)
 
-            def _json(self, status: int, obj: dict) -> None:
+            def _json(self, status: int, obj: dict, headers: dict | None = None) -> None:
                 data = json.dumps(obj).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
+                for name, value in (
+                    provider.extra_headers() if headers is None else headers
+                ).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -113,6 +131,8 @@ class ScriptedProvider:
             def _chunks(self, chunks: list[dict]) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
+                for name, value in provider.extra_headers().items():
+                    self.send_header(name, value)
                 self.end_headers()
                 for chunk in chunks:
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -123,6 +143,8 @@ class ScriptedProvider:
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
+                for name, value in provider.extra_headers().items():
+                    self.send_header(name, value)
                 self.end_headers()
                 for event, data in events:
                     self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
@@ -132,6 +154,17 @@ class ScriptedProvider:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
+
+    def extra_headers(self) -> dict[str, str]:
+        return self.headers() if callable(self.headers) else dict(self.headers)
+
+    def _failing(self) -> bool:
+        with self._lock:
+            if self.fail_count == 0:
+                return False
+            if self.fail_count > 0:
+                self.fail_count -= 1
+            return True
 
     @property
     def url(self) -> str:
