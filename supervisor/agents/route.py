@@ -14,12 +14,17 @@ import os
 import shlex
 import shutil
 import sys
+import time
 import uuid
 
 from supervisor.agents import harnesses
 from supervisor.agents.harnesses import Call
 from supervisor.agents.hook import log, log_path
 from supervisor.agents.rules import Match
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from supervisor.client.control import Client
 
 
 def _full_site() -> None:
@@ -95,8 +100,76 @@ def not_plain(harness: str, call: Call, key: str, found: Match) -> str:
     )
 
 
+# How long the hook waits for a supervisor that is restarting (its start under way, or guards
+# waiting for adoption): within the hook timeout `ccsup hook install` writes (30 s) for every
+# harness, with room for the reservation after it.
+RESTART_WAIT = 15.0
+RESTARTING = "ccsup is restarting: run it again in a few seconds"
+
+
+class _Restarting(Exception):
+    """The supervisor did not come back within RESTART_WAIT."""
+
+
+def restarting(client: Client) -> bool:
+    """Whether a supervisor is on its way: its lock held while its control socket is not there
+    yet (a start under way), or guards waiting for adoption (a crash; the next start adopts
+    them). Either way `when_down` is not for this moment: nothing caps a command let through
+    now, while the guards' turns still hold their work."""
+    from supervisor.guards import waiting
+    from supervisor.instance import lock_held
+
+    if lock_held(client.paths.lock):
+        return True
+    return waiting.survey(client.paths.guards).count > 0
+
+
+def _up(client: Client, deadline: float) -> bool:
+    """True once a supervisor runs; False when none runs nor is on its way (`when_down`);
+    _Restarting when one is on its way but did not come by the deadline."""
+    said = False
+    while not client.running():
+        if not restarting(client):
+            return False
+        if not said:
+            log(f"the supervisor on {client.state_dir} is restarting: waiting for it")
+            said = True
+        if time.monotonic() >= deadline:
+            raise _Restarting
+        time.sleep(0.1)
+    return True
+
+
+def _reserve(client: Client, key: str, holder: dict, deadline: float) -> dict | None:
+    """The key's reservation, asked again while a restarting supervisor does not answer yet;
+    None when no supervisor runs any more (then `when_down`)."""
+    from supervisor.client.control import RemoteError
+    from supervisor.errors import CcsupError
+
+    while True:
+        client.timeout = max(1.0, min(5.0, deadline - time.monotonic()))
+        try:
+            return client.reserve(key, holder=holder)
+        except RemoteError:
+            raise
+        except CcsupError:  # not answering yet (a start under way), or gone again
+            client.drop_requests()
+            if time.monotonic() >= deadline:
+                raise _Restarting from None
+            if not _up(client, deadline):
+                return None
+
+
 def route(harness: str, call: Call, key: str | None, when_down: str, found: Match) -> str | None:
     _full_site()
+    try:
+        return _route(harness, call, key, when_down, found)
+    except _Restarting:
+        log(f"{harness}: refused: the supervisor did not come back within {RESTART_WAIT:g} s")
+        return harnesses.refuse(harness, RESTARTING)
+
+
+def _route(harness: str, call: Call, key: str | None, when_down: str, found: Match) -> str | None:
     from supervisor import config as cfg
     from supervisor.agents.turns import passed_env
     from supervisor.client.control import Client
@@ -105,8 +178,12 @@ def route(harness: str, call: Call, key: str | None, when_down: str, found: Matc
     state_dir = cfg.resolve_state_dir(None, os.environ, config)
     the_key = key or os.environ.get("CCSUP_KEY") or "default"
     holder = {"harness": harness, **({"session": call.session} if call.session else {})}
+    deadline = time.monotonic() + RESTART_WAIT
     with Client(state_dir, endpoints=config.endpoints.resolve(state_dir)) as client:
-        if not client.running():
+        answer = None
+        if _up(client, deadline) and found.plain:
+            answer = _reserve(client, the_key, holder, deadline)
+        if answer is None and not client.running():
             told = _say_down_once(call.session, state_dir)
             if when_down == "refuse":
                 return harnesses.refuse(
@@ -122,7 +199,8 @@ def route(harness: str, call: Call, key: str | None, when_down: str, found: Matc
             return None
         if not found.plain:
             return not_plain(harness, call, the_key, found)
-        answer = client.reserve(the_key, holder=holder)
+        if answer is None:  # gone, and back again, within this call
+            raise _Restarting
         reservation = str(answer["reservation"])
         if answer.get("state") == "held":
             new = rewritten(call.command, the_key, reservation, call.session, harness)
