@@ -8,7 +8,9 @@ read, its start and its end, one queue put each) and takes back a reading now an
 dropped and counted), runs the harness's parsers (supervisor.admission.quota_signals) on the few
 lines that can be signals (each parser looks for a fixed word before parsing), and polls the
 Codex session files of the turn's CODEX_HOME every POLL seconds while a Codex turn runs, and once
-more after it ended (Codex writes the 429's record just before it exits). Rejected: inotify
+more after it ended (Codex writes the 429's record just before it exits). A limit message in the
+text (to the minute) is told at the turn's end, and only when no number said a window of the
+turn is full (the number has the reset to the second). Rejected: inotify
 (Linux-only in the standard library through ctypes, and the files are few), and reading the
 turn's log files (the chunks are already in memory once).
 
@@ -51,6 +53,7 @@ log = logging.getLogger("ccsup.quota")
 POLL = 0.25  # seconds between two looks at a running Codex turn's session files
 MAX_LINE = 4 << 20  # a longer line is dropped (counted): no signal is anywhere near this long
 HARNESSES = ("codex", "claude", "opencode")
+FULL = 0.999  # a window this used is at its limit
 
 Take = Callable[[str, Reading], None]  # (key, reading), called on the event loop
 
@@ -62,6 +65,8 @@ class _Turn:
     home: Path | None  # the Codex session root watched for it
     buffers: dict[str, bytearray] = field(default_factory=dict)
     dropping: set[str] = field(default_factory=set)  # streams inside an over-long line
+    text: list[Reading] = field(default_factory=list)  # limit messages, told at the end
+    full: bool = False  # a number said a window is full (then the text, to the minute, is not told)
 
 
 @dataclass
@@ -188,7 +193,7 @@ class QuotaReaders:
                     self._post(message[2])
 
     def _end(self, turn_id: str) -> None:
-        turn = self._turns.pop(turn_id, None)
+        turn = self._turns.get(turn_id)
         if turn is not None:
             for stream, buffer in turn.buffers.items():
                 if buffer and stream not in turn.dropping:
@@ -199,6 +204,10 @@ class QuotaReaders:
                 watch.turns.discard(turn_id)
                 if not watch.turns:
                     del self._homes[watch.root]
+            del self._turns[turn_id]
+            if not turn.full:  # the limit message's time is only to the minute: numbers first
+                for reading in turn.text:
+                    self._post(self._take, turn.key, reading)
 
     def _feed(self, turn: _Turn, stream: str, data: bytes) -> None:
         buffer = turn.buffers.setdefault(stream, bytearray())
@@ -235,15 +244,15 @@ class QuotaReaders:
                 and b"hit your" in line
                 and not (turn.harness == "claude" and json_line)
             ):
-                text = [
+                turn.text += [
                     Reading(r.window, r.used, r.resets_at, stream)
                     for r in limit_text(line.decode(errors="replace"), now)
                 ]
-                readings = text
         except SignalError as e:
             self._failed(f"{turn.harness} {stream}: {e}")
             return
         for reading in readings:
+            turn.full |= reading.used >= FULL
             self._post(self._take, turn.key, reading)
 
     # -- Codex session files -----------------------------------------------------------------
@@ -307,3 +316,7 @@ class QuotaReaders:
                 for reading in readings:
                     for key in sorted(keys):
                         self._post(self._take, key, reading)
+                    if reading.used >= FULL:
+                        for turn_id in watch.turns:
+                            if turn_id in self._turns:
+                                self._turns[turn_id].full = True

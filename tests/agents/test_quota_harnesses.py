@@ -6,8 +6,10 @@ harness run of one model request."""
 
 from __future__ import annotations
 
+import json
 import time
 
+import pytest
 from npm_harness import harness_bin
 
 from supervisor.agents.scripted import ScriptedProvider
@@ -116,3 +118,113 @@ def test_claude_rate_limit_event_at_allowed_warning_holds_the_next_claude_turn_u
     assert (held["window"], held["used"], held["source"]) == ("5h", 0.97, "claude-stream")
     assert held["resets_at"] == reset["at"]
     assert reset["at"] <= granted < reset["at"] + 1.0, granted - reset["at"]
+
+
+def codex_home(tmp_path, provider) -> dict[str, str | None]:
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True, exist_ok=True)
+    (home / ".codex" / "config.toml").write_text(
+        'model = "scripted"\nmodel_provider = "scripted"\n[model_providers.scripted]\n'
+        f'name = "scripted"\nbase_url = "{provider.url}/v1"\nwire_api = "responses"\n'
+        'env_key = "SCRIPTED_KEY"\n'
+    )
+    return {"HOME": str(home), "CODEX_HOME": str(home / ".codex"), "SCRIPTED_KEY": "sk-s"}
+
+
+def opencode_env(tmp_path, provider) -> dict[str, str | None]:
+    from npm_harness import cache_dir
+
+    config = tmp_path / "home" / ".config"
+    (config / "opencode").mkdir(parents=True, exist_ok=True)
+    (config / "opencode" / "opencode.json").write_text(
+        json.dumps(
+            {
+                "provider": {
+                    "scripted": {
+                        "npm": "@ai-sdk/openai-compatible",
+                        "name": "scripted",
+                        "options": {"baseURL": f"{provider.url}/v1", "apiKey": "sk-scripted"},
+                        "models": {"m": {"name": "m", "tool_call": True}},
+                    }
+                },
+                "model": "scripted/m",
+                "autoupdate": False,
+                "share": "disabled",
+            }
+        )
+    )
+    return {
+        "HOME": str(tmp_path / "home"),
+        "PWD": str(tmp_path),
+        "XDG_CONFIG_HOME": str(config),
+        "XDG_DATA_HOME": str(tmp_path / "home" / "data"),
+        "XDG_CACHE_HOME": str(cache_dir().parent / "opencode-cache"),
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    }
+
+
+@pytest.mark.parametrize("harness", ["codex", "claude", "opencode"])
+def test_a_usage_limit_429_holds_the_key_until_the_reset_it_names(
+    harness, daemon, event_log, tmp_path
+):
+    binary = harness_bin(harness)
+    d = daemon(caps=f"{harness} = 1")
+    log = event_log(d, prefixes=("turn.", "key."))
+    resets_at = int(time.time()) + 600
+    provider = ScriptedProvider([], final="FINAL")
+    provider.fail_count = -1
+    if harness == "codex":
+        body = {"error": {"type": "usage_limit_reached", "message": "limit", "plan_type": "plus",
+                          "resets_at": resets_at, "resets_in_seconds": 600}}  # fmt: skip
+        headers = {
+            "x-codex-primary-used-percent": "100",
+            "x-codex-primary-window-minutes": "300",
+            "x-codex-primary-reset-at": str(resets_at),
+        }
+        env = codex_home(tmp_path, provider)
+        argv = [str(binary), "exec", "--skip-git-repo-check", "-s", "read-only", "say hi"]
+        source = "codex-session"
+    elif harness == "claude":
+        body = {"type": "error", "error": {"type": "rate_limit_error", "message": "limit"}}
+        headers = {
+            "anthropic-ratelimit-unified-status": "rejected",
+            "anthropic-ratelimit-unified-5h-status": "rejected",
+            "anthropic-ratelimit-unified-5h-utilization": "1.0",
+            "anthropic-ratelimit-unified-5h-reset": str(resets_at),
+            "anthropic-ratelimit-unified-representative-claim": "five_hour",
+        }
+        env = claude_env(tmp_path / "home", provider)
+        argv = claude_argv(binary)
+        source = "claude-stream"
+    else:
+        body = {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}
+        headers = {  # what an Anthropic-compatible gateway says, after 5 retries a second apart
+            "retry-after": "1",
+            "anthropic-ratelimit-unified-5h-status": "rejected",
+            "anthropic-ratelimit-unified-5h-utilization": "1.0",
+            "anthropic-ratelimit-unified-5h-reset": str(resets_at),
+        }
+        env = opencode_env(tmp_path, provider)
+        argv = [str(binary), "run", "say hi", "--model", "scripted/m", "--format", "json"]
+        source = "opencode-json"
+    provider.failure = (429, body, headers)
+    try:
+        with d.client() as client:
+            client.turn(harness, argv, id="t1", cwd=str(tmp_path), env=env, stdin="null")
+            exited = log.wait_for("turn.t1.exited", timeout=120)
+            output = [
+                b.get("data", "") for t in ("stdout", "stderr") for b in log.find(f"turn.t1.{t}")
+            ]
+            assert exited["code"] == 1, (exited, "".join(output)[-3000:])
+            client.turn(harness, ["true"], id="t2")
+            log.wait_for("turn.t1.released")
+            why = client.ps()["waits"][0]["why"]
+            shown = client.call("quota", action="show", key=harness)["keys"][0]
+    finally:
+        provider.close()
+    assert why["reason"] == "quota" and why["until"] == resets_at, why
+    held = shown["held"]
+    assert (held["window"], held["used"], held["source"]) == ("5h", 1.0, source), shown
+    assert held["resets_at"] == resets_at
