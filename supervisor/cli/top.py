@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..client.control import Client
     from .top_view import Row
 
+ASK_MAX = 40  # characters a prompt's answer takes
 STATUS_EVERY = 2.0  # seconds between two `status` reads, at a `ps` read (the header's pid, age)
 MAX_REDRAWS = 5.0  # `ps` reads (and redraws for events) per second at most
 TICK = 1.0  # seconds between two redraws without events (ages, clock, CPU)
@@ -129,26 +130,36 @@ class Top:
 
     # -- actions
 
-    def ask(self, screen: Any, styles: dict[str, int], question: str) -> str:
-        """A line typed in on the message line (echoed), '' on Escape."""
+    def ask(self, screen: Any, styles: dict[str, int], question: str) -> str | None:
+        """A line typed in on the message line (echoed), None on Escape: edited here key by key,
+        since curses' getstr types an Escape into the field instead of leaving it."""
         import curses
 
         height, width = screen.getmaxyx()
-        screen.move(height - 2, 0)
-        screen.clrtoeol()
-        screen.addstr(height - 2, 0, question[: width - 1], styles.get("title", 0))
-        screen.refresh()
-        curses.echo()
-        curses.curs_set(1)
         screen.nodelay(False)
+        with contextlib.suppress(Exception):
+            curses.curs_set(1)
+        typed = ""
         try:
-            typed = screen.getstr(height - 2, min(len(question), width - 2), 40)
+            while True:
+                screen.move(height - 2, 0)
+                screen.clrtoeol()
+                shown = (question + typed)[: width - 1]
+                screen.addstr(height - 2, 0, shown, styles.get("title", 0))
+                screen.refresh()
+                ch = screen.get_wch()
+                if ch in ("\x1b", 27):  # Escape: the question is withdrawn
+                    return None
+                if ch in ("\n", "\r", curses.KEY_ENTER):
+                    return typed.strip()
+                if ch in ("\x7f", "\b", curses.KEY_BACKSPACE):
+                    typed = typed[:-1]
+                elif isinstance(ch, str) and ch.isprintable() and len(typed) < ASK_MAX:
+                    typed += ch
         finally:
-            curses.noecho()
             with contextlib.suppress(Exception):
                 curses.curs_set(0)
             screen.nodelay(True)
-        return typed.decode(errors="replace").strip()
 
     def act(self, screen: Any, styles: dict[str, int], ch: int) -> bool:
         """One key press; False to quit."""
@@ -174,13 +185,16 @@ class Top:
                 answer = self.ask(
                     screen, styles, f"cancel turn {row.turn[:8]} of {row.key}? [y/N] "
                 )
-                if answer.lower() in ("y", "yes"):
+                if answer is not None and answer.lower() in ("y", "yes"):
                     result = self.client.cancel(row.turn)
                     self.message = f"turn {row.turn[:8]}: {result.get('state', 'cancelling')}"
                 else:
                     self.message = "not cancelled"
             elif ch == ord("p") and row is not None:
                 typed = self.ask(screen, styles, f"pause {row.key} for [{DEFAULT_PAUSE}]: ")
+                if typed is None:
+                    self.message = "not paused"
+                    return True
                 from ..config.values import duration
 
                 seconds = duration(typed or DEFAULT_PAUSE, where="pause for")
@@ -247,6 +261,8 @@ def loop(screen: Any, top: Top, sub: Any) -> None:
         curses.curs_set(0)
     screen.nodelay(True)
     screen.keypad(True)
+    with contextlib.suppress(Exception):  # Escape alone answers at once, not after 1 s
+        curses.set_escdelay(25)
     use_colour = curses.has_colors() and not os.environ.get("NO_COLOR")
     styles = _styles(use_colour)
     poller = zmq.Poller()

@@ -56,6 +56,17 @@ def _size(n: int | None) -> str:
     return str(n)
 
 
+WIDE = 100  # columns from which the holders and the queue show a HOLDER column
+HOLDER_WIDTH = 18
+
+
+def _holder_cell(entry: dict) -> str:
+    """A HOLDER cell: the holder's session/agent, else the requester's pid (as `ps` says it)."""
+    from ..wire.requester import describe
+
+    return f"{_cut(describe(entry.get('holder'), entry.get('requester')), HOLDER_WIDTH - 2):<{HOLDER_WIDTH}}"
+
+
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "~"
 
@@ -161,9 +172,14 @@ def render(model: Model, now: float, width: int, height: int, message: str = "")
     holders = [s for s in ps.get("slots", []) if s.get("state") == "held" and s.get("turn")]
     waits = ps.get("waits", [])
     share = max(left // 2, 2) if waits else max(left, 2)
+    who = width >= WIDE  # room for a HOLDER column: who asked (session/agent, else the pid)
+    holder_col = f"{'HOLDER':<{HOLDER_WIDTH}}" if who else ""
     holder_lines = [
         Line(
-            _cut(f"{'TURN':<9}{'KEY':<14}{'AGE':>7}{'CPU':>7}{'MEM':>7}  COMMAND", width), "header"
+            _cut(
+                f"{'TURN':<9}{'KEY':<14}{'AGE':>7}{'CPU':>7}{'MEM':>7}  {holder_col}COMMAND", width
+            ),
+            "header",
         )
     ]
     for slot in holders[: max(share - 1, 1)]:
@@ -172,7 +188,8 @@ def render(model: Model, now: float, width: int, height: int, message: str = "")
         mem = _size(used.rss_bytes) if used else "-"
         since = slot.get("since")
         age = format_age(now - since) if isinstance(since, (int, float)) else "-"
-        text = f"{slot['turn'][:8]:<9}{_cut(slot['key'], 13):<14}{age:>7}{cpu:>7}{mem:>7}  {format_command(slot.get('argv'))}"
+        holder = _holder_cell(slot) if who else ""
+        text = f"{slot['turn'][:8]:<9}{_cut(slot['key'], 13):<14}{age:>7}{cpu:>7}{mem:>7}  {holder}{format_command(slot.get('argv'))}"
         holder_lines.append(Line(_cut(text, width), "held", Row(slot["turn"], slot["key"])))
     if len(holders) > share - 1:
         holder_lines.append(Line(f"... {len(holders) - share + 1} more holders", "dim"))
@@ -180,7 +197,10 @@ def render(model: Model, now: float, width: int, height: int, message: str = "")
     if waits:
         queue_lines.append(
             Line(
-                _cut(f"{'WAITING':<9}{'KEY':<14}{'POS':>4}{'FOR':>7}  {'WHY':<13}COMMAND", width),
+                _cut(
+                    f"{'WAITING':<9}{'KEY':<14}{'POS':>4}{'FOR':>7}  {'WHY':<13}{holder_col}COMMAND",
+                    width,
+                ),
                 "header",
             )
         )
@@ -190,7 +210,8 @@ def render(model: Model, now: float, width: int, height: int, message: str = "")
             age = format_age(now - since) if isinstance(since, (int, float)) else "-"
             text = (
                 f"{wait['id'][:8]:<9}{_cut(wait['key'], 13):<14}{wait.get('position', '?'):>4}{age:>7}  "
-                f"{why_word(wait.get('why')):<13}{format_command(wait.get('argv'))}"
+                f"{why_word(wait.get('why')):<13}{_holder_cell(wait) if who else ''}"
+                f"{format_command(wait.get('argv'))}"
             )
             queue_lines.append(Line(_cut(text, width), "waiting", Row(wait["id"], wait["key"])))
         if len(waits) > room:

@@ -141,3 +141,37 @@ def test_top_s_header_follows_a_restart_to_the_new_supervisor(cli_daemon):
         pane.close()
         # the restarted supervisor is not the fixture's: stopped here, by the state directory
         ccsup("stop", state_dir=state_dir)
+
+
+def test_escape_withdraws_a_prompt_and_a_wide_top_names_the_holders(cli_daemon, tmp_path):
+    """At `p` (pause for how long?), typing then Escape pauses nothing and leaves the prompt at
+    once (curses' getstr typed the Escape into the field); at 120 columns, HOLDER is shown."""
+    state_dir = cli_daemon("[slots]\ncaps = { t = 1 }\n")
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env |= {"CCSUP_STATE_DIR": str(state_dir), "TERM": "xterm-256color"}
+    env["CCSUP_CONFIG"] = str(state_dir / "ccsup.toml")
+    holder = subprocess.Popen(
+        [*CCSUP, "run", "--key", "t", "--session", "s1", "--agent", "coder", "--", "sh", "-c",
+         f"while [ ! -e {go} ]; do sleep 0.05; done"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    pane = Pane(f"ccsup-top-esc-{os.getpid()}", f"{CCSUP[0]} -m supervisor top; sleep 60", env,
+                width=120)  # fmt: skip
+    try:
+        wait_until(lambda: "1 held" in pane.screen(), what="top showing the holder")
+        screen = pane.screen()
+        assert "HOLDER" in screen and "s1/coder" in screen
+        pane.keys("p")
+        wait_until(lambda: "pause t for" in pane.screen(), what="the pause prompt")
+        pane.keys("5m")
+        wait_until(lambda: "pause t for [10m]: 5m" in pane.screen(), what="the typed answer")
+        pane.keys("Escape")
+        wait_until(lambda: "not paused" in pane.screen(), what="the prompt withdrawn")
+        keys = json.loads(ccsup("ps", "--json", state_dir=state_dir).stdout)["keys"]
+        assert not any(k.get("paused") for k in keys), keys
+        pane.keys("q")
+    finally:
+        go.touch()
+        pane.close()
+        holder.wait(timeout=20)
