@@ -128,11 +128,48 @@ def start(
         errno_ = int(err[len(_CGROUP_FAILED) :])
         reason = f"unable to join cgroup {cgroup_path}: {os.strerror(errno_)}"
         return pid, ExecFailure(EXIT_GUARD_FAILURE, reason, reason)
-    errno_ = int(err)
-    code = EXIT_NOT_FOUND if errno_ in (2, 20) else EXIT_NOT_EXECUTABLE  # ENOENT, ENOTDIR
+    code, message = exec_error(argv[0], paths, int(err))
     what = "not_found" if code == EXIT_NOT_FOUND else "not_executable"
-    message = f"unable to run {argv[0]}: {os.strerror(errno_)}"
     return pid, ExecFailure(code, f"{what}: {message}", message)
+
+
+def exec_error(name: str, paths: list[str], errno_: int) -> tuple[int, str]:
+    """CMD's failed exec as a shell words it, and the status: 127 not found (`NAME: command not
+    found`, or `PATH: No such file or directory` for a path, or `PATH: INTERPRETER: bad
+    interpreter: No such file or directory` when the file is there and its #! line names a
+    missing program), else 126 (`PATH: Permission denied`, `Is a directory`, `cannot execute
+    binary file: Exec format error`)."""
+    import errno as codes
+
+    found = next((p for p in paths if os.path.isfile(p) or os.path.isdir(p)), None)
+    if errno_ in (codes.ENOENT, codes.ENOTDIR):
+        if found is not None and os.path.isfile(found):
+            interpreter = _interpreter(found)
+            if interpreter is not None:
+                return EXIT_NOT_FOUND, (
+                    f"{name}: {interpreter}: bad interpreter: {os.strerror(codes.ENOENT)}"
+                )
+        if os.sep not in name:
+            return EXIT_NOT_FOUND, f"{name}: command not found"
+        return EXIT_NOT_FOUND, f"{name}: {os.strerror(errno_)}"
+    if errno_ == codes.EACCES and found is not None and os.path.isdir(found):
+        return EXIT_NOT_EXECUTABLE, f"{name}: {os.strerror(codes.EISDIR)}"
+    if errno_ == codes.ENOEXEC:
+        return EXIT_NOT_EXECUTABLE, f"{name}: cannot execute binary file: {os.strerror(errno_)}"
+    return EXIT_NOT_EXECUTABLE, f"{name}: {os.strerror(errno_)}"
+
+
+def _interpreter(path: str) -> str | None:
+    """The program a script's #! line names, or None (not a script, or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].split()
+    return os.fsdecode(words[0]) if words else None
 
 
 def _spawn_in_c(

@@ -65,8 +65,8 @@ LIFECYCLE = frozenset(
 _BEFORE_STARTED = ("queued", "granted")
 # Fields of an exited event that are not usage figures.
 _EXIT_FIELDS = frozenset(
-    {"v", "ts", "epoch", "seq", "turn_seq", "id", "key", "code", "signal", "reason", "reservation"}
-    | {"exited_at", "repaired"}
+    {"v", "ts", "epoch", "seq", "turn_seq", "id", "key", "code", "signal", "reason", "error"}
+    | {"reservation", "exited_at", "repaired"}
 )
 
 
@@ -195,6 +195,8 @@ def apply_event(db: sqlite3.Connection, topic: str, body: dict) -> None:
             sets["peak_mem"] = body["peak_mem"]
         if body.get("reason") is not None:
             sets["reason"] = body.get("reason")
+        if isinstance(body.get("error"), str):  # CMD did not start: "not_found: <the line>"
+            sets["reason"] = f"{body.get('reason')}: {body['error']}"
     elif kind in ("released", "cancelled", "rejected"):
         sets["ended_at"] = ts
         row = db.execute(

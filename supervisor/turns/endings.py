@@ -146,6 +146,18 @@ def phase_of(item: Item) -> Phase:
     }.get(state, Phase.GONE)
 
 
+START_FAILURES = ("not_found", "not_executable")
+
+
+def start_failure(reason: object) -> tuple[str, str] | None:
+    """(word, line) of a guard record's reason when CMD could not start ("not_found: nosuchcmd:
+    command not found", guardd.child), else None."""
+    if not isinstance(reason, str):
+        return None
+    word, _, line = reason.partition(": ")
+    return (word, line) if word in START_FAILURES and line else None
+
+
 def outcome_of(record: dict[str, Any] | None, returncode: int | None) -> Outcome | None:
     """CMD's outcome: the guard record's exit if it has one, else the guard's status (125, or an
     unknown status, is the guard's own failure: `guard_lost`); None while neither is known."""
@@ -155,6 +167,9 @@ def outcome_of(record: dict[str, Any] | None, returncode: int | None) -> Outcome
         if isinstance(signal_number, int):
             return {"code": 128 + signal_number, "signal": signal_number, "reason": None}
         if isinstance(code, int):
+            failed = start_failure((record or {}).get("reason"))
+            if failed is not None:
+                return {"code": code, "signal": None, "reason": failed[0], "error": failed[1]}
             return {"code": code, "signal": None, "reason": None}
     if returncode is not None and 0 <= returncode != STATUS_UNKNOWN:
         signal_number = returncode - 128 if returncode > 128 else None

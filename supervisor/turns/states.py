@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from guardd.procs import Group, Identity
 
@@ -92,11 +92,14 @@ class IllegalTransition(RuntimeError):
 
 
 class Outcome(TypedDict):
-    """CMD's outcome as `turn.<id>.exited` gives it: code as a shell reports it (128+N)."""
+    """CMD's outcome as `turn.<id>.exited` gives it: code as a shell reports it (128+N). When CMD
+    could not start: reason `not_found` or `not_executable`, and `error`, the line a shell would
+    print (`nosuchcmd: command not found`)."""
 
     code: int | None
     signal: int | None
     reason: str | None
+    error: NotRequired[str]
 
 
 def next_state(

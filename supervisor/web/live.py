@@ -37,7 +37,7 @@ MAX_EVENTS = 200
 # The terminal events of a turn (or reservation).
 TERMINAL = ("released", "cancelled", "rejected")
 # Fields of `turn.<id>.exited` that are its outcome, not what it used.
-NOT_USAGE = frozenset({"code", "signal", "reason", "index", "ts", "epoch", "seq", "v"})
+NOT_USAGE = frozenset({"code", "signal", "reason", "error", "index", "ts", "epoch", "seq", "v"})
 # Events after which the slots or the queue look different.
 CHANGES_PS = {
     "queued",

@@ -445,10 +445,55 @@ def test_run_passes_the_exit_status_through(daemon, script, status):
     assert done.stderr == b""
 
 
-def test_run_of_a_missing_command_exits_127(daemon):
+def _unstartable(tmp_path: Path, kind: str) -> tuple[str, int, str]:
+    """A command that cannot start, its status and the line a shell prints for it."""
+    if kind == "not found":
+        return "no-such-command-here", 127, "no-such-command-here: command not found"
+    if kind == "missing path":
+        return "/nonexistent/cmd", 127, "/nonexistent/cmd: No such file or directory"
+    path = tmp_path / "script"
+    if kind == "bad interpreter":
+        path.write_text("#!/nonexistent/sh -e\necho hi\n")
+        path.chmod(0o755)
+        return (
+            str(path),
+            127,
+            f"{path}: /nonexistent/sh: bad interpreter: No such file or directory",
+        )
+    if kind == "not executable":
+        path.write_text("echo hi\n")
+        return str(path), 126, f"{path}: Permission denied"
+    if kind == "directory":
+        return str(tmp_path), 126, f"{tmp_path}: Is a directory"
+    path.write_bytes(b"\x7fELF not really\n")  # "binary"
+    path.chmod(0o755)
+    return str(path), 126, f"{path}: cannot execute binary file: Exec format error"
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["not found", "missing path", "bad interpreter", "not executable", "directory", "binary"],
+)
+def test_a_command_that_cannot_start_says_why_as_a_shell_would_through_run_show_and_events(
+    daemon, tmp_path, kind
+):
     state_dir, _ = daemon
-    done = ccsup("run", "--key", "t", "--", "/nonexistent/cmd", state_dir=state_dir)
-    assert done.returncode == 127
+    command, status, line = _unstartable(tmp_path, kind)
+    done = ccsup("run", "--key", "t", "--json", "--", command, state_dir=state_dir)
+    assert done.returncode == status, done.stderr
+    turn_id = json.loads(done.stdout.splitlines()[0])["body"]["id"]
+    done = ccsup("run", "--key", "t", "--", command, state_dir=state_dir)
+    assert (done.returncode, done.stderr.decode()) == (status, f"ccsup: {line}\n")
+    reason = "not_found" if status == 127 else "not_executable"
+
+    def exited() -> list[dict]:
+        story = json.loads(ccsup("show", "--json", turn_id, state_dir=state_dir).stdout)
+        return [e["body"] for e in story["events"] if e["kind"] == "exited"]
+
+    body = wait_until(exited, 15, 0.05, "the exited event in the history")[0]
+    assert (body["code"], body["reason"], body["error"]) == (status, reason, line), body
+    shown = ccsup("show", turn_id, state_dir=state_dir)
+    assert f"  reason     {reason}: {line}\n" in shown.stdout.decode(), shown.stdout
 
 
 def test_run_streams_output_exactly(daemon, tmp_path):

@@ -332,7 +332,7 @@ def test_statuses_come_back_exactly(zygote):
     _, code, err = spawn_and_wait(zygote, ["no-such-command-here"])
     assert (code, err) == (
         127,
-        b"ccsup-guard: unable to run no-such-command-here: No such file or directory\n",
+        b"ccsup-guard: no-such-command-here: command not found\n",
     )
     assert (
         spawn_and_wait(zygote, [PYTHON, "-c", "import os; os.kill(os.getppid(), 9)"])[1] == -9

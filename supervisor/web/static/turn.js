@@ -32,7 +32,7 @@
       ...(b.adopted_at ? fact("adopted", clock(b.adopted_at) + (typeof b.adoption_gap_s === "number"
         ? " after a gap of " + b.adoption_gap_s.toFixed(1) + " s" : "")) : []),
       ...fact("exit", turn.exit ? (exit.code !== null && exit.code !== undefined ? "code " + exit.code : "") +
-        (exit.signal ? " signal " + exit.signal : "") + (exit.reason ? " (" + exit.reason + ")" : "") : "–"));
+        (exit.signal ? " signal " + exit.signal : "") + (exit.reason ? " (" + exit.reason + (exit.error ? ": " + exit.error : "") + ")" : "") : "–"));
     document.getElementById("cancel").disabled = !turn.active;
     const usage = turn.usage || {};
     const rows = Object.keys(usage).sort().map((k) => el("tr", {}, el("th", {}, k.replaceAll("_", " ")),
