@@ -1,6 +1,15 @@
 """Shared test plumbing: a marker that every process a test starts inherits, and a check that none
 is left running when the test ends (a leftover is a containment bug; it is killed by pid and the
-test fails)."""
+test fails).
+
+Two variables mark what tests start. `CCSUP_TEST_RUN`: the pytest process that runs the tests (one
+per xdist worker, `<run>-<worker>`), checked after every test; a worker never sees, so never kills,
+another worker's processes. `CCSUP_TEST_SESSION`: the whole session, controller and workers; when
+the session ends, however it ends (passed, failed, Ctrl-C, SIGTERM), the process that started it
+kills by pid every process still marked with it, also those whose worker was killed mid-test.
+SIGTERM is taken as Ctrl-C (pytest's teardown runs), and Ctrl-C works even when the shell that
+started pytest ignored SIGINT for it (a background job of a script).
+"""
 
 from __future__ import annotations
 
@@ -25,10 +34,50 @@ sys.path.insert(0, str(HELPERS))
 # The etcd cluster and relay fixtures (tests/helpers/etcd_cluster.py).
 pytest_plugins = ["etcd_cluster"]
 MARKER = "CCSUP_TEST_RUN"
+SESSION = "CCSUP_TEST_SESSION"
 os.environ.setdefault(MARKER, uuid.uuid4().hex)
-# Every child of this pytest carries the marker; a parallel pytest run has its own.
+# Every child of this pytest carries the marker; a parallel pytest run has its own, and so has each
+# xdist worker (set in pytest_configure, before any test runs).
 RUN_ID = os.environ[MARKER]
 PYTHON = sys.executable
+
+
+def pytest_configure(config):
+    global RUN_ID
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:  # an xdist worker: the session's marker came from its controller
+        RUN_ID = os.environ[MARKER] = f"{os.environ[MARKER]}-{worker['workerid']}"
+        return
+    os.environ[SESSION] = uuid.uuid4().hex  # this session's own, even inside another's test
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has stopped its workers
+def pytest_sessionfinish(session):
+    if getattr(session.config, "workerinput", None) is not None:
+        return
+    session_id = os.environ[SESSION]
+
+    def marked() -> list[procs.Identity]:
+        return [i for i in procs.processes_with_env(SESSION, session_id) if i.pid != os.getpid()]
+
+    for _ in range(20):  # a process forking as it is killed: again until none is left
+        left = marked()
+        if not left:
+            return
+        for ident in left:
+            procs.signal_process(ident, signal.SIGCONT)
+            procs.signal_process(ident, signal.SIGKILL)
+        try:
+            wait_until(lambda: not marked(), 0.5, 0.02)
+        except TimeoutError:
+            pass
 
 
 # What a turn used, as `turn.<id>.exited` carries it (checked in tests/test_cgroup.py).

@@ -1,6 +1,7 @@
 """The real agent harnesses from the npm registry, pinned, installed once into a cache folder
 ($CCSUP_NPM_CACHE, else ~/.cache/ccsup-ci/npm; .ci/run fills it): `harness_bin("claude")` is the
 path of the harness's executable, or skips the test saying why (no npm, or the install failed).
+Installs are one at a time (a lock file in the cache folder): the suite's workers may ask at once.
 
 Every harness runs with a HOME of the test's own and only loopback providers: nothing here
 reaches a real model provider.
@@ -8,6 +9,7 @@ reaches a real model provider.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -47,6 +49,16 @@ def harness_bin(name: str) -> Path:
         if npm is None:
             pytest.skip(f"npm is not installed: cannot install {package}@{version}")
         cache_dir().mkdir(parents=True, exist_ok=True)
+        with open(cache_dir() / ".install.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another test process installing: wait for it
+            _install(npm, name)
+    return path
+
+
+def _install(npm: str, name: str) -> None:
+    package, version = PINNED[name]
+    path = cache_dir() / "node_modules" / ".bin" / name
+    if installed_version(name) != version or not path.exists():
         done = subprocess.run(
             [
                 npm,
@@ -63,7 +75,6 @@ def harness_bin(name: str) -> Path:
         )
         if done.returncode != 0 or not path.exists():
             pytest.skip(f"unable to install {package}@{version} from npm: {done.stderr[-500:]}")
-    return path
 
 
 def process_gone(pid: int) -> bool:
