@@ -49,6 +49,8 @@ def pytest_configure(config):
         RUN_ID = os.environ[MARKER] = f"{os.environ[MARKER]}-{worker['workerid']}"
         return
     os.environ[SESSION] = uuid.uuid4().hex  # this session's own, even inside another's test
+    if getattr(config.option, "dist", "no") == "load":  # `-n N`: keep xdist_group's tests together
+        config.option.dist = "loadgroup"
     signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -43,6 +43,7 @@ def _marked(prefix: str) -> list[procs.Identity]:
     ids=["ctrl-c-to-a-parallel-session-started-with-sigint-ignored", "sigterm-to-a-serial-one"],
 )
 def test_an_interrupted_session_stops_and_leaves_nothing_running(tmp_path, sig, workers, ignored):
+    pytest.importorskip("xdist")  # the test extras have it
     run = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CCSUP_TEST_"))}
     env.update({MARKER: run, "CCSUP_READY_DIR": str(tmp_path)})
