@@ -12,18 +12,23 @@ rewrite its command, or refuse it with a message the model reads).
   `{action: "pass"|"rewrite"|"refuse", command, message}`: it sets `output.args.command`, or
   throws the message (the model sees the tool fail with it).
 
-Pass is an empty stdout and exit 0 for all three: the command runs as it was. Pure: no I/O.
+Pass is an empty stdout and exit 0 for all three: the command runs as it was. In a session `ccsup
+wrap` runs, the call's session is the wrapped session's label (`CCSUP_WRAP_SESSION`), before the
+harness's own id, so that `ps` shows which wrapped session its turns belong to. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 TYPE_CHECKING = False  # typing itself costs the hook a few ms on every shell command
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 HARNESSES = ("claude", "codex", "opencode")
+WRAP_SESSION_ENV = "CCSUP_WRAP_SESSION"  # set by `ccsup wrap`: the wrapped session's label
 
 
 class Call:
@@ -45,7 +50,7 @@ class BadPayload(ValueError):
     """A payload that is not a shell tool call this hook understands (it passes untouched)."""
 
 
-def parse(harness: str, payload: Any) -> Call | None:
+def parse(harness: str, payload: Any, env: Mapping[str, str] = os.environ) -> Call | None:
     """The shell call in a payload; None for another tool (not ours to look at)."""
     if not isinstance(payload, dict):
         raise BadPayload(f"the payload is a JSON {type(payload).__name__}, not an object")
@@ -74,7 +79,7 @@ def parse(harness: str, payload: Any) -> Call | None:
     return Call(
         command,
         cwd if isinstance(cwd, str) else None,
-        session if isinstance(session, str) else None,
+        env.get(WRAP_SESSION_ENV) or (session if isinstance(session, str) else None),
         tool_input,
     )
 

@@ -39,6 +39,7 @@ from ..caps import key_problem
 from ..errors import CcsupError, UnknownTurn, UsageError
 from ..paths import TURN_ID
 from . import turns
+from .harnesses import WRAP_SESSION_ENV
 
 BOUND_ENV = "CCSUP_MCP_BOUND"
 PROGRESS_ENV = "CCSUP_MCP_PROGRESS"
@@ -47,6 +48,7 @@ DEFAULT_PROGRESS = 5.0
 LOG_LIMIT = 65536  # bytes one `logs` call returns at most
 # (variable, harness) in the order they are tried for the session label.
 SESSION_ENV = (
+    (WRAP_SESSION_ENV, None),  # set by `ccsup wrap`: the wrapped session's label
     ("CLAUDE_CODE_SESSION_ID", "claude"),
     ("CLAUDE_SESSION_ID", "claude"),
     ("CODEX_THREAD_ID", "codex"),

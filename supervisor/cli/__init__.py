@@ -63,6 +63,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mcp": ("mcp", "mcp"),
     "hook": ("hook", "hook"),
     "wait": ("wait", "wait"),
+    "wrap": ("wrap", "wrap"),
     "version": ("version", "version"),
 }
 

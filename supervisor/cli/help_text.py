@@ -11,7 +11,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Watch", ("ps", "top", "status", "logs", "events", "history", "show", "metrics", "web")),
     ("Admission", ("pause", "resume", "quota")),
     ("The supervisor", ("start", "stop", "restart", "reload", "reap", "config", "version")),
-    ("Agents", ("mcp", "hook")),
+    ("Agents", ("mcp", "hook", "wrap")),
 )
 
 # Shown as "Examples:" under a command's help, unless its own text has some.

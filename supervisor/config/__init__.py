@@ -59,6 +59,7 @@ from . import (
     slots,
     top,
     web,
+    wrap,
 )
 from .admission import AdmissionSettings
 from .endpoints import MAX_IPC_PATH, CurveKeys, Endpoints
@@ -127,6 +128,7 @@ SECTIONS: tuple[Section, ...] = (
     cluster.SECTION,
     memory.SECTION,
     hooks.SECTION,
+    wrap.SECTION,
 )
 
 
@@ -152,6 +154,7 @@ class Config:
     )
     hooks: HookSettings = HookSettings()  # [hooks]: supervisor.agents' shell-command hook
     memory: MemorySettings = field(default_factory=MemorySettings)  # [memory]: the machine's room
+    wrap: wrap.WrapSettings = wrap.WrapSettings()  # [wrap]: `ccsup wrap`'s key and its cap
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -177,6 +180,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     admission_settings = admission.parse_admission(c, table)
     cluster_settings = cluster.parse_cluster(c, table, guard_settings.grace, env)
     hook_settings = hooks.parse_hooks(c, table)
+    wrap_settings = wrap.parse_wrap(c, table)
     named = set(slot_settings.caps) | set(harnesses)
     named |= set(cluster_settings.caps) if cluster_settings is not None else set()
     memory_settings = memory.parse_memory(c, table, named)
@@ -187,6 +191,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     harness_default = {
         name: h.default_cap for name, h in harnesses.items() if h.default_cap is not None
     }
+    harness_default.setdefault(wrap_settings.key.partition(":")[0], wrap_settings.cap)
     return Config(
         source=source,
         state_dir=state_dir,
@@ -216,6 +221,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         cluster=cluster_settings,
         hooks=hook_settings,
         memory=memory_settings,
+        wrap=wrap_settings,
     )
 
 

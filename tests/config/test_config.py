@@ -454,7 +454,11 @@ default_cap = 2
         source=SRC,
         state_dir=Path("/home/someone/state"),
         caps=Caps(
-            2, {"codex": 3, "opencode:xai": 1, "opencode": 4}, {"codex": 2}, 6, 512 * 1024**2
+            2,
+            {"codex": 3, "opencode:xai": 1, "opencode": 4},
+            {"codex": 2, "session": 32},  # [wrap] cap, as the wrap key's harness default
+            6,
+            512 * 1024**2,
         ),
         reservation_ttl=90.0,
         grace=0.3,
@@ -487,7 +491,8 @@ def test_empty_file_means_every_default():
         cfg.DEFAULT_SCAN,
         cfg.DEFAULT_RESERVATION_TTL,
     )
-    assert config.caps == Caps() and config.state_dir is None and config.harness == {}
+    assert config.caps == Caps(harness_default={"session": 32})  # [wrap] cap
+    assert config.state_dir is None and config.harness == {}
     assert config.endpoints == cfg.Endpoints(None, None, None, None)
 
 
@@ -538,7 +543,7 @@ def test_embedded_default_is_the_commented_default_text():
     assert config == cfg.Config(
         cfg.EMBEDDED_SOURCE,
         None,
-        Caps(1, {}, {}, None, None),
+        Caps(1, {}, {"session": 32}, None, None),
         60.0,
         5.0,
         2.0,
@@ -567,7 +572,7 @@ def test_commented_examples_in_the_default_are_valid_when_uncommented():
     config = cfg.parse(uncommented, "uncommented", {"HOME": "/h"})
     assert config.state_dir == Path("/h/.local/state/ccsup")
     assert config.caps == Caps(
-        1, {"codex": 2, "opencode:xai": 1, "opencode": 3}, {"codex": 2}, 8, 1024**3
+        1, {"codex": 2, "opencode:xai": 1, "opencode": 3}, {"codex": 2, "session": 32}, 8, 1024**3
     )
     assert config.harness["codex"].command == ["codex", "app-server"]
     assert config.endpoints.control == "ipc:///run/user/1000/ccsup/control"
@@ -587,7 +592,11 @@ def test_example_conf_parses():
     assert config.source == str(path)
     assert config.state_dir == Path("/home/u/.local/state/ccsup")
     assert config.caps == Caps(
-        1, {"codex": 2, "opencode:xai": 1, "opencode": 3}, {"codex": 2, "claude": 3}, 8, 1024**3
+        1,
+        {"codex": 2, "opencode:xai": 1, "opencode": 3},
+        {"codex": 2, "claude": 3, "session": 32},
+        8,
+        1024**3,
     )
     assert (config.reservation_ttl, config.grace, config.scan) == (60.0, 5.0, 2.0)
 
@@ -705,7 +714,7 @@ def test_check_ok_prints_source_and_caps(cli_env, tmp_path):
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines()[0] == f"ok: {ROOT / 'conf' / 'ccsup.toml'}"
     assert "  caps             codex=2, opencode=3, opencode:xai=1\n" in result.stdout
-    assert "  harness caps     claude:*=3, codex:*=2\n" in result.stdout
+    assert "  harness caps     claude:*=3, codex:*=2, session:*=32\n" in result.stdout
     assert "machine_cap      8" in result.stdout
     assert "  min_free_memory  1073741824 bytes (1 GiB)\n" in result.stdout
     result = run(["check"], cli_env)  # nothing found: the embedded defaults
