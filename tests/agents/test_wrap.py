@@ -23,7 +23,7 @@ import uuid
 import pytest
 from conftest import PYTHON, wait_until
 from npm_harness import process_gone
-from test_claude import claude, install_hook, sandbox  # noqa: F401  (fixtures)
+from test_claude import claude, install_hook, plain_make, sandbox  # noqa: F401  (fixtures)
 from tmux_pane import Pane
 
 from supervisor.agents.scripted import ScriptedProvider
@@ -77,7 +77,7 @@ def test_wrapped_claude_code_its_hooked_bash_turn_and_its_leftovers(claude, sand
             }
         )
     )
-    command = "python3 -m pytest --version >/dev/null 2>&1; echo turn=${CCSUP_TURN:-none}"
+    command = plain_make(tmp, "hooked", "echo turn=${CCSUP_TURN:-none}")  # one plain command
     provider = ScriptedProvider([("Bash", {"command": command, "description": "tests"})])
     env = {**sandbox["env"], "ANTHROPIC_BASE_URL": provider.url, "PATH": os.environ["PATH"]}
     rc_file = tmp / "rc"
