@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -38,6 +38,7 @@ from .. import __version__
 from ..caps import key_problem
 from ..errors import CcsupError, UnknownTurn, UsageError
 from ..paths import TURN_ID
+from ..wire.args import MAX_TIMEOUT
 from . import turns
 from .harnesses import WRAP_SESSION_ENV
 
@@ -46,6 +47,10 @@ PROGRESS_ENV = "CCSUP_MCP_PROGRESS"
 DEFAULT_BOUND = 25.0
 DEFAULT_PROGRESS = 5.0
 LOG_LIMIT = 65536  # bytes one `logs` call returns at most
+MAX_OFFSET = 2**53  # a `logs` offset past it is refused (a log is never that long; JSON-safe)
+ANSWER_MARGIN = 5.0  # seconds of the bound kept for taking the call in, its last look, its answer
+WORKERS = 16  # threads for the short blocking calls (never one per waiting call)
+MAX_SOCKETS = 65536  # of the shared zmq Context: two a call in flight (its SUB and DEALER)
 # (variable, harness) in the order they are tried for the session label.
 SESSION_ENV = (
     (WRAP_SESSION_ENV, None),  # set by `ccsup wrap`: the wrapped session's label
@@ -79,18 +84,28 @@ def _seconds(env: str, default: float) -> float:
 
 
 class Settings:
-    """What a server needs, resolved once at start: the state directory, endpoints and bounds."""
+    """What a server needs, resolved once at start: the state directory, endpoints, bounds, how
+    long a `wait` waits for a supervisor that is down (`down_wait`: adopt_within + 5 s), and the
+    zmq Context every call's client shares (one I/O thread)."""
 
-    def __init__(self, state_dir, endpoints=None):
+    def __init__(self, state_dir, endpoints=None, *, down_wait: float = 0.0):
+        import zmq
+
         self.state_dir = state_dir
         self.endpoints = endpoints
         self.bound = _seconds(BOUND_ENV, DEFAULT_BOUND)
         self.progress = _seconds(PROGRESS_ENV, DEFAULT_PROGRESS)
+        self.down_wait = down_wait
+        # A call waits this much less than the bound: its last look (where the turn stands)
+        # and its answer fit in what is left, however many calls answer at once.
+        self.answer_margin = min(ANSWER_MARGIN, self.bound / 5)
+        self.context = zmq.Context()
+        self.context.max_sockets = MAX_SOCKETS
 
     def client(self):
         from ..client.control import Client
 
-        return Client(self.state_dir, endpoints=self.endpoints)
+        return Client(self.state_dir, endpoints=self.endpoints, context=self.context)
 
 
 def requester() -> dict[str, Any]:
@@ -120,6 +135,17 @@ def _client_name(ctx: Context) -> str | None:
         return None
     info = getattr(params, "client_info", None) if params is not None else None
     return getattr(info, "name", None)
+
+
+def _progress_token(ctx: Context) -> object:
+    """The call's progress token (None: the client asked for no progress notifications)."""
+    try:
+        meta = ctx.request_context.meta
+    except (AttributeError, ValueError):
+        return True  # not known: send them (the session drops them without a token)
+    if isinstance(meta, dict):
+        return meta.get("progress_token") or meta.get("progressToken")
+    return getattr(meta, "progress_token", True) if meta is not None else None
 
 
 def _check_key(key: str) -> str:
@@ -153,23 +179,54 @@ def build(settings: Settings) -> MCPServer:
         name="ccsup", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
 
-    async def in_thread(ctx: Context, work) -> Any:
-        """Run work(on_tick) in a worker thread; on_tick sends a progress notification."""
+    # The short blocking calls have a pool of their own: the SDK reads stdin through anyio's
+    # default pool, and a call must never wait behind our work to be read at all.
+    limiter = anyio.CapacityLimiter(WORKERS)
+    recent_ps = turns.RecentPs(settings.client)
 
-        def on_tick(elapsed: float, view: turns.TurnView | None) -> None:
+    async def offload(work: Callable[[], Any]) -> Any:
+        return await anyio.to_thread.run_sync(work, limiter=limiter)
+
+    async def blocking(work: Callable[[], Any]) -> Any:
+        """A short blocking call (a control request, a history read) in a worker thread; a
+        ccsup error becomes the tool's error."""
+        try:
+            return await offload(work)
+        except CcsupError as e:
+            raise ToolError(e.message) from None
+
+    def progress(ctx: Context):
+        """on_tick for turns.follow: a progress notification, when the client asked for them."""
+        if not _progress_token(ctx):
+            return None
+
+        async def on_tick(elapsed: float, view: turns.TurnView | None) -> None:
             state = view["state"] if view else "unknown"
             where = f", position {view['position']}" if view and view.get("position") else ""
-            anyio.from_thread.run(
-                ctx.report_progress, elapsed, None, f"{state}{where} after {elapsed:.0f} s"
+            await ctx.report_progress(elapsed, None, f"{state}{where} after {elapsed:.0f} s")
+
+        return on_tick
+
+    async def followed(ctx: Context, turn_id: str, request=None) -> dict[str, Any]:
+        """The turn followed within the bound, on the event loop (no thread while it waits)."""
+        client = settings.client()
+        try:
+            view = await turns.follow(
+                client,
+                turn_id,
+                settings.bound - settings.answer_margin,
+                request=None if request is None else lambda: request(client),
+                tick=settings.progress,
+                on_tick=progress(ctx),
+                down_wait=settings.down_wait,
+                offload=offload,
+                ps_of=recent_ps,
             )
-
-        def call() -> Any:
-            try:
-                return work(on_tick)
-            except CcsupError as e:
-                raise ToolError(e.message) from None
-
-        return await anyio.to_thread.run_sync(call)
+        except CcsupError as e:
+            raise ToolError(e.message) from None
+        finally:
+            client.close()
+        return _answer(view, settings.bound)
 
     @server.tool(
         description=(
@@ -196,7 +253,13 @@ def build(settings: Settings) -> MCPServer:
             str | None, Field(description="Working directory (default: the server's).")
         ] = None,
         timeout: Annotated[
-            float | None, Field(description="Stop it after it ran this many seconds.", gt=0)
+            float | None,
+            Field(
+                description="Stop it after it ran this many seconds.",
+                gt=0,
+                le=MAX_TIMEOUT,
+                allow_inf_nan=False,
+            ),
         ] = None,
     ) -> dict[str, Any]:
         if (command is None) == (argv is None):
@@ -212,28 +275,19 @@ def build(settings: Settings) -> MCPServer:
             raise ToolError(f"`cwd` {where!r} is not a directory")
         holder = {**holder_labels(_client_name(ctx)), **requester()}
         turn_id = uuid.uuid4().hex
-
-        def work(on_tick):
-            with settings.client() as client:
-                view = turns.follow(
-                    client,
-                    turn_id,
-                    settings.bound,
-                    request=lambda: client.turn_limited(
-                        the_key,
-                        words,
-                        timeout=timeout,
-                        id=turn_id,
-                        cwd=where,
-                        env=turns.passed_env(),
-                        holder=holder,
-                    ),
-                    tick=settings.progress,
-                    on_tick=on_tick,
-                )
-            return _answer(view, settings.bound)
-
-        return await in_thread(ctx, work)
+        return await followed(
+            ctx,
+            turn_id,
+            lambda client: client.turn_limited(
+                the_key,
+                words,
+                timeout=timeout,
+                id=turn_id,
+                cwd=where,
+                env=turns.passed_env(),
+                holder=holder,
+            ),
+        )
 
     @server.tool(
         description=(
@@ -245,16 +299,7 @@ def build(settings: Settings) -> MCPServer:
     async def wait(
         ctx: Context, id: Annotated[str, Field(description="The turn's id.")]
     ) -> dict[str, Any]:
-        turn_id = _check_id(id)
-
-        def work(on_tick):
-            with settings.client() as client:
-                view = turns.follow(
-                    client, turn_id, settings.bound, tick=settings.progress, on_tick=on_tick
-                )
-            return _answer(view, settings.bound)
-
-        return await in_thread(ctx, work)
+        return await followed(ctx, _check_id(id))
 
     @server.tool(
         description=(
@@ -269,7 +314,7 @@ def build(settings: Settings) -> MCPServer:
         the_key = _check_key(key or os.environ.get("CCSUP_KEY") or "default")
         holder = holder_labels(_client_name(ctx))
 
-        def work(on_tick):
+        def work():
             with settings.client() as client:
                 answer = client.reserve(the_key, holder=holder)
             answer["next"] = (
@@ -279,25 +324,25 @@ def build(settings: Settings) -> MCPServer:
             )
             return answer
 
-        return await in_thread(ctx, work)
+        return await blocking(work)
 
     @server.tool(description="The supervisor's status: version, turns running and waiting.")
     async def status(ctx: Context) -> dict[str, Any]:
-        def work(on_tick):
+        def work():
             with settings.client() as client:
                 return client.status()
 
-        return await in_thread(ctx, work)
+        return await blocking(work)
 
     @server.tool(
         description="Every slot of every key (state, turn, holder) and the waiters in order."
     )
     async def ps(ctx: Context) -> dict[str, Any]:
-        def work(on_tick):
+        def work():
             with settings.client() as client:
                 return client.ps()
 
-        return await in_thread(ctx, work)
+        return await blocking(work)
 
     @server.tool(
         description=(
@@ -310,7 +355,7 @@ def build(settings: Settings) -> MCPServer:
     ) -> dict[str, Any]:
         turn_id = _check_id(id)
 
-        def work(on_tick):
+        def work():
             with settings.client() as client:
                 for wait in client.ps().get("waits", []):
                     if wait.get("id") == turn_id:
@@ -325,7 +370,7 @@ def build(settings: Settings) -> MCPServer:
                 raise UnknownTurn(turn_id, client.state_dir)
             return {"id": turn_id, "state": view["state"], "why": None}
 
-        return await in_thread(ctx, work)
+        return await blocking(work)
 
     @server.tool(
         description=(
@@ -337,14 +382,18 @@ def build(settings: Settings) -> MCPServer:
         ctx: Context,
         id: Annotated[str, Field(description="The turn's id.")],
         stream: Annotated[str, Field(description="stdout or stderr.")] = "stdout",
-        offset: Annotated[int, Field(ge=0)] = 0,
-        limit: Annotated[int, Field(gt=0, le=LOG_LIMIT)] = 16384,
+        offset: Annotated[
+            int, Field(ge=0, le=MAX_OFFSET, description="The byte to start from.")
+        ] = 0,
+        limit: Annotated[
+            int, Field(gt=0, le=LOG_LIMIT, description="How many bytes at most.")
+        ] = 16384,
     ) -> dict[str, Any]:
         turn_id = _check_id(id)
         if stream not in ("stdout", "stderr"):
             raise ToolError(f"bad stream {stream[:40]!r}: stdout or stderr")
 
-        def work(on_tick):
+        def work():
             with settings.client() as client:
                 if turns.current(client, turn_id) is None:
                     raise UnknownTurn(turn_id, client.state_dir)
@@ -365,7 +414,7 @@ def build(settings: Settings) -> MCPServer:
                 "path": str(path),
             }
 
-        return await in_thread(ctx, work)
+        return await blocking(work)
 
     @server.tool(
         description="Cancel a turn by id: a queued one takes nothing, a running one is stopped."
@@ -375,13 +424,13 @@ def build(settings: Settings) -> MCPServer:
     ) -> dict[str, Any]:
         turn_id = _check_id(id)
 
-        def work(on_tick):
+        def work():
             with settings.client() as client:
                 if turns.current(client, turn_id) is None:
                     raise UnknownTurn(turn_id, client.state_dir)
                 return client.cancel(turn_id)
 
-        return await in_thread(ctx, work)
+        return await blocking(work)
 
     return server
 

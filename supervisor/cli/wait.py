@@ -8,7 +8,15 @@ The output is the turn's whole stdout and stderr logs, printed once it has ended
 Exit codes: the command's own (128+N for a signal N), supervisor.cli.run_exit's 124 (its runtime
 limit), 69 (cancelled), 65 (rejected), 125 (guard lost); 75 when --timeout ran out first (the turn
 goes on: run `ccsup wait ID` again); 1 for an unknown id (supervisor.errors.UnknownTurn, as
-show, logs and cancel); 3 with no supervisor running.
+show, logs and cancel); 3 with no supervisor running and the
+turn not known to have been in one's care; 71 when its supervisor died and none answered again
+within adopt_within + 5 s.
+
+It rides through a supervisor's death as `ccsup run` does: a SIGKILLed supervisor, and one started
+again within adopt_within + 5 s, change nothing in what it prints or its exit status. Run while no
+supervisor runs, for a turn the history knows and has not seen end, it waits that long for one
+(adopt_within from the configuration this command reads). An ended turn needs no supervisor: its
+end is in the history and its output in the logs. It needs nothing from PATH.
 """
 
 from __future__ import annotations
@@ -50,11 +58,15 @@ def ended_status(view: dict) -> int:
 @click.pass_context
 def wait(ctx: click.Context, turn_id: str, timeout: float | None, as_json: bool) -> None:
     """Wait for turn ID to end, print its output, and exit with its status."""
+    import asyncio
+
     from ..agents import turns
+    from ..client.ride_through import RETURN_MARGIN
     from .run_exit import EXIT_WAIT_TIMEOUT
 
+    down_wait = where(ctx).config().adopt_within + RETURN_MARGIN
     with where(ctx).client() as client:
-        view = turns.follow(client, turn_id, timeout or FOREVER)
+        view = asyncio.run(turns.follow(client, turn_id, timeout or FOREVER, down_wait=down_wait))
         if as_json:
             emit_json(dict(view))
         elif view["state"] == "ended":

@@ -29,8 +29,9 @@ have a key of its own with the same config. With none of them, a tcp:// request 
 naming the three places, rather than waiting for a handshake the supervisor would refuse.
 
 Knows zmq sockets, the protocol's envelope and the state directory's endpoints; nothing of slots
-or processes. State: none on disk. Each Client owns one zmq context and its sockets, closed with a short linger;
-it is not thread-safe (one per thread).
+or processes. State: none on disk. Each Client owns its sockets and, unless given one, a zmq
+context, closed with a short linger; it is not thread-safe (one per thread at a time). Clients
+may share one Context (`context`), as the MCP server's calls do: one I/O thread for them all.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class Client:
     ipc:// sockets in the state directory. `timeout` bounds every control request.
     `client_secret_key` (Z85) is this client's CURVE secret key for tcp:// endpoints; by default
     $CCSUP_CLIENT_SECRET_KEY, else endpoints.curve["client_secret_key"] (see the module note).
+    `context`: a zmq Context to share (its I/O thread) with other clients, which `close` leaves
+    open; by default the client makes its own.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class Client:
         endpoints: Endpoints | None = None,
         timeout: float = 5.0,
         client_secret_key: str | None = None,
+        context: zmq.Context | None = None,
     ):
         self.state_dir = Path(state_dir)
         self.paths = StatePaths(self.state_dir)
@@ -106,7 +110,8 @@ class Client:
             )
         else:
             self._client_key = None
-        self._ctx = zmq.Context()
+        self._own_ctx = context is None
+        self._ctx = zmq.Context() if context is None else context
         self._dealer: zmq.Socket | None = None
 
     # -- lifetime
@@ -115,7 +120,8 @@ class Client:
         if self._dealer is not None:
             self._dealer.close(linger=0)
             self._dealer = None
-        self._ctx.destroy(linger=LINGER_MS)
+        if self._own_ctx:
+            self._ctx.destroy(linger=LINGER_MS)
 
     def __enter__(self) -> Client:
         return self

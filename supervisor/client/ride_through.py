@@ -38,10 +38,11 @@ of event seen).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -95,6 +96,10 @@ class Watch:
         """How long a follower waits for a supervisor to answer again once this one is gone."""
         return self.adopt_within + RETURN_MARGIN
 
+    def fileno(self) -> int | None:
+        """The pidfd, readable once this supervisor run has ended (None: ask `gone` instead)."""
+        return None if self._gone_at_open else self._pidfd
+
     def gone(self) -> bool:
         """Whether this supervisor run has ended (cheap: one poll of its pidfd)."""
         if self._gone_at_open:
@@ -116,22 +121,47 @@ def await_return(
     seconds (the old one's requests dropped first); None when none did, or `interrupted()`."""
     deadline = time.monotonic() + within
     client.drop_requests()
+    while not interrupted():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        status = status_if_back(client, left)
+        if status is not None:
+            return status
+        time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
+    return None
+
+
+async def await_return_async(
+    client: Client,
+    within: float,
+    offload: Callable[[Callable[[], dict | None]], Awaitable[dict | None]],
+) -> dict | None:
+    """await_return for an event loop: the looks run through `offload` (a worker thread), and
+    the pauses between them hold no thread."""
+    deadline = time.monotonic() + within
+    client.drop_requests()
+    while (left := deadline - time.monotonic()) > 0:
+        status = await offload(lambda: status_if_back(client, left))
+        if status is not None:
+            return status
+        await asyncio.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
+    return None
+
+
+def status_if_back(client: Client, within: float) -> dict | None:
+    """One look: the `status` of a supervisor that holds the lock and answers within `within`
+    seconds (at most the client's timeout); None while none does (starting, or gone again)."""
+    if not client.running():
+        return None
     saved_timeout = client.timeout
+    client.timeout = max(0.05, min(saved_timeout, within))
     try:
-        while not interrupted():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            if client.running():  # its lock held and its socket there: ask it
-                client.timeout = max(0.05, min(saved_timeout, left))
-                try:
-                    return client.status()
-                except CcsupError:
-                    pass  # starting, or gone again
-            time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
+        return client.status()
+    except CcsupError:
+        return None
     finally:
         client.timeout = saved_timeout
-    return None
 
 
 def _kind(topic: str) -> str:

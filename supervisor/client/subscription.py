@@ -216,7 +216,8 @@ class Subscription:
         deadline = time.monotonic() + timeout
         while not self._pending:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+            # Past the deadline, what is already there is still read (a zero-timeout poll).
+            if not self._sock.poll(int(left * 1000) + 1 if left > 0 else 0, zmq.POLLIN):
                 if time.monotonic() >= deadline:
                     return False
                 continue
