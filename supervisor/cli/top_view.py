@@ -92,6 +92,10 @@ def key_rows(model: Model) -> list[tuple[str, str, int, int, str, str]]:
         caps.setdefault(wait["key"], "?")
     paused, rate = {}, {}
     for entry in model.ps.get("keys") or []:
+        if "cap" in entry:  # a paused key that has not run yet: its cap as ps says it
+            caps.setdefault(entry["key"], entry["cap"])
+            if caps[entry["key"]] == "?":
+                caps[entry["key"]] = entry["cap"]
         if entry.get("paused"):
             until = entry["paused"].get("until")
             paused[entry["key"]] = "until " + time.strftime("%H:%M:%S", time.localtime(until))

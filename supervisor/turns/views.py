@@ -64,9 +64,15 @@ def _why(manager: Manager, key: str, position: int | None) -> Any:
 
 
 def _keys(manager: Manager) -> list[Any]:
-    """Paused keys, rate windows and why each key's head waits (supervisor.admission.control)."""
+    """Paused keys, rate windows and why each key's head waits (supervisor.admission.control),
+    each with its cap (a paused key that has not run yet has no slot tally to say it)."""
     keys_view = getattr(manager.admission, "keys_view", None)
-    return keys_view(manager.queue.keys_by_age(), manager.refused) if keys_view else []
+    entries = keys_view(manager.queue.keys_by_age(), manager.refused) if keys_view else []
+    caps = getattr(manager.gate, "caps", None)
+    for entry in entries:
+        if caps is not None and not str(entry.get("key", "_")).startswith("_"):
+            entry.setdefault("cap", caps.cap_for(entry["key"]))
+    return entries
 
 
 def status(manager: Manager) -> dict[str, Any]:

@@ -381,6 +381,13 @@ class Live:
             if key not in keys:
                 keys[key] = self._key_view(key, 0)
             keys[key]["waiting"] += 1
+        entries = self.ps.get("keys")
+        for entry in entries if isinstance(entries, list) else []:  # paused, never run: a row too
+            if isinstance(entry, dict) and isinstance(entry.get("key"), str) and "cap" in entry:
+                name = entry["key"]
+                covering = any(k.startswith(name + ":") for k in keys)  # a bare harness name
+                if name not in keys and not name.startswith("_") and not covering:
+                    keys[name] = self._key_view(name, 0)
         holders = []
         for slot in slots:
             if not isinstance(slot.get("state"), str) or slot["state"] not in TAKEN:
@@ -444,6 +451,8 @@ class Live:
         )
 
     def _key_view(self, key: str, cap: int) -> KeyView:
+        # A key with no slot tally yet (paused before it ever ran): its cap as `ps` says it.
+        cap = cap or _int(self._ps_key_entry(key).get("cap")) or 0
         until, reason = self._pause_of(key)
         return KeyView(
             key=key,

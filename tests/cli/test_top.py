@@ -175,3 +175,12 @@ def test_escape_withdraws_a_prompt_and_a_wide_top_names_the_holders(cli_daemon, 
         go.touch()
         pane.close()
         holder.wait(timeout=20)
+
+
+def test_a_paused_key_that_never_ran_shows_its_cap_in_top():
+    from supervisor.cli.top_view import key_rows
+
+    paused = {"key": "fresh", "until": 2_000_000_000.0, "reason": None}
+    ps = {"slots": [], "waits": [], "keys": [{"key": "fresh", "paused": paused, "cap": 3}]}
+    rows = key_rows(Model(status={"pid": 1, "started_at": 1.0}, ps=ps))
+    assert [(r[0], r[1]) for r in rows] == [("fresh", "3")]

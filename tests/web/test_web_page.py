@@ -572,3 +572,28 @@ def test_a_turns_page_lists_its_leftovers_as_text_live_and_from_the_history(
     expect(later.locator("#leftovers tbody tr")).to_have_count(1)
     expect(later.locator("#leftovers tbody tr").first).to_contain_text(f"{planted} 300")
     assert later.locator("#planted").count() == 0
+
+
+def test_a_paused_key_never_run_shows_its_cap_and_a_stopped_supervisor_greys_the_page(
+    daemon, state_dir, web, browser
+):
+    """A key paused before it ever ran (no slot files: no tally) shows its real cap, not 0; once
+    the supervisor is stopped, the page says what it shows is the last seen, not live, and its
+    pause and resume buttons are off (there is nobody to ask)."""
+    d = start_supervisor(daemon, state_dir, "codex = 2", slots="default_cap = 3")
+    w = web(d.config)
+    page = page_of(browser, w.url)
+    with d.client() as client:
+        client.pause(
+            "fresh", for_=600
+        )  # the control command pauses any name (--force is the CLI's)
+        hold(client, "fresh", "s1", "alpha")
+    row = page.locator('#keys tr[data-key="fresh"]')
+    expect(row.locator("td.n").first).to_have_text("3")
+    expect(page.locator("#keys-stale")).to_be_hidden()
+    expect(row.locator("button.pause-key")).to_be_enabled()
+    d.stop()
+    expect(page.locator("#holders-stale")).to_contain_text("not live since")
+    expect(page.locator("#queue-stale")).to_be_visible()
+    expect(row.locator("button.pause-key")).to_be_disabled()
+    expect(row.locator("button.resume-key")).to_be_disabled()

@@ -7,6 +7,7 @@
   const MAX_LANES = 12; // sub-lanes of one key's timeline row; more overlapping bars share the last
   const MAX_ROWS = 300; // rows of the queue and holders tables; the rest is counted
   let state = null;
+  const OFFLINE = "not connected: no supervisor to ask";
 
   function slotCells(k) {
     const cells = [];
@@ -37,8 +38,8 @@
         el("td", { class: "pause " + (paused ? "paused" : "muted") }, paused || "–"),
         el("td", { class: "rate muted" }, rateText(k) || "–"),
         el("td", { class: "actions" },
-          el("button", { class: "pause-key", title: "grant nothing of " + k.key + " for a while" }, "pause"),
-          paused ? el("button", { class: "resume-key", title: "end the pause of " + k.key }, "resume") : null));
+          el("button", { class: "pause-key", disabled: !state.connected, title: state.connected ? "grant nothing of " + k.key + " for a while" : OFFLINE }, "pause"),
+          paused ? el("button", { class: "resume-key", disabled: !state.connected, title: state.connected ? "end the pause of " + k.key : OFFLINE }, "resume") : null));
     });
     ccsup.replaceRows(document.querySelector("#keys tbody"), rows);
     // Pauses and start rates show only where the supervisor has them.
@@ -135,6 +136,14 @@
   function renderHeader() {
     const s = state.supervisor || {};
     ccsup.setConnected(state.connected, state.connected ? "live" : "not connected: " + (state.error || "?"));
+    // Without a supervisor, the keys, holders and queue are the last ones seen, not live: greyed,
+    // said so, and nothing on them can be asked of anyone.
+    document.body.classList.toggle("stale", !state.connected);
+    for (const id of ["keys-stale", "holders-stale", "queue-stale"]) {
+      const note = document.getElementById(id);
+      note.hidden = state.connected;
+      note.textContent = state.connected ? "" : `not live since ${clock(state.updated_at)}: as last seen`;
+    }
     document.getElementById("sup").textContent = s.pid
       ? `supervisor ${s.pid} on ${s.state_dir} · ${s.turns} running · ${s.waits} waiting${s.stopping ? " · stopping" : ""}`
       : "";
