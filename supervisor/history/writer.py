@@ -20,8 +20,11 @@ supervisor, from finished.log's line (`repair`, dated as it happened) or, when i
 finished, from restore's settling of it. Empty or
 missing file: created with the schema. An older version (1 to 3): the columns it lacks are added
 in one transaction (db.migrations) before anything is written; old rows read NULL there (version
-2's turns: never adopted). Corrupt file: moved aside to `history.sqlite.corrupt-<time>` (logged)
-and started afresh. A newer version (`PRAGMA user_version` > ours): left untouched and
+2's turns: never adopted). Corrupt file (SQLite says corrupt, or not a database): moved aside to
+`history.sqlite.corrupt-<time>` (logged) and started afresh. Any other failure to open or write it
+(the disk full, an I/O error): the file is left where it is, said once in the log, and the events
+are kept in memory (up to PENDING_MAX, the oldest dropped beyond, counted) and written when a try
+every RETRY seconds succeeds (`Unavailable`): turns that ended meanwhile reach it then. A newer version (`PRAGMA user_version` > ours): left untouched and
 not written (logged). Restart: the file is kept; old turns are pruned with the logs (`prune`).
 Modes: the file is made 0600 before SQLite opens it (SQLite makes it 0644, and its -wal and -shm
 copy the file's mode); one left wider by an older ccsup is narrowed at open (`_make_private`).
@@ -29,6 +32,7 @@ copy the file's mode); one left wider by an older ccsup is narrowed at open (`_m
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -70,11 +74,60 @@ _EXIT_FIELDS = frozenset(
 )
 
 
+class Unavailable(Exception):
+    """The history cannot be opened or written now, its file not corrupt (the disk full, an I/O
+    error): left in place, tried again later."""
+
+
+_CORRUPT = {getattr(sqlite3, "SQLITE_CORRUPT", 11), getattr(sqlite3, "SQLITE_NOTADB", 26)}
+
+
+def corrupt(e: sqlite3.Error) -> bool:
+    """Does SQLite say the file itself is bad (corrupt, not a database)? A full disk, an I/O error
+    or a lock is not the file's fault."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in _CORRUPT
+    text = str(e)
+    return "malformed" in text or "not a database" in text
+
+
+_FOR_NOW = {
+    getattr(sqlite3, name, code)
+    for name, code in (
+        ("SQLITE_FULL", 13),
+        ("SQLITE_IOERR", 10),
+        ("SQLITE_CANTOPEN", 14),
+        ("SQLITE_BUSY", 5),
+        ("SQLITE_LOCKED", 6),
+    )
+}
+
+
+def _for_now(e: sqlite3.Error) -> bool:
+    """A failure that passes (the disk full, an I/O error, a lock), not one of the events'."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in _FOR_NOW
+    return "disk is full" in str(e) or "disk I/O error" in str(e)
+
+
+def _disk_full(directory: Path) -> bool:
+    """Is the filesystem under directory out of room (SQLite may say only "disk I/O error")?"""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024 or (st.f_files > 0 and st.f_favail == 0)
+
+
 def open_writer(path: Path) -> sqlite3.Connection | None:
     """The writer's connection, the schema made; a corrupt file is moved aside first. None when
-    the file is a newer version (it is left alone and nothing is written)."""
+    the file is a newer version (it is left alone and nothing is written). Unavailable when it
+    cannot be opened now for another reason (the disk full): the file is left as it is."""
     for attempt in (1, 2):
         _make_private(path)
+        db: sqlite3.Connection | None = None
         try:
             db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
@@ -98,7 +151,11 @@ def open_writer(path: Path) -> sqlite3.Connection | None:
             db.executescript(SCHEMA)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return db
-        except sqlite3.DatabaseError as e:
+        except sqlite3.Error as e:
+            if db is not None:
+                db.close()
+            if not corrupt(e):
+                raise Unavailable(f"unable to open history {path}: {e}") from None
             if attempt == 2:
                 raise CcsupError(f"unable to open history {path}: {e}") from None
             aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
@@ -123,6 +180,8 @@ def _make_private(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            raise Unavailable(f"unable to open history {path}: {e.strerror}") from None
         raise CcsupError(f"unable to open history {path}: {e.strerror}") from None
     try:
         os.fchmod(fd, 0o600)
@@ -314,6 +373,8 @@ class Recorder:
 
     BATCH = 500
     GATHER = 0.05  # seconds
+    RETRY = 1.0  # seconds between tries of a history that could not be opened or written
+    PENDING_MAX = 100_000  # events kept while it cannot be written; the oldest go beyond
 
     def __init__(self, state_dir: Path):
         self.path = history_path(state_dir)
@@ -323,6 +384,9 @@ class Recorder:
         self._idle = threading.Event()
         self._idle.set()
         self._closing = threading.Event()  # set by close(): what is queued is written at once
+        self._unavailable: str | None = None  # why the file cannot be written now (said once)
+        self._retry_at = 0.0
+        self.dropped = 0  # events dropped past PENDING_MAX while it could not be written
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="history", daemon=True)
@@ -365,18 +429,19 @@ class Recorder:
             self._thread = None
 
     def _run(self) -> None:
-        try:
-            db = open_writer(self.path)
-        except CcsupError as e:
-            log.error("%s: no history is written", e.message)
-            db = None
+        db = self._open()
+        pending: list = []  # not written yet: the file could not be opened or written
         stop = False
         while not stop:
-            items = [self._queue.get()]
+            try:
+                items = [self._queue.get(timeout=self.RETRY if pending else None)]
+            except queue.Empty:
+                items = []
             # Gather what comes in the next moment into the same transaction: fewer commits,
             # and fewer times this thread takes the GIL from the event loop. Not once closing:
             # the supervisor's stop waits for this thread.
-            self._closing.wait(self.GATHER)
+            if items:
+                self._closing.wait(self.GATHER)
             while len(items) < self.BATCH:
                 try:
                     items.append(self._queue.get_nowait())
@@ -385,14 +450,56 @@ class Recorder:
             if None in items:
                 stop = True
                 items = [i for i in items if i is not None]
-            if db is not None and items:
-                self._write(db, items)
+            if self._unavailable is not None and time.monotonic() >= self._retry_at:
+                db = self._open()
+            pending.extend(items)
+            if db is not None and pending:
+                if self._write(db, pending):
+                    pending = []
+                else:
+                    db.close()
+                    db = None
+            if len(pending) > self.PENDING_MAX:
+                self.dropped += len(pending) - self.PENDING_MAX
+                del pending[: len(pending) - self.PENDING_MAX]
             if self._queue.empty():
                 self._idle.set()
         if db is not None:
             db.close()
 
-    def _write(self, db: sqlite3.Connection, items: list) -> None:
+    def _open(self) -> sqlite3.Connection | None:
+        """open_writer, a failure said once per spell (and when it ends), and tried again."""
+        try:
+            db = open_writer(self.path)
+        except Unavailable as e:
+            self._unavailable_now(str(e))
+            return None
+        except CcsupError as e:
+            log.error("%s: no history is written", e.message)
+            return None
+        if self._unavailable is not None:
+            log.warning(
+                "history %s is written again (%d events were dropped)", self.path, self.dropped
+            )
+            self._unavailable = None
+        return db
+
+    def _unavailable_now(self, why: str) -> None:
+        if self._unavailable is None:
+            log.error(
+                "%s%s: the file is left as it is; events are kept and written once it can be "
+                "(tried every %gs)",
+                why,
+                " (the disk is full)" if _disk_full(self.path.parent) else "",
+                self.RETRY,
+            )
+        self._unavailable = why
+        self._retry_at = time.monotonic() + self.RETRY
+
+    def _write(self, db: sqlite3.Connection, items: list) -> bool:
+        """One transaction of items: True when written (or dropped for good), False when the file
+        cannot be written now (the disk full, an I/O error): rolled back, to be tried again."""
+        written = 0
         try:
             db.execute("BEGIN")
             for topic, value in items:
@@ -402,7 +509,7 @@ class Recorder:
                         "UPDATE turns SET log_pruned_at = ? WHERE id = ?", [(at, i) for i in ids]
                     )
                 elif topic == "repair":
-                    self.written += repair_ends(db, value)
+                    written += repair_ends(db, value)
                 elif topic == "prune":
                     old = "SELECT id FROM turns WHERE ended_at IS NOT NULL AND ended_at < ?"
                     db.execute(f"DELETE FROM events WHERE turn_id IN ({old})", (value,))
@@ -411,11 +518,17 @@ class Recorder:
                     )
                 else:
                     apply_event(db, topic, value)
-                    self.written += 1
+                    written += 1
             db.execute("COMMIT")
         except sqlite3.Error as e:
-            log.error("unable to write %d history event(s) to %s: %s", len(items), self.path, e)
             try:
                 db.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+            if _for_now(e):
+                self._unavailable_now(f"unable to write history {self.path}: {e}")
+                return False
+            log.error("unable to write %d history event(s) to %s: %s", len(items), self.path, e)
+            return True
+        self.written += written
+        return True

@@ -95,3 +95,50 @@ def test_on_a_full_disk_what_is_acknowledged_runs_once_across_a_crash_and_the_re
         wait_until(lambda: client.status()["waits"] == 0 and client.status()["turns"] == 0)
     assert sorted(ran(witness)) == sorted(["block", *acknowledged])  # once each, no refused one
     assert d.stop(timeout=20) == 0
+
+
+def history_rows(state_dir) -> dict[str, str | None]:
+    """id -> outcome of every turn in the history file (read-only, as `ccsup history` reads it)."""
+    import sqlite3
+
+    path = state_dir / "history.sqlite"
+    if not path.exists():
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        return dict(db.execute("SELECT id, outcome FROM turns").fetchall())
+    except sqlite3.Error:
+        return {}
+    finally:
+        db.close()
+
+
+def test_a_full_disk_at_start_keeps_the_history_which_catches_up_once_room_is_back(
+    daemon, event_log, state_dir
+):
+    """The history is healthy; the supervisor restarts on a full disk: the file stays where it is
+    (not taken for corrupt and moved aside), the trouble is said once, and once room is back the
+    turns that ended meanwhile are in it, beside the ones before."""
+    d = daemon(caps="a = 1")
+    with d.client() as client:
+        client.turn("a", ["true"], id="before")
+        wait_until(lambda: history_rows(state_dir).get("before") == "ok", 15, 0.05)
+    assert d.stop(timeout=20) == 0
+    with full(state_dir):
+        d.start()
+        log = event_log(d)
+        with d.client() as client:
+            client.turn("a", ["true"], id="meanwhile")
+            log.wait_for("turn.meanwhile.released")
+        assert sorted(p.name for p in state_dir.iterdir() if ".corrupt" in p.name) == []
+        assert (state_dir / "history.sqlite").stat().st_size > 0  # where it was
+    wait_until(
+        lambda: history_rows(state_dir) == {"before": "ok", "meanwhile": "ok"},
+        30,
+        0.1,
+        "the history to catch up once room is back",
+    )
+    said = [line for line in d.stderr_path.read_text().splitlines() if "history" in line]
+    assert len([line for line in said if "full" in line]) == 1, said
+    assert not [line for line in said if "corrupt" in line or "unreadable" in line], said
+    assert d.stop(timeout=20) == 0
