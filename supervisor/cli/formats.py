@@ -1,4 +1,5 @@
-"""How `ccsup status` and `ccsup ps` print: ages, holders, groups, aligned tables. Pure."""
+"""The cells and tables every command prints with: ages, groups, commands, the terminal's width,
+aligned tables. Pure; imports no other module of supervisor.cli."""
 
 from __future__ import annotations
 
@@ -66,63 +67,3 @@ def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
         "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in [header, *rows]
     ]
-
-
-def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
-    from ..wire.requester import describe
-    from .keys import format_keys, format_why
-
-    slots = ps.get("slots", [])
-    waits = ps.get("waits", [])
-    tallies = ps.get("slot_keys")
-    lines = []
-    if tallies:  # each key's slots by state; free slots are only counted (supervisor.slots.views)
-        states = ["free", "held", "reserved", "orphaned", "unreadable"]
-        rows = [
-            [t.get("key", "?"), str(t.get("cap", "?"))] + [str(t.get(s, 0)) for s in states]
-            for t in tallies
-        ]
-        lines += format_table(
-            ["KEY", "CAP", "FREE", "HELD", "RESERVED", "ORPHANED", "UNREADABLE"], rows
-        )
-        lines.append("")
-    if slots:
-        rows = [
-            [
-                s.get("key", "?"),
-                str(s.get("index", "?")),
-                str(s.get("cap", "?")),
-                s.get("state", "?"),
-                s.get("turn") or "-",
-                describe(s.get("holder"), s.get("requester")),
-                str(s.get("pid") or "-"),
-                format_groups(s.get("groups")),
-                age(s.get("since"), now),
-                format_command(s.get("argv")) if s.get("turn") else "-",
-            ]
-            for s in slots
-        ]
-        header = ["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"]
-        lines += fit(format_table([*header, "COMMAND"], rows), width)
-    else:
-        lines.append("no slot taken" if tallies is not None else "no slots")
-    lines.append("")
-    if waits:
-        rows = [
-            [
-                str(w.get("position", "?")),
-                w.get("id", "?"),
-                w.get("key", "?"),
-                describe(w.get("holder"), w.get("requester")),
-                age(w.get("since"), now),
-                format_why(w.get("why"), now),
-                format_command(w.get("argv")),
-            ]
-            for w in waits
-        ]
-        header = ["POS", "ID", "KEY", "HOLDER", "WAITING", "WHY", "COMMAND"]
-        lines += fit(format_table(header, rows), width)
-    else:
-        lines.append("no one waiting")
-    keys = format_keys(ps, now)  # paused keys and rate windows
-    return lines + ([""] + keys if keys else [])

@@ -1,5 +1,6 @@
 """`ccsup ps [--key K]... [--json]`: slots by key, then the waiters in order; `--key` keeps only
-the keys it names or matches (a shell glob), in the table and in --json alike."""
+the keys it names or matches (a shell glob), in the table and in --json alike. The table is made
+here (`format_ps`, pure), from supervisor.cli.formats' cells and supervisor.cli.keys' words."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 
 import click
 
+from .formats import age, fit, format_command, format_groups, format_table
 from .options import complete_keys, key_matches, key_patterns_option
 from .where import emit_json, where
 
@@ -39,7 +41,7 @@ def ps(ctx: click.Context, keys: list[str] | None, as_json: bool) -> None:
     if as_json:
         emit_json(result)
         return
-    from .formats import format_ps, terminal_width  # not for --json
+    from .formats import terminal_width  # not for --json
 
     lines = format_ps(result, time.time(), terminal_width())
     if "cluster" in result:  # [cluster]: the cluster keys on every machine
@@ -53,3 +55,63 @@ def ps(ctx: click.Context, keys: list[str] | None, as_json: bool) -> None:
             lines = colour.paint_column(lines, column, colour.state_colour)
     for line in lines:
         click.echo(line)
+
+
+def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
+    from ..wire.requester import describe
+    from .keys import format_keys, format_why
+
+    slots = ps.get("slots", [])
+    waits = ps.get("waits", [])
+    tallies = ps.get("slot_keys")
+    lines = []
+    if tallies:  # each key's slots by state; free slots are only counted (supervisor.slots.views)
+        states = ["free", "held", "reserved", "orphaned", "unreadable"]
+        rows = [
+            [t.get("key", "?"), str(t.get("cap", "?"))] + [str(t.get(s, 0)) for s in states]
+            for t in tallies
+        ]
+        lines += format_table(
+            ["KEY", "CAP", "FREE", "HELD", "RESERVED", "ORPHANED", "UNREADABLE"], rows
+        )
+        lines.append("")
+    if slots:
+        rows = [
+            [
+                s.get("key", "?"),
+                str(s.get("index", "?")),
+                str(s.get("cap", "?")),
+                s.get("state", "?"),
+                s.get("turn") or "-",
+                describe(s.get("holder"), s.get("requester")),
+                str(s.get("pid") or "-"),
+                format_groups(s.get("groups")),
+                age(s.get("since"), now),
+                format_command(s.get("argv")) if s.get("turn") else "-",
+            ]
+            for s in slots
+        ]
+        header = ["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"]
+        lines += fit(format_table([*header, "COMMAND"], rows), width)
+    else:
+        lines.append("no slot taken" if tallies is not None else "no slots")
+    lines.append("")
+    if waits:
+        rows = [
+            [
+                str(w.get("position", "?")),
+                w.get("id", "?"),
+                w.get("key", "?"),
+                describe(w.get("holder"), w.get("requester")),
+                age(w.get("since"), now),
+                format_why(w.get("why"), now),
+                format_command(w.get("argv")),
+            ]
+            for w in waits
+        ]
+        header = ["POS", "ID", "KEY", "HOLDER", "WAITING", "WHY", "COMMAND"]
+        lines += fit(format_table(header, rows), width)
+    else:
+        lines.append("no one waiting")
+    keys = format_keys(ps, now)  # paused keys and rate windows
+    return lines + ([""] + keys if keys else [])

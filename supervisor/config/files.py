@@ -9,13 +9,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..errors import ConfigError
 from .values import expand_home
-
-if TYPE_CHECKING:
-    from . import Config
 
 EMBEDDED_SOURCE = "<embedded defaults>"
 
@@ -69,7 +66,14 @@ def read_text(path: Path) -> str:
         ) from None
 
 
-def resolve_state_dir(cli_value: str | None, env: Mapping[str, str], config: Config) -> Path:
+class _WithStateDir(Protocol):
+    """What resolve_state_dir reads of a Config (this module is below the package's __init__)."""
+
+    @property
+    def state_dir(self) -> Path | None: ...
+
+
+def resolve_state_dir(cli_value: str | None, env: Mapping[str, str], config: _WithStateDir) -> Path:
     """--state-dir > $CCSUP_STATE_DIR > config.state_dir > $XDG_STATE_HOME/ccsup > ~/.local/state/ccsup.
 
     Always absolute: the daemon's ipc:// endpoints are paths inside it.
