@@ -14,7 +14,7 @@ found, the embedded `supervisor/config/default.toml` serves.
 
 The modules: `schema` (Section/Key, the Checker that collects problems with their lines),
 `values` (durations, sizes, caps, strings), one module per section (`top`, `slots`, `guard`,
-`endpoints`, `harness`, `cluster`), `files` (finding and reading the file, the state directory) and
+`endpoints`, `harness`, `cluster`, `pools`, ...), `files` (finding and reading the file, the state directory) and
 `template` (the commented default `ccsup config init` writes).
 
 How to add a section, say `[logs]`:
@@ -56,6 +56,7 @@ from . import (
     memory,
     metrics,
     quota,
+    pools,
     slots,
     top,
     web,
@@ -77,6 +78,7 @@ from .hooks import HookSettings
 from .logs import LogLimits
 from .memory import MemorySettings
 from .metrics import MetricsSettings
+from .pools import Pools
 from .schema import Checker, ConfigProblems, Problem, Section, syntax_problem
 from .slots import DEFAULT_CAP, DEFAULT_RESERVATION_TTL, TTL_ENV
 from .values import duration, size
@@ -129,6 +131,8 @@ SECTIONS: tuple[Section, ...] = (
     memory.SECTION,
     hooks.SECTION,
     wrap.SECTION,
+    pools.SECTION,
+    pools.ENV_SECTION,
 )
 
 
@@ -155,6 +159,7 @@ class Config:
     hooks: HookSettings = HookSettings()  # [hooks]: supervisor.agents' shell-command hook
     memory: MemorySettings = field(default_factory=MemorySettings)  # [memory]: the machine's room
     wrap: wrap.WrapSettings = wrap.WrapSettings()  # [wrap]: `ccsup wrap`'s key and its cap
+    pools: Pools = Pools()  # [pools] and [env."<key>"]: config/pools.py
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "harness", MappingProxyType(dict(self.harness)))
@@ -184,6 +189,8 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     named = set(slot_settings.caps) | set(harnesses)
     named |= set(cluster_settings.caps) if cluster_settings is not None else set()
     memory_settings = memory.parse_memory(c, table, named)
+    cluster_caps = cluster_settings.caps if cluster_settings is not None else {}
+    pool_settings = pools.parse_pools(c, table, slot_settings.caps, cluster_caps)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None
@@ -222,6 +229,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         hooks=hook_settings,
         memory=memory_settings,
         wrap=wrap_settings,
+        pools=pool_settings,
     )
 
 

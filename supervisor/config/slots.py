@@ -44,7 +44,7 @@ SECTION = Section(
         ),
         Key(
             "caps",
-            {"codex": 2, "opencode:xai": 1, "opencode": 3},
+            {"codex": 2, "opencode:xai": 1, "opencode": 3, "claude:work": 1, "claude:home": 1},
             "Caps by key. A bare harness name (opencode = 3) gives that cap to every opencode:* key\n"
             "not named itself, each key on its own. Keys are `harness` or `harness:variant`.",
             example=True,

@@ -572,8 +572,13 @@ def test_commented_examples_in_the_default_are_valid_when_uncommented():
     config = cfg.parse(uncommented, "uncommented", {"HOME": "/h"})
     assert config.state_dir == Path("/h/.local/state/ccsup")
     assert config.caps == Caps(
-        1, {"codex": 2, "opencode:xai": 1, "opencode": 3}, {"codex": 2, "session": 32}, 8, 1024**3
+        1,
+        {"codex": 2, "opencode:xai": 1, "opencode": 3, "claude:work": 1, "claude:home": 1},
+        {"codex": 2, "session": 32},
+        8,
+        1024**3,
     )
+    assert dict(config.pools.pools) == {"claude": ("claude:work", "claude:home")}
     assert config.harness["codex"].command == ["codex", "app-server"]
     assert config.endpoints.control == "ipc:///run/user/1000/ccsup/control"
     assert config.admission.rates["opencode:xai"] == Rate(3, 10.0)
