@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 START_SLACK = 0.05
 
 _GATE_WORDS = ("key_full", "machine_full", "low_memory", "unreadable")  # SlotGate.last_refusal
+_REASONS = frozenset(r.value for r in WaitReason)
 
 log = logging.getLogger("ccsup.keyctl")
 
@@ -125,6 +126,7 @@ class KeyControl:
         self._scanner: StderrScanner | None = None
         self.readers: QuotaReaders | None = None  # the harnesses' own signals, made at first use
         self._homes: dict[str, Path] = {}  # granted turn -> its CODEX_HOME, until it starts
+        self.key_env: Callable[[str], Mapping[str, str]] = lambda key: {}  # set by attach
         self._checking: Counter[str] = Counter()  # key -> ended turns whose stderr is unscanned
         self._wake: Timer | None = None
         self._wake_at: float | None = None
@@ -152,6 +154,7 @@ class KeyControl:
         self.cancel = manager.cancel
         self.lookup = manager.ledger.get
         self.files = manager.ledger.files  # admission.json's fsyncs, off the event loop
+        self.key_env = lambda key: manager.settings.key_env.get(key, {})  # [env."<key>"]
         manager.ledger.observers.append(self._observe)
         manager.ledger.on_finished.append(lambda item: self._finished(item.id))
 
@@ -163,14 +166,16 @@ class KeyControl:
 
     # -- the manager's Admission (supervisor.turns.manager) ------------------------------------------
 
-    def refusal(self, item: Item, now: float) -> Refusal | None:
-        why = self.hold(item.key, now)
+    def refusal(self, item: Item, now: float, key: str | None = None) -> Refusal | None:
+        """`key`: a pool's member the item would be granted on (default: its own key)."""
+        key = key or item.key
+        why = self.hold(key, now)
         if why is not None and self.room is not None:
             self.room.held.pop(item.id, None)  # held for time: it keeps nobody from the room
         if why is None and self.room is not None:
             why = self.room.hold(item, now)  # memory room and pressure: the last hold asked
             if why is not None:
-                self.policy.note(item.key, why)
+                self.policy.note(key, why)
         if why is None:
             return None
         if why.until is not None:
@@ -201,11 +206,14 @@ class KeyControl:
         if kind == "granted" and isinstance(item, Turn) and self.settings.quota_read:
             # The turn's environment is the guard's once it starts: where its Codex keeps its
             # session files is taken now (supervisor.admission.quota_readers).
-            self._homes[item.id] = codex_home(item.env, item.env_replace, item.cwd)
+            # A pool's turn: its member's [env] (CODEX_HOME) comes after the caller's.
+            env = {**item.env, **self.key_env(item.slot_key)}
+            self._homes[item.id] = codex_home(env, item.env_replace, item.cwd)
         if kind == "granted" and item is not None:
             if isinstance(body.get("reservation"), str):
                 return  # a turn binding a held reservation: that grant was counted already
-            self.granted(item.key, item.id)
+            member = body.get("member")  # a pool's turn counts in its member's rate window
+            self.granted(member if isinstance(member, str) else item.key, item.id)
             if self.queue is not None:
                 self.queue.ordering.granted(item.id)
         elif isinstance(item, Turn) and kind == "started":
@@ -473,6 +481,8 @@ class KeyControl:
         key's head (the gate's word, or one of this policy's holds). Changes nothing."""
         if gate is None:
             head = None  # not refused at the last round: it is being granted
+        elif gate.detail and gate.reason in _REASONS:  # a pool: its members' refusals
+            head = Why(WaitReason(gate.reason), gate.until, gate.detail)
         elif gate.reason in _GATE_WORDS:
             head = gate_why(gate.reason)
         else:
@@ -554,9 +564,9 @@ class KeyControl:
         now = self.clock()
         granted_at = self._granted_at.pop(turn.id, None)
         if granted_at is not None:  # the rate window counts from when the work started
-            self.policy.starts.restamp(turn.key, granted_at, now + START_SLACK)
+            self.policy.starts.restamp(turn.slot_key, granted_at, now + START_SLACK)
             self._dirty = True  # saved with the next grant's save, or at close
-        deadline = self.limits.deadline(turn.key, turn.timeout, started_at or now)
+        deadline = self.limits.deadline(turn.slot_key, turn.timeout, started_at or now)
         if deadline is not None:
 
             def warn() -> None:
@@ -574,15 +584,16 @@ class KeyControl:
                     asyncio.get_running_loop().call_soon_threadsafe,
                 )
             home = self._homes.pop(turn.id, None) or codex_home({}, False, turn.cwd)
-            self.readers.turn_started(turn.id, turn.key, home)
-        rule = self.rules.rule_for(turn.key)
+            # a pool's turn: what it reads is its member's (the account it ran on)
+            self.readers.turn_started(turn.id, turn.slot_key, home)
+        rule = self.rules.rule_for(turn.slot_key)
         if rule is not None and rule.stderr is not None:
             if self._scanner is None:
                 loop = asyncio.get_running_loop()
                 self._scanner = StderrScanner(
                     self._stderr_matched, self._stderr_done, loop.call_soon_threadsafe
                 )
-            self._scanner.watch(turn.id, rule.stderr, (turn.key, rule))
+            self._scanner.watch(turn.id, rule.stderr, (turn.slot_key, rule))
 
     def _expiring(self, turn: Turn, stop_at: float, limit: float, source: str) -> None:
         if turn.state is not State.RUNNING:
@@ -603,15 +614,15 @@ class KeyControl:
 
     def turn_exited(self, turn: Turn) -> None:
         if self._scanner is not None and self._scanner.finish(turn.id):
-            self._checking[turn.key] += 1
+            self._checking[turn.slot_key] += 1
         if self.readers is not None and self.readers.reading(turn.id):
             # Its last lines and records are read before the key's next grant (a 429 read).
-            self._checking[turn.key] += 1
-            self.readers.turn_ended(turn.id, partial(self._read_done, turn.key))
-        rule = self.rules.rule_for(turn.key)
+            self._checking[turn.slot_key] += 1
+            self.readers.turn_ended(turn.id, partial(self._read_done, turn.slot_key))
+        rule = self.rules.rule_for(turn.slot_key)
         code = turn.exit["code"] if turn.exit is not None else None
         if rule is not None and code in rule.exit_codes:
-            self._pause_for(turn.id, turn.key, rule, None, f"exit code {code}")
+            self._pause_for(turn.id, turn.slot_key, rule, None, f"exit code {code}")
 
     def turn_finished(self, item_id: str) -> None:
         self._homes.pop(item_id, None)

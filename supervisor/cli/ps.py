@@ -37,7 +37,11 @@ def ps(ctx: click.Context, keys: list[str] | None, as_json: bool) -> None:
     if keys is not None:  # the same shape, with only the keys asked for
         for part in ("slots", "slot_keys", "waits", "keys"):
             if part in result:
-                result[part] = [e for e in result[part] if key_matches(e.get("key", ""), keys)]
+                result[part] = [
+                    e
+                    for e in result[part]  # a pool's turn: its member's slot, or its pool
+                    if key_matches(e.get("key", ""), keys) or key_matches(e.get("pool") or "", keys)
+                ]
     if as_json:
         emit_json(result)
         return
@@ -78,7 +82,7 @@ def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
     if slots:
         rows = [
             [
-                s.get("key", "?"),
+                s.get("key", "?") + (f" ({s['pool']})" if s.get("pool") else ""),
                 str(s.get("index", "?")),
                 str(s.get("cap", "?")),
                 s.get("state", "?"),

@@ -68,7 +68,9 @@ MIN_COMMAND = 24  # characters of COMMAND a terminal's table keeps, dropping usa
 
 
 def _history_table(records, usage, adopted: bool, short: bool) -> list[str]:
-    header = ["ID", "KEY", "HOLDER", "OUTCOME", "QUEUED", "WAIT", "RUN", "ENDED"]
+    member = any(r.get("member") is not None for r in records)  # a pool's turn: its member
+    header = ["ID", "KEY", *(["MEMBER"] if member else []), "HOLDER", "OUTCOME", "QUEUED", "WAIT"]
+    header += ["RUN", "ENDED"]
     header += [title for _, title, _ in usage]
     if adopted:
         header.append("ADOPTED")
@@ -79,6 +81,7 @@ def _history_table(records, usage, adopted: bool, short: bool) -> list[str]:
         row = [
             r["id"][:8] if short else r["id"],
             r["key"],
+            *([r.get("member") or "-"] if member else []),
             describe(r["holder"], None),
             outcome_text(r),
             at(r["queued_at"]),
@@ -217,6 +220,7 @@ def format_story(story: history.TurnStory) -> list[str]:
     lines = [
         f"turn {story['id']}",
         f"  key        {story['key']}",
+        *([f"  member     {story['member']}"] if story.get("member") else []),
         f"  holder     {_plain(story['holder'], sep=', ', eq=' ') or '-'}",
         f"  command    {format_command(story.get('argv'))}",
         f"  cwd        {story.get('cwd') or '-'}",
@@ -231,7 +235,7 @@ def format_story(story: history.TurnStory) -> list[str]:
     lines.append(f"  run        {seconds(story['run_s'])}")
     lines.extend(_adoptions(story))
     if story["slot_index"] is not None:
-        lines.append(f"  slot       {story['key']}#{story['slot_index']}")
+        lines.append(f"  slot       {story.get('member') or story['key']}#{story['slot_index']}")
     if story["guard_pid"] is not None:
         lines.append(f"  guard pid  {story['guard_pid']}")
     for name, value in sorted(story["usage"].items()):

@@ -174,11 +174,14 @@ def _parse_env(
         bad_key="bad key",
     ):
         if key not in caps and key not in cluster_caps:
-            c.add(path, f"an [env] table for the key {key!r}, which no cap names"
-                f" ([slots] caps or [cluster] caps)")
+            c.add(
+                path,
+                f"an [env] table for the key {key!r}, which no cap names"
+                f" ([slots] caps or [cluster] caps)",
+            )
             continue
         if not isinstance(table, dict):
-            c.add(path, f"must be a table of NAME = \"value\", not {kind(table)}")
+            c.add(path, f'must be a table of NAME = "value", not {kind(table)}')
             continue
         names: dict[str, str] = {}
         for name, value in table.items():

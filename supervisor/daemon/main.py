@@ -251,6 +251,8 @@ class Daemon:
             config_source=config.source,
             reservation_ttl=config.reservation_ttl,
             adopt_within=config.adopt_within,
+            pools=config.pools.pools,
+            key_env=config.pools.env,
         )
 
     async def run(self) -> int:

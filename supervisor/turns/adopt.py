@@ -109,7 +109,8 @@ def adopt_running(
     for first in range(0, len(entries), ASK_BATCH):
         asked: list[_Asked] = []
         for entry in entries[first : first + ASK_BATCH]:
-            found = by_turn.get((entry["key"], entry["id"]))
+            # a pool's turn holds a slot of its member (supervisor.turns.pools)
+            found = by_turn.get((entry.get("member") or entry["key"], entry["id"]))
             if found is None:
                 left.append(entry)  # its slot is free (its work is gone) or held: as before
                 continue
@@ -176,6 +177,7 @@ class _Asked:
     view: SlotView
     turn_id: str
     key: str
+    member: str | None  # a pool's turn: the member whose slot it holds
     holder: Any
     argv: list[str]
     ident: procs.Identity
@@ -188,6 +190,7 @@ def _ask(entry: dict[str, Any], view: SlotView) -> _Asked:
     """Check the entry, its guard and its record (see the module's note), and ask the guard."""
     try:
         turn_id, key = check_id(entry["id"]), parse_key(entry["key"])
+        member = parse_key(entry["member"]) if entry.get("member") is not None else None
         holder = parse_holder(entry.get("holder") or {})
         argv = entry.get("argv") or []
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
@@ -210,7 +213,7 @@ def _ask(entry: dict[str, Any], view: SlotView) -> _Asked:
     except OSError as e:
         os.close(pidfd)
         raise _NotAdopted(f"its guard did not answer on its channel: {e}") from None
-    return _Asked(entry, view, turn_id, key, holder, argv, ident, record, pidfd, adopting)
+    return _Asked(entry, view, turn_id, key, member, holder, argv, ident, record, pidfd, adopting)
 
 
 def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
@@ -223,6 +226,7 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
         asked.ident,
     )
     turn_id, key, holder = asked.turn_id, asked.key, asked.holder
+    slot_key = asked.member or key
     try:
         answer = asked.adopting.finish(CHANNEL_TIMEOUT)
     except (OSError, ValueError) as e:
@@ -235,7 +239,7 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
     # The guard watches us now: its slot is taken back under its lock (see the module's note).
     me = holder.held_by(manager.me.pid, manager.me.start)
     try:
-        slot = manager.gate.adopt(key, view.index, me, turn_id, ident)  # type: ignore[attr-defined]
+        slot = manager.gate.adopt(slot_key, view.index, me, turn_id, ident)  # type: ignore[attr-defined]
     except (OSError, CcsupError) as e:  # its record cannot be written (a full disk)
         log.error("turn %s: unable to take its slot back: %s", turn_id, e)
         slot = None
@@ -245,7 +249,9 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
             os.close(stdin)
         # Ours to end now (it watches us), and its slot reads orphaned until its work is gone.
         procs.signal_process(ident, 15)
-        raise _NotAdopted(f"its slot {key}#{view.index} cannot be taken back; the turn is stopped")
+        raise _NotAdopted(
+            f"its slot {slot_key}#{view.index} cannot be taken back; the turn is stopped"
+        )
     if machine is not None:
         try:
             slot.machine = manager.gate.adopt(  # type: ignore[attr-defined]
@@ -268,6 +274,7 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
         stdin="null" if entry.get("stdin") == "null" else "pipe",
     )
     turn.slot = slot
+    turn.member = asked.member
     turn.adopted_at = time.time()
     turn.adoption_gap = round(gap, 6)
     ledger = manager.ledger
@@ -289,6 +296,7 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
         f"turn.{turn_id}.adopted",
         {
             **turn.fields(),
+            **({} if asked.member is None else {"member": asked.member}),
             "index": slot.index,
             "guard": ident.to_json(),
             "gap_s": turn.adoption_gap,

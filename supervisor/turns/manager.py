@@ -44,12 +44,13 @@ Knows nothing: a policy gets the waiting item and the time, and answers.
 from __future__ import annotations
 
 import errno
+import heapq
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -62,7 +63,7 @@ from ..guards import handle as spawn
 from ..paths import StatePaths
 from ..wire.args import ReserveArgs, SendArgs, TurnArgs
 from ..wire.protocol import ProtocolError
-from . import store
+from . import pools, store
 from .adopt import Adoption
 from .endings import Endings, What
 from .finished import FinishedIds
@@ -81,15 +82,23 @@ class Refusal:
 
     reason: str
     until: float | None = None
+    detail: str = ""  # what ps says, when the policy's own words do not (a pool's members)
 
 
 class Admission(Protocol):
-    def refusal(self, item: Item, now: float) -> Refusal | None: ...
+    def refusal(self, item: Item, now: float, key: str | None = None) -> Refusal | None:
+        """`key`: the key the item would be granted on when it is not its own (a pool's member)."""
+        ...
 
 
 class AdmitAll:
-    def refusal(self, item: Item, now: float) -> Refusal | None:
+    def refusal(self, item: Item, now: float, key: str | None = None) -> Refusal | None:
         return None
+
+
+def always_room(key: str, now: float) -> bool:
+    """The default quota room: every key has it."""
+    return True
 
 
 log = logging.getLogger("ccsup.manager")
@@ -117,6 +126,10 @@ class Settings:
     config_source: str
     reservation_ttl: float = 60.0
     adopt_within: float = 0.0  # [guard] adopt_within: how long a guard waits to be adopted
+    # [pools]: name -> members, in the order written (supervisor.turns.pools)
+    pools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # [env."<key>"]: what a key's turns get after the caller's env (supervisor.turns.starting)
+    key_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 class Manager:
@@ -136,12 +149,14 @@ class Manager:
         queue: Queue | None = None,
         me: procs.Identity | None = None,
         cgroups: containment.Cgroups | None = None,
+        quota_room: Callable[[str, float], bool] = always_room,
     ):
         self.paths = paths
         self.gate = gate
         self.settings = settings
         self.clock = clock
         self.admission: Admission = admission or AdmitAll()
+        self.quota_room = quota_room  # may a key be granted now for its provider windows
         self.refused: dict[str, Refusal] = {}  # key -> why its head was last held back
         self.gate_errors: dict[str, str] = {}  # key -> the gate's last error for it, said once
         self.unsaved_grants: list[Turn] = []  # granted, not started until their grant is saved
@@ -338,6 +353,12 @@ class Manager:
         self.ledger.emit(f"turn.{item_id}.rejected", {"id": item_id, "reason": reason})
 
     def reserve(self, args: ReserveArgs) -> dict[str, Any]:
+        if args.key in self.settings.pools:
+            raise ProtocolError(
+                "bad_request",
+                f"'key' {args.key!r} is a pool ([pools]): a reservation names one of its "
+                f"members ({', '.join(self.settings.pools[args.key])})",
+            )
         res_id = args.id or uuid.uuid4().hex
         existing = self.reservations.get(res_id)
         if existing is not None:
@@ -483,8 +504,7 @@ class Manager:
         granted: list[Turn] = []
         try:
             with self.ledger.batch():
-                for key in self.queue.keys_by_age():
-                    self._grant_key(key, granted)
+                self._grant_heads(granted)
         finally:
             self.unsaved_grants += granted
             self.start_saved_grants()
@@ -500,32 +520,82 @@ class Manager:
             if turn.state is State.GRANTED and turn.guard is None:
                 self.starter.start(turn)
 
-    def _grant_key(self, key: str, granted: list[Turn]) -> None:
-        while (head := self.queue.head(key)) is not None:
+    def _grant_heads(self, granted: list[Turn]) -> None:
+        """The heads of all keys, oldest first across keys (request time, then id): a key's head
+        is tried while it is the oldest head left; a key whose head is refused is done for this
+        pass. So a pool's waiter and a member's direct waiter compete for the member's slot in
+        the order they asked (supervisor.turns.pools), and a slot of the machine cap goes to the
+        oldest waiter of any key."""
+        heads: list[tuple[float, str, str]] = []
+        for key in self.queue.keys_by_age():
+            self._push_head(heads, key)
+        while heads:
+            _, _, key = heapq.heappop(heads)
+            if self._grant_head(key, granted):
+                self._push_head(heads, key)
+
+    def _push_head(self, heads: list[tuple[float, str, str]], key: str) -> None:
+        head = self.queue.head(key)
+        if head is not None:
             item = self.ledger.get(head)
             assert item is not None, head
-            refusal = self.admission.refusal(item, self.clock())
-            if refusal is not None:
-                self.refused[key] = refusal  # what ps can say of the key's waiters
-                return
+            heapq.heappush(heads, (item.requested_at, item.id, key))
+
+    def _grant_head(self, key: str, granted: list[Turn]) -> bool:
+        """Grant the head of `key` (on a member, for a pool); False when it must wait."""
+        head = self.queue.head(key)
+        item = self.ledger.get(head) if head is not None else None
+        assert item is not None, head
+        now = self.clock()
+        refusal = self.admission.refusal(item, now)
+        if refusal is not None:
+            self.refused[key] = refusal  # what ps can say of the key's waiters
+            return False
+        members = self.settings.pools.get(key)
+        if members is not None and isinstance(item, Turn):
+            taken = self._grant_on_member(key, item, members, now)
+        else:
+            taken = self._grant_on(key, item, key)
+        if taken and isinstance(item, Turn):
+            granted.append(item)
+        return taken
+
+    def _grant_on_member(self, pool: str, turn: Turn, members: tuple[str, ...], now: float) -> bool:
+        """The pool's head on its first member (in the order written) that admits it, has quota
+        room and a free slot; else the pool's refusal says why (supervisor.turns.pools)."""
+        refusals: list[Refusal] = []
+        for member in members:
+            refusal = self.admission.refusal(turn, now, key=member)
+            if refusal is None and not self.quota_room(member, now):
+                refusal = Refusal("quota")
+            if refusal is None and self._grant_on(member, turn, pool):
+                self.refused.pop(pool, None)
+                return True
+            refusals.append(refusal or self.refused.get(member) or Refusal("key_full"))
+        self.refused[pool] = Refusal(*pools.why_pool_waits(members, refusals))
+        return False
+
+    def _grant_on(self, key: str, item: Item, queue_key: str) -> bool:
+        """Take a slot of `key` for the head of `queue_key`'s queue (a pool's, or its own):
+        False, with the key's refusal noted, when the gate has none free or fails."""
+        try:
+            taken = self._grant(item, key)
+        except _GateFailed as failed:
+            self._gate_failed(key, failed.error)
+            return False
+        if not taken:
+            # the gate's word ("key_full", "machine_full", ...) for why the key waits
+            word = getattr(self.gate, "last_refusal", None) or "key_full"
+            self.refused[key] = Refusal(word)
+            if word == "unreadable":
+                self._unreadable(key)
+            else:
+                self.gate_errors.pop(key, None)
+            return False
+        self.gate_errors.pop(key, None)
+        if key == queue_key:
             self.refused.pop(key, None)
-            try:
-                taken = self._grant(item)
-            except _GateFailed as failed:
-                self._gate_failed(key, failed.error)
-                return
-            if not taken:
-                # the gate's word ("key_full", "machine_full", ...) for why the key waits
-                word = getattr(self.gate, "last_refusal", None) or "key_full"
-                self.refused[key] = Refusal(word)
-                if word == "unreadable":
-                    self._unreadable(key)
-                else:
-                    self.gate_errors.pop(key, None)
-                return
-            self.gate_errors.pop(key, None)
-            if isinstance(item, Turn):
-                granted.append(item)
+        return True
 
     def _unreadable(self, key: str) -> None:
         """The gate passed over slot files of key it cannot use (a lock that is a symlink, a
@@ -555,16 +625,17 @@ class Manager:
         log.error("%s: key %s waits until it is repaired", message, key)
         self.ledger.emit("supervisor.error", {"message": message, "key": key})
 
-    def _grant(self, item: Item) -> bool:
-        """Take a slot for the head of its queue (False when none is free); publish the grant."""
+    def _grant(self, item: Item, key: str) -> bool:
+        """Take a slot of `key` (the item's own, or its pool's member) for the head of its queue
+        (False when none is free); publish the grant."""
         holder = item.holder.held_by(self.me.pid, self.me.start)
         until = self.clock() + self.settings.reservation_ttl
         try:  # the gate undoes its own half-taken slot when it raises: nothing is held then
             if isinstance(item, Reservation):
                 reservation = {"id": item.id, "until": until}
-                slot = self.gate.try_acquire(item.key, holder, reservation=reservation)
+                slot = self.gate.try_acquire(key, holder, reservation=reservation)
             else:
-                slot = self.gate.try_acquire(item.key, holder, turn=item.id)
+                slot = self.gate.try_acquire(key, holder, turn=item.id)
         except (OSError, CcsupError) as e:
             raise _GateFailed(e) from e
         if slot is None:
@@ -577,6 +648,9 @@ class Manager:
             self.ledger.emit(f"slot.{slot.key}.reaped", {"key": slot.key, "index": slot.index})
         if isinstance(item, Reservation):
             self.hold(item, until)
+        elif key != item.key:  # a pool's turn, on this member
+            item.member = key
+            self.ledger.apply(item, Event.GRANTED, index=slot.index, member=key)
         else:
             self.ledger.apply(item, Event.GRANTED, index=slot.index)
         return True

@@ -11,7 +11,7 @@ Knows interfaces; nothing of how they are implemented.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -90,6 +90,8 @@ class GuardSettings(Protocol):
     def bus_in(self) -> str | None: ...
     @property
     def adopt_within(self) -> float: ...
+    @property
+    def key_env(self) -> Mapping[str, Mapping[str, str]]: ...
 
 
 class Timer(Protocol):

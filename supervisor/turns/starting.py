@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Protocol
@@ -46,11 +46,13 @@ from .states import Item, Turn
 log = logging.getLogger("ccsup.starting")
 
 
-def _guard_env(turn: Turn) -> dict[str, str | None]:
-    """What the guard starter adds to the supervisor's environment: the turn's `env`; for an
-    `env_replace` turn, also the removal of every variable of ours it does not name, so that its
-    environment is exactly `env` (the caller's, for `ccsup run`); and, in either,
-    `OTEL_RESOURCE_ATTRIBUTES` with the turn's own after the caller's (supervisor.turns.telemetry)."""
+def _guard_env(turn: Turn, key_env: Mapping[str, str]) -> dict[str, str | None]:
+    """What the guard starter adds to the supervisor's environment: the turn's `env`, then
+    `key_env` (`[env."<key>"]` of the key whose slot it holds: a pool member's account) over it;
+    for an `env_replace` turn, also the removal of every variable of ours neither names, so that
+    its environment is exactly those (the caller's, for `ccsup run`, and its key's); and, in
+    either, `OTEL_RESOURCE_ATTRIBUTES` with the turn's own after the caller's
+    (supervisor.turns.telemetry)."""
     ours = telemetry.turn_attributes(turn.id, turn.key, turn.holder.session, turn.holder.agent)
     if telemetry.VARIABLE in turn.env:
         own = turn.env[telemetry.VARIABLE]
@@ -58,9 +60,10 @@ def _guard_env(turn: Turn) -> dict[str, str | None]:
         own = None if turn.env_replace else os.environ.get(telemetry.VARIABLE)
     attributes = {telemetry.VARIABLE: telemetry.merged(own, ours)}
     if not turn.env_replace:
-        return {**turn.env, **attributes}
-    drop: dict[str, str | None] = {name: None for name in os.environ if name not in turn.env}
-    return {**drop, **turn.env, **attributes}
+        return {**turn.env, **key_env, **attributes}
+    named = turn.env.keys() | key_env.keys()
+    drop: dict[str, str | None] = {name: None for name in os.environ if name not in named}
+    return {**drop, **turn.env, **key_env, **attributes}
 
 
 class Happen(Protocol):
@@ -110,7 +113,9 @@ class Starter:
         # exist (and only need opening) when it is followed; one that is late is made then.
         self.prepare(turn)
         try:
-            cgroup = self.cgroups.turn_path(turn.id, turn.key) if self.cgroups is not None else None
+            cgroup = (
+                self.cgroups.turn_path(turn.id, turn.slot_key) if self.cgroups is not None else None
+            )
         except OSError as e:
             self.happen(turn, What.START_FAILED, reason=f"unable to set the turn's limits: {e}")
             return
@@ -129,7 +134,7 @@ class Starter:
                     turn.id,
                     turn.argv,
                     cwd=turn.cwd,
-                    env=_guard_env(turn),
+                    env=_guard_env(turn, settings.key_env.get(turn.slot_key, {})),
                     record_dir=self.paths.guards,
                     grace=settings.grace,
                     scan=settings.scan,

@@ -156,10 +156,17 @@ class Turn:
     # At a hand-over (`ccsup restart`): each stream's byte offset published so far, saved with
     # its `running` entry for the supervisor that adopts it
     offsets: dict[str, int] | None = None
+    # Asked for a pool (`key` is the pool's name): the member it was granted on (supervisor.turns.pools)
+    member: str | None = None
 
     def advance(self, event: Event) -> State:
         self.state = next_state(self.state, event)
         return self.state
+
+    @property
+    def slot_key(self) -> str:
+        """The key whose slot it holds, and whose rules apply to it: its member, else its key."""
+        return self.member or self.key
 
     def running_entry(self) -> dict[str, Any]:
         """queue.json's `running` entry of a granted turn: what a supervisor that adopts it after a
@@ -173,6 +180,7 @@ class Turn:
             "requested_at": self.requested_at,
             "timeout": self.timeout,
             "stdin": self.stdin,
+            **({} if self.member is None else {"member": self.member}),
             # a hand-over's: where each stream's events go on (supervisor.turns.adopt reads it)
             **({} if self.offsets is None else {"offsets": dict(self.offsets)}),
         }

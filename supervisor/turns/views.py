@@ -26,6 +26,8 @@ def ps(manager: Manager) -> dict[str, Any]:
         slot["requester"] = requester_names.requester(asking.holder.pid) if asking else None
         if isinstance(asking, Turn):  # the live turn's command, before its work is recorded too
             slot["argv"], slot["cwd"] = asking.argv, asking.cwd
+            if asking.member is not None:  # asked for a pool: this slot is its member's
+                slot["pool"], slot["member"] = asking.key, asking.member
             # Taken over from a supervisor that was gone (turn.<id>.adopted): when, and the gap.
             slot.setdefault("adopted_at", asking.adopted_at)
             slot.setdefault("adoption_gap_s", asking.adoption_gap)

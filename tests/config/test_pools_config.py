@@ -31,8 +31,18 @@ def test_pools_and_env_parse_in_the_order_written():
 
 BAD = [
     # (the [pools] or [env] lines after CAPS, the problem's key, words of its message, its line)
-    ('[pools]\ncodex = ["codex:work", "codex:nope"]\n', "pools.codex", "unknown member 'codex:nope'", 4),
-    ('[pools]\ncodex = ["codex:work", "codex:work"]\n', "pools.codex", "'codex:work' is named twice", 4),
+    (
+        '[pools]\ncodex = ["codex:work", "codex:nope"]\n',
+        "pools.codex",
+        "unknown member 'codex:nope'",
+        4,
+    ),
+    (
+        '[pools]\ncodex = ["codex:work", "codex:work"]\n',
+        "pools.codex",
+        "'codex:work' is named twice",
+        4,
+    ),
     ('[pools]\nclaude = ["codex:work"]\n', "pools.claude", "named like a key that has a cap", 4),
     ('[pools]\n"claude:x" = ["codex:work"]\n', 'pools."claude:x"', "has a cap ('claude')", 4),
     (
@@ -82,7 +92,9 @@ def test_a_member_that_is_a_cluster_key_is_refused():
     with pytest.raises(cfg.ConfigProblems) as info:
         cfg.parse(text, "t.toml")
     (problem,) = info.value.problems
-    assert problem.key == "pools.all" and "is a cluster key ([cluster] caps 'codex')" in str(problem)
+    assert problem.key == "pools.all" and "is a cluster key ([cluster] caps 'codex')" in str(
+        problem
+    )
 
 
 def test_config_check_names_the_problem_and_exits_2(tmp_path):
