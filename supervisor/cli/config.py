@@ -74,6 +74,9 @@ def _summary(config: cfg.Config, state_dir: Path) -> dict:
         "cgroup": config.guard_cgroup,
         "containment": containment.describe_setting(config.guard_cgroup),
         "limits_not_enforced": containment.limits_not_enforced(config),
+        "pools": {name: list(members) for name, members in config.pools.pools.items()},
+        # the variables' names only: their values may be secrets
+        "env": {key: sorted(names) for key, names in config.pools.env.items()},
     }
 
 
@@ -86,6 +89,10 @@ def _print_summary(s: dict) -> None:
     click.echo(f"  caps             {caps}")
     if harness:
         click.echo(f"  harness caps     {harness}")
+    for name, members in s["pools"].items():
+        click.echo(f"  pool             {name} = {', '.join(members)}")
+    for key, names in s["env"].items():
+        click.echo(f"  env              {key}: {', '.join(names)}")
     machine = s["machine_cap"] if s["machine_cap"] is not None else "none"
     memory = _bytes(s["min_free_memory"]) if s["min_free_memory"] is not None else "none"
     click.echo(f"  machine_cap      {machine} ({MACHINE_KEY})")

@@ -190,7 +190,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     named |= set(cluster_settings.caps) if cluster_settings is not None else set()
     memory_settings = memory.parse_memory(c, table, named)
     cluster_caps = cluster_settings.caps if cluster_settings is not None else {}
-    pool_settings = pools.parse_pools(c, table, slot_settings.caps, cluster_caps)
+    pool_settings = pools.parse_pools(c, table, slot_settings.caps, cluster_caps, env)
     c.raise_problems()
     # With no problem recorded, no value is None.
     assert slot_settings.default_cap is not None and slot_settings.reservation_ttl is not None

@@ -12,7 +12,8 @@ checked here with the key and line of what is wrong:
 
 `[env."<key>"]`: variables a key's turns get, added after the caller's own (`CODEX_HOME`,
 `CLAUDE_CONFIG_DIR`, ...), for a key named in `[slots] caps` or `[cluster] caps`. Each name is
-a shell variable name, each value a string, written as is (no `~` or `$VAR` expansion). The
+a shell variable name, each value a string, taken as written except a leading `~` or `~/` (the
+home directory, as `state_dir`'s; no `$VAR` expansion). The
 values may be secrets: they are applied when a turn's guard is started and never written to a
 record, an event, the history or queue.json (supervisor.turns.starting).
 
@@ -28,6 +29,7 @@ from types import MappingProxyType
 
 from ..caps import key_problem
 from .schema import Checker, Key, Section, Table, kind, per_key
+from .values import expand_home
 
 SECTION = Section(
     ("pools",),
@@ -91,8 +93,10 @@ def parse_pools(
     top: Table,
     caps: Mapping[str, int],
     cluster_caps: Mapping[str, int],
+    env: Mapping[str, str] = {},
 ) -> Pools:
-    """`caps`: `[slots] caps`; `cluster_caps`: `[cluster] caps` (empty without a cluster)."""
+    """`caps`: `[slots] caps`; `cluster_caps`: `[cluster] caps` (empty without a cluster); `env`:
+    the environment `~` is expanded from ($HOME)."""
     pools: dict[str, tuple[str, ...]] = {}
     entries = list(
         per_key(
@@ -127,7 +131,7 @@ def parse_pools(
             member_of.setdefault(member, name)
         if ok:
             pools[name] = tuple(members)
-    return Pools(pools, _parse_env(c, top, caps, cluster_caps))
+    return Pools(pools, _parse_env(c, top, caps, cluster_caps, env))
 
 
 def _member_problem(
@@ -162,7 +166,11 @@ def _member_problem(
 
 
 def _parse_env(
-    c: Checker, top: Table, caps: Mapping[str, int], cluster_caps: Mapping[str, int]
+    c: Checker,
+    top: Table,
+    caps: Mapping[str, int],
+    cluster_caps: Mapping[str, int],
+    env: Mapping[str, str],
 ) -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = {}
     for key, path, table in per_key(
@@ -191,6 +199,8 @@ def _parse_env(
                 c.add(path + (name,), f"must be a string, not {kind(value)}")
             elif "\0" in value:
                 c.add(path + (name,), "must not hold a NUL character")
+            elif value == "~" or value.startswith("~/"):
+                names[name] = str(expand_home(value, env))
             else:
                 names[name] = value
         found[key] = names

@@ -220,6 +220,8 @@ class Daemon:
             ),
             admission=self.keyctl,
             queue=self.keyctl.make_queue(),
+            # a pool's member held for quota is passed over ([quota] hold_at: supervisor.turns.pools)
+            quota_room=lambda key, now: self.keyctl.quota_room(key),
             cgroups=self.cgroups,
         )
         self.keyctl.attach(self.manager)

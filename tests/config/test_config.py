@@ -598,12 +598,14 @@ def test_example_conf_parses():
     assert config.state_dir == Path("/home/u/.local/state/ccsup")
     assert config.caps == Caps(
         1,
-        {"codex": 2, "opencode:xai": 1, "opencode": 3},
+        {"codex": 2, "opencode:xai": 1, "opencode": 3, "claude:work": 1, "claude:home": 1},
         {"codex": 2, "claude": 3, "session": 32},
         8,
         1024**3,
     )
     assert (config.reservation_ttl, config.grace, config.scan) == (60.0, 5.0, 2.0)
+    assert dict(config.pools.pools) == {"claude": ("claude:work", "claude:home")}
+    assert config.pools.env["claude:home"]["CLAUDE_CONFIG_DIR"] == "/home/u/.claude-home"
 
 
 # ----------------------------------------------------------------------------- discovery, loading
@@ -718,7 +720,13 @@ def test_check_ok_prints_source_and_caps(cli_env, tmp_path):
     result = run(["check", "--config", str(ROOT / "conf" / "ccsup.toml")], cli_env)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines()[0] == f"ok: {ROOT / 'conf' / 'ccsup.toml'}"
-    assert "  caps             codex=2, opencode=3, opencode:xai=1\n" in result.stdout
+    assert (
+        "  caps             claude:home=1, claude:work=1, codex=2, opencode=3, opencode:xai=1\n"
+        in result.stdout
+    )
+    assert "  pool             claude = claude:work, claude:home\n" in result.stdout
+    assert "  env              claude:work: CLAUDE_CONFIG_DIR\n" in result.stdout
+    assert ".claude-work" not in result.stdout  # the values may be secrets
     assert "  harness caps     claude:*=3, codex:*=2, session:*=32\n" in result.stdout
     assert "machine_cap      8" in result.stdout
     assert "  min_free_memory  1073741824 bytes (1 GiB)\n" in result.stdout

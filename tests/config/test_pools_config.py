@@ -17,13 +17,13 @@ def test_pools_and_env_parse_in_the_order_written():
         CAPS
         + '[pools]\ncodex = ["codex:home", "codex:work"]\n'
         + '[env."codex:work"]\nCODEX_HOME = "/h/work"\n'
-        + '[env."codex:home"]\nCODEX_HOME = "/h/home"\nOTHER = ""\n'
+        + '[env."codex:home"]\nCODEX_HOME = "~/home"\nOTHER = "~x"\n'
     )
-    parsed = cfg.parse(text, "t.toml").pools
+    parsed = cfg.parse(text, "t.toml", {"HOME": "/h"}).pools
     assert dict(parsed.pools) == {"codex": ("codex:home", "codex:work")}
     assert {k: dict(v) for k, v in parsed.env.items()} == {
         "codex:work": {"CODEX_HOME": "/h/work"},
-        "codex:home": {"CODEX_HOME": "/h/home", "OTHER": ""},
+        "codex:home": {"CODEX_HOME": "/h/home", "OTHER": "~x"},  # ~/ is $HOME, ~x is not
     }
     empty = cfg.parse("", "t.toml").pools
     assert (dict(empty.pools), dict(empty.env)) == ({}, {})

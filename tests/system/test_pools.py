@@ -223,3 +223,35 @@ def test_after_a_crash_running_pool_turns_are_adopted_on_their_members_and_a_wai
         assert log.wait_for("turn.r3.granted")["member"] in ("codex:work", "codex:home")
         for i in (1, 2, 3):
             log.wait_for(f"turn.r{i}.released")
+
+
+def test_with_one_member_held_for_quota_every_turn_goes_to_the_other(
+    daemon, event_log, state_dir, tmp_path
+):
+    caps, extra = pools_config(tmp_path, {"codex:work": 1, "codex:home": 1})
+    d = daemon(caps=caps, extra=extra)
+    log = event_log(d)
+    held = ccsup(state_dir, "quota", "set", "codex:work", "--window", "5h", "--used", "0.97")
+    assert held.returncode == 2  # (--resets-at is required)
+    args = ("quota", "set", "codex:work", "--window", "5h", "--used", "0.97", "--resets-at", "+2h")
+    held = ccsup(state_dir, *args)
+    assert held.returncode == 0, held.stderr
+    go = tmp_path / "go"
+    with d.client() as client:
+        client.turn("codex", hold_until(go), id="first")
+        assert log.wait_for("turn.first.granted")["member"] == "codex:home"
+        client.turn("codex", ["true"], id="second")  # waits for home: work has no quota room
+        wait_until(lambda: [w["id"] for w in client.ps()["waits"]] == ["second"], timeout=10)
+        why = client.ps()["waits"][0]["why"]
+        assert why["reason"] == "key_full" and "codex:work: quota" in why["detail"], why
+        go.touch()
+        assert log.wait_for("turn.second.granted")["member"] == "codex:home"
+        for i in range(3):
+            client.turn("codex", ["true"], id=f"more{i}")
+            assert log.wait_for(f"turn.more{i}.granted")["member"] == "codex:home"
+        assert ccsup(state_dir, "quota", "clear", "codex:work").returncode == 0
+        client.turn("codex", hold_until(go.with_name("never")), id="after")
+        assert log.wait_for("turn.after.granted")["member"] == "codex:work"
+        client.cancel("after")
+        for name in ("first", "second", "more0", "more1", "more2", "after"):
+            log.wait_for(f"turn.{name}.released")
