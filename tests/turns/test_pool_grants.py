@@ -66,7 +66,8 @@ async def test_the_member_env_comes_after_the_callers_and_is_never_written_down(
     h.turn("t2", key="codex", env={"A": "1"}, env_replace=True)
     env = specs["t2"].env
     assert (env["A"], env["CODEX_HOME"], env["SECRET"]) == ("1", "/h/b", "s3")
-    assert all(v is None for k, v in env.items() if k not in ("A", "CODEX_HOME", "SECRET"))
+    ours = ("A", "CODEX_HOME", "SECRET", "OTEL_RESOURCE_ATTRIBUTES")
+    assert all(v is None for k, v in env.items() if k not in ours)
     h.turn("t3", key="codex", env={"WAITING": "w"})  # waits: its own env is kept, not the member's
     files = [p.read_text() for p in h.paths.root.rglob("*") if p.is_file()]
     written = json.dumps(h.published) + "".join(files)
