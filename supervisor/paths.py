@@ -1,7 +1,9 @@
 """Where everything of one supervisor lives inside its state directory.
 
 The state directory is private to its user: created 0700, and refused when another user owns it or
-group or others may write to it (anyone who can write there can take slots or plant sockets).
+group or others may write to it (anyone who can write there can take slots or plant sockets). One
+of ours that is empty (made with `mkdir`, 755 under the usual umask) is made 0700 at start: nothing
+in it was ever exposed (`loose_but_empty`; `config check` says so, and the refusal otherwise).
 Knows names and permissions; opens nothing but the directories it creates.
 
 `turns/` is marked the top of a directory hierarchy (ext4's FS_TOPDIR_FL, as `chattr +T` does),
@@ -89,6 +91,8 @@ class StatePaths:
         process cannot write to (UsageError, exit 2: the user must name another one)."""
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if loose_but_empty(self.root):
+                os.chmod(self.root, 0o700)
             check_private(self.root)
             self._check_writable(self.root)
             for sub in (self.guards, self.slots, self.turns):
@@ -140,6 +144,32 @@ def mark_top_directory(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def loose_but_empty(path: Path) -> bool:
+    """A directory of ours, empty, that group or others may enter: start makes it 0700 itself."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or not st.st_mode & 0o077:
+            return False
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
+
+
+def state_dir_refusal(path: Path) -> str | None:
+    """Why start would refuse the state directory at path, without changing anything: None when
+    it is private, missing (start makes it) or loose but empty (start makes it private)."""
+    if not os.path.lexists(path) or loose_but_empty(path):
+        return None
+    try:
+        check_private(path)
+    except CcsupError as e:
+        return e.message
+    except OSError as e:
+        return f"unable to read state directory {path}: {e.strerror}"
+    return None
 
 
 def check_private(path: Path) -> None:

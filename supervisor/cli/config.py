@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 import click
 
 from .. import config as cfg
+from .. import paths
 from ..caps import MACHINE_KEY
 from ..errors import CcsupError, ConfigError, os_failure
 from ..guards import containment
@@ -58,6 +60,7 @@ def _summary(config: cfg.Config, state_dir: Path) -> dict:
     return {
         "source": config.source,
         "state_dir": str(state_dir),
+        "state_dir_mode_fixed_at_start": paths.loose_but_empty(state_dir),
         "default_cap": caps.default_cap,
         "caps": dict(caps.caps),
         "harness_default_caps": dict(caps.harness_default),
@@ -65,6 +68,7 @@ def _summary(config: cfg.Config, state_dir: Path) -> dict:
         "min_free_memory": caps.min_free_memory,
         "reservation_ttl": config.reservation_ttl,
         "grace": config.grace,
+        "adopt_within": config.adopt_within,
         "scan": config.scan,
         "endpoints": {
             name: getattr(config.endpoints.resolve(state_dir), name)
@@ -84,7 +88,11 @@ def _print_summary(s: dict) -> None:
     caps = ", ".join(f"{k}={v}" for k, v in sorted(s["caps"].items())) or "none"
     harness = ", ".join(f"{k}:*={v}" for k, v in sorted(s["harness_default_caps"].items()))
     click.echo(f"ok: {s['source']}")
-    click.echo(f"  state_dir        {s['state_dir']}")
+    loose = ""
+    if s["state_dir_mode_fixed_at_start"]:
+        mode = stat.S_IMODE(os.stat(s["state_dir"]).st_mode)
+        loose = f" (mode {mode:o}: start makes it 700)"
+    click.echo(f"  state_dir        {s['state_dir']}{loose}")
     click.echo(f"  default_cap      {s['default_cap']}")
     click.echo(f"  caps             {caps}")
     if harness:
@@ -99,6 +107,7 @@ def _print_summary(s: dict) -> None:
     click.echo(f"  min_free_memory  {memory}")
     click.echo(f"  reservation_ttl  {_seconds(s['reservation_ttl'])}")
     click.echo(f"  guard            grace {_seconds(s['grace'])}, scan {_seconds(s['scan'])}")
+    click.echo(f"  adopt_within     {_seconds(s['adopt_within'])}")
     click.echo(f"  cgroup           {s['containment']}")
     for sentence in s["limits_not_enforced"]:
         click.echo(f"warning: {sentence}")
@@ -129,6 +138,9 @@ def check(ctx: click.Context, config_path: str | None, as_json: bool) -> None:
         unusable = containment.check_setting(config.guard_cgroup)
         if unusable is not None:
             raise ConfigError(f"{config.source}: {unusable}")
+        refusal = paths.state_dir_refusal(state_dir)
+        if refusal is not None:
+            raise ConfigError(refusal)
         summary = _summary(config, state_dir)
     except cfg.ConfigProblems as err:
         for problem in err.problems:
@@ -185,7 +197,6 @@ def _empty_file(path: Path) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    import stat
 
     return stat.S_ISREG(st.st_mode) and st.st_size == 0
 

@@ -128,3 +128,34 @@ def test_after_a_sigkill_the_advice_starts_it_as_it_was_and_restart_keeps_its_co
         run("stop")  # whichever supervisor runs now (a failed check may leave the restarted one)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_state_dir_made_with_mkdir_is_made_private_by_start_and_config_check_says_so(state_dir):
+    """`mkdir` (umask 022) makes 755: empty and ours, start makes it 700 itself and config check
+    says it will; with something in it (its names readable by others) both refuse it alike.
+    config check shows adopt_within."""
+    config = state_dir / "ccsup.toml"
+    config.write_text(FAST)
+    state = state_dir / "s"  # short: ipc:// paths in it
+    state.mkdir()
+    state.chmod(0o755)
+    checked = ccsup("--config", str(config), "config", "check", state_dir=state)
+    assert checked.returncode == 0, checked.stderr
+    assert f"  state_dir        {state} (mode 755: start makes it 700)\n" in checked.stdout
+    assert "  adopt_within     0s\n" in checked.stdout, checked.stdout
+    try:
+        started = ccsup("--config", str(config), "start", state_dir=state)
+        assert started.returncode == 0, started.stderr
+        assert os.stat(state).st_mode & 0o777 == 0o700
+    finally:
+        ccsup("--config", str(config), "stop", "--timeout", "10", state_dir=state)
+    other = state_dir / "o"
+    other.mkdir()
+    other.chmod(0o755)
+    (other / "something").write_text("x")
+    checked = ccsup("--config", str(config), "config", "check", state_dir=other)
+    started = ccsup("--config", str(config), "start", state_dir=other)
+    refusal = f"refusing state directory {other}: group or others may read or enter it (mode 755)"
+    assert (checked.returncode, started.returncode) == (2, 1), (checked.stderr, started.stderr)
+    assert refusal in checked.stderr and refusal in started.stderr, (checked.stderr, started.stderr)
+    assert os.stat(other).st_mode & 0o777 == 0o755
