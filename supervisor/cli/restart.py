@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..client.control import RemoteError
 from ..errors import CcsupError
 from .options import DURATION
 from .where import where
@@ -35,14 +36,21 @@ SHOWN = 10  # turns named at most when some were not adopted
     help="How long to wait for the new supervisor to adopt every turn (default: [guard] "
     "adopt_within, 30s).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="End the turns on a terminal (-t: `ccsup run -t`, `ccsup wrap`), which are not adopted, "
+    "without asking.",
+)
 @click.pass_context
-def restart(ctx: click.Context, timeout: float | None) -> None:
+def restart(ctx: click.Context, timeout: float | None, force: bool) -> None:
     """Hand the running turns over to a new supervisor (an upgrade): none of them ends.
 
     The running supervisor saves everything and exits, leaving each turn's guard waiting to be
     adopted ([guard] adopt_within); a new one is started from the code installed now, with the
     same config, and adopts them. Returns once every turn is adopted. `ccsup stop` still ends
-    everything."""
+    everything. Turns on a terminal (-t) are not adopted: restart asks before ending them (on a
+    terminal), else needs --force."""
     from .start import spawn_supervisor, wait_until_answering
 
     options = where(ctx)
@@ -72,7 +80,20 @@ def restart(ctx: click.Context, timeout: float | None) -> None:
         # its imports) is spent while the old one hands over, not while nobody answers.
         child = spawn_supervisor(state_dir, started.get("config"), started.get("caps"), limit)
         try:
-            answer = client.quit(handover=True)  # refused: adopt_within is 0, or stopping already
+            # refused: adopt_within is 0, stopping already, or terminal turns would end
+            answer = client.quit(handover=True, force=force)
+        except RemoteError as e:
+            child.kill()
+            child.wait()
+            if e.code != "conflict" or not _confirmed(e.message):
+                raise CcsupError(e.message) from None
+            child = spawn_supervisor(state_dir, started.get("config"), started.get("caps"), limit)
+            try:
+                answer = client.quit(handover=True, force=True)
+            except BaseException:
+                child.kill()
+                child.wait()
+                raise
         except BaseException:
             child.kill()
             child.wait()
@@ -98,6 +119,16 @@ def restart(ctx: click.Context, timeout: float | None) -> None:
     click.echo(
         f"restarted: pid {old_pid} -> {new_pid}, adopted {adopted} of {handed} turns in {took:.1f} s"
     )
+
+
+def _confirmed(refusal: str) -> bool:
+    """On a terminal, ask whether to end the terminal turns the supervisor named; elsewhere no."""
+    import sys
+
+    if not sys.stdin.isatty():
+        return False
+    click.echo(f"ccsup: {refusal}", err=True)
+    return click.confirm("End them and restart?", default=False, err=True)
 
 
 def _wait_adopted(client: Client, handed: int, deadline: float) -> tuple[int, int]:

@@ -571,7 +571,7 @@ class _TurnRunner:
             error = (self.exited or {}).get("error")
             if isinstance(error, str):  # CMD did not start: as a shell says it
                 click.echo(f"ccsup: {error}", err=True)
-        from .run_exit import ended_line, run_exit_status
+        from .run_exit import LOST_WITH_SUPERVISOR, ended_line, lost_line, run_exit_status
 
         if kind == "released":
             if self.exited is None and not self.as_json:
@@ -580,6 +580,10 @@ class _TurnRunner:
                 )
             elif self.stop_reason and not self.as_json:
                 click.echo(ended_line(self.turn_id, "stopped", self.stop_reason), err=True)
+            elif not self.as_json and self.exited is not None:
+                lost = self.exited.get("reason")
+                if isinstance(lost, str) and lost in LOST_WITH_SUPERVISOR:  # said, not only 125
+                    click.echo(lost_line(self.turn_id, lost, tty=self.raw is not None), err=True)
         elif not self.as_json:
             click.echo(
                 ended_line(self.turn_id, kind, body.get("reason")),

@@ -47,7 +47,7 @@ _REASONS = {
     "requester_gone": "its requester is gone",
     "shutdown": "the supervisor was stopped",
     "timeout": "its time limit ran out",
-    "supervisor_restarted": "its supervisor died while it ran",
+    "supervisor_restarted": "its supervisor ended while it ran",
     "not_adopted": "its supervisor died and none adopted it in time",
 }
 
@@ -66,6 +66,23 @@ def ended_line(turn_id: str, kind: str, reason: str | None) -> str:
         what = "was stopped"
     joiner = " " if said.startswith("by ") else ": "
     return f"ccsup: turn {turn_id} {what}{joiner}{said}"
+
+
+# A turn's `exited` reasons that mean it ended with its supervisor, not on its own.
+LOST_WITH_SUPERVISOR = ("supervisor_restarted", "not_adopted")
+
+
+def lost_line(turn_id: str, reason: str, *, tty: bool) -> str:
+    """`ccsup run`'s last line for a turn that ended with its supervisor (its status is then
+    125): why, and for a terminal turn, that such turns are not adopted."""
+    said = _REASONS.get(reason, reason)
+    if tty:
+        return (
+            f"ccsup: turn {turn_id} ended: {said}, and a turn on a terminal (-t) is not adopted "
+            "by the next supervisor (its terminal was the old supervisor's): `ccsup restart` or "
+            "a crash of the supervisor ends it"
+        )
+    return f"ccsup: turn {turn_id} ended: {said}"
 
 
 def default_key(env: Mapping[str, str]) -> str:

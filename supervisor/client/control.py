@@ -284,10 +284,15 @@ class Client:
     def reload(self) -> dict:
         return self.call("reload")
 
-    def quit(self, *, drain: bool = False, handover: bool = False) -> dict:
+    def quit(self, *, drain: bool = False, handover: bool = False, force: bool = False) -> dict:
         """Stop the supervisor; `drain`: first let the running turns end, granting nothing new;
-        `handover`: exit without ending a turn, for the next supervisor to adopt (`ccsup restart`)."""
-        args = {name: True for name, on in (("drain", drain), ("handover", handover)) if on}
+        `handover`: exit without ending a turn, for the next supervisor to adopt (`ccsup restart`);
+        refused (`conflict`) while turns on a terminal run, which would end, unless `force`."""
+        args = {
+            name: True
+            for name, on in (("drain", drain), ("handover", handover), ("force", force))
+            if on
+        }
         return self.call("quit", **args)
 
     # -- bus

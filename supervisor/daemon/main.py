@@ -34,6 +34,7 @@ import inspect
 import logging
 import logging.handlers
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -402,10 +403,12 @@ class Daemon:
     def quit(self) -> None:
         self._stop.set()
 
-    def hand_over(self) -> dict:
+    def hand_over(self, force: bool = True) -> dict:
         """`quit {"handover": true}` (`ccsup restart`, SIGUSR2): stop taking requests and exit
         without ending a turn; the next supervisor adopts them. Refused (ProtocolError) when
-        [guard] adopt_within is 0 (the turns would end) or a stop is already under way."""
+        [guard] adopt_within is 0 (the turns would end) or a stop is already under way; without
+        `force`, also when turns on a terminal (-t) run: they would end (`conflict`, naming
+        them; `ccsup restart` asks, or takes --force)."""
         adopt_within = self.config.adopt_within
         if adopt_within <= 0:
             raise ProtocolError(
@@ -427,6 +430,15 @@ class Daemon:
             if t.stdin == "tty" or (cluster and cluster.gate.is_cluster_key(t.key))
         ]
         ending_ids = {t.id for t in ending}
+        ttys = [t for t in ending if t.stdin == "tty"]
+        if ttys and not force:
+            shown = "; ".join(f"{t.id} ({shlex.join(t.argv)[:60]})" for t in ttys[:5])
+            more = f" and {len(ttys) - 5} more" if len(ttys) > 5 else ""
+            raise ProtocolError(
+                "conflict",
+                f"{len(ttys)} turn(s) on a terminal (-t) would end, since such turns are not "
+                f"adopted: {shown}{more}; nothing was changed (`ccsup restart --force` ends them)",
+            )
         self.handing_over = True
         manager.begin_hand_over()
         asyncio.get_running_loop().call_soon(self.quit)
@@ -725,7 +737,7 @@ class Daemon:
     async def cmd_quit(self, args: dict) -> dict:
         what = command_args.parse_quit(args)
         if what == "handover":
-            return self.hand_over()
+            return self.hand_over(force=command_args.quit_force(args))
         if what == "drain":
             return self.drain()
         asyncio.get_running_loop().call_soon(self.quit)

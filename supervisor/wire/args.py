@@ -296,9 +296,15 @@ def parse_send(args: dict) -> SendArgs:
 
 
 def parse_quit(args: dict) -> str | None:
-    """`quit {drain?: bool, handover?: bool}`: "drain" (grant nothing new, let running turns
-    end first), "handover" (exit without ending a turn: `ccsup restart`), else None."""
-    _reject_unknown(args, {"drain", "handover"}, "a quit request")
+    """`quit {drain?: bool, handover?: bool, force?: bool}`: "drain" (grant nothing new, let
+    running turns end first), "handover" (exit without ending a turn: `ccsup restart`), else
+    None. `force` (`quit_force`) only with handover."""
+    _reject_unknown(args, {"drain", "handover", "force"}, "a quit request")
+    force = args.get("force", False)
+    if not isinstance(force, bool):
+        raise bad_request("'force' must be true or false")
+    if force and args.get("handover") is not True:
+        raise bad_request("'force' is for a hand-over: it needs 'handover': true")
     chosen = []
     for name in ("drain", "handover"):
         value = args.get(name, False)
@@ -309,6 +315,12 @@ def parse_quit(args: dict) -> str | None:
     if len(chosen) > 1:
         raise bad_request("'drain' and 'handover' cannot both be true")
     return chosen[0] if chosen else None
+
+
+def quit_force(args: dict) -> bool:
+    """A hand-over's `force` (checked by parse_quit): end the turns that cannot be adopted (on a
+    terminal) without refusing."""
+    return args.get("force") is True
 
 
 def parse_reap(args: dict) -> str | None:

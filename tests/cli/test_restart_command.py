@@ -303,3 +303,68 @@ def test_restart_with_200_running_turns_adopts_them_all_and_ends_none(supervisor
         assert [records[f"m{n:03d}"]["exit_code"] for n in range(MANY)] == [0] * MANY
     finally:
         go.touch()
+
+
+def test_restart_asks_before_ending_a_terminal_turn_and_its_client_says_why(supervisor, tmp_path):
+    """A `-t` turn is not adopted: restart refuses without a terminal (naming it, nothing
+    changed), asks on one (no: nothing changed), ends it with --force, and the turn's `ccsup run
+    -t` says why it ended instead of only exiting 125."""
+    import uuid
+
+    from tmux_pane import Pane
+
+    state_dir = supervisor("20s")
+    env = {
+        **os.environ,
+        "CCSUP_STATE_DIR": str(state_dir),
+        "CCSUP_CONFIG": str(state_dir / "ccsup.toml"),
+    }
+    env.pop("NO_COLOR", None)
+    rc_file, said = tmp_path / "rc", tmp_path / "said"
+    run = " ".join(CCSUP) + " run -t -- bash -c 'echo ready; read x; exit 7'"
+    pane = Pane(
+        f"ccsup-rt-{uuid.uuid4().hex[:8]}",
+        f"{run} 2> {said}; echo $? > {rc_file}; sleep 600",
+        env,
+        width=200,
+    )
+    asked = None
+    try:
+        wait_until(lambda: "ready" in pane.screen(), 20, 0.05, "the terminal turn to start")
+        with Client(state_dir) as client:
+            (held,) = [s for s in client.ps()["slots"] if s["state"] == "held"]
+            old_pid = client.status()["pid"]
+        refused = ccsup("restart", state_dir=state_dir, stdin=subprocess.DEVNULL)
+        assert refused.returncode == 1, refused.stderr
+        assert "1 turn(s) on a terminal (-t) would end" in refused.stderr
+        assert held["turn"] in refused.stderr and "--force" in refused.stderr
+        # asked on a terminal, answered no: nothing changed either
+        asked = Pane(
+            f"ccsup-ra-{uuid.uuid4().hex[:8]}",
+            " ".join(CCSUP) + f" restart; echo restart=$? > {tmp_path / 'asked'}; sleep 600",
+            {**env, "XDG_CONFIG_HOME": str(state_dir / "no-config")},
+            width=200,
+        )
+        wait_until(lambda: "End them and restart?" in asked.screen(), 20, 0.05, "the question")
+        asked.keys("n", "Enter")
+        wait_until((tmp_path / "asked").exists, 20, 0.05, "restart to answer")
+        assert (tmp_path / "asked").read_text().strip() == "restart=1"
+        with Client(state_dir) as client:
+            assert client.status()["pid"] == old_pid
+            assert [s["turn"] for s in client.ps()["slots"] if s["state"] == "held"] == [
+                held["turn"]
+            ]
+        forced = ccsup("restart", "--force", state_dir=state_dir, stdin=subprocess.DEVNULL)
+        assert forced.returncode == 0, forced.stderr
+        with Client(state_dir) as client:
+            supervisor.note(client.status()["pid"])
+        wait_until(rc_file.exists, 40, 0.05, f"the client to exit: {pane.screen()}")
+        assert rc_file.read_text().strip() == "125"
+        assert (
+            f"ccsup: turn {held['turn']} ended: its supervisor ended while it ran, and a turn on "
+            "a terminal (-t) is not adopted"
+        ) in said.read_text()
+    finally:
+        pane.close()
+        if asked is not None:
+            asked.close()
