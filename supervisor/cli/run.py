@@ -582,6 +582,11 @@ class _TurnRunner:
                 click.echo(ended_line(self.turn_id, "stopped", self.stop_reason), err=True)
             elif not self.as_json and self.exited is not None:
                 lost = self.exited.get("reason")
+                if self.raw is not None and self.rider is not None and self.rider.restarts:
+                    if (
+                        self.exited.get("signal") == 1
+                    ):  # its terminal, the old supervisor's, hung up
+                        lost = "supervisor_restarted"
                 if isinstance(lost, str) and lost in LOST_WITH_SUPERVISOR:  # said, not only 125
                     click.echo(lost_line(self.turn_id, lost, tty=self.raw is not None), err=True)
         elif not self.as_json:

@@ -359,7 +359,9 @@ def test_restart_asks_before_ending_a_terminal_turn_and_its_client_says_why(supe
         with Client(state_dir) as client:
             supervisor.note(client.status()["pid"])
         wait_until(rc_file.exists, 40, 0.05, f"the client to exit: {pane.screen()}")
-        assert rc_file.read_text().strip() == "125"
+        # 125 (no status: ended with its supervisor), or 129 when the guard saw CMD end at the
+        # SIGHUP of its terminal (the old supervisor's pty) first: a race, said the same way
+        assert rc_file.read_text().strip() in ("125", "129")
         assert (
             f"ccsup: turn {held['turn']} ended: its supervisor ended while it ran, and a turn on "
             "a terminal (-t) is not adopted"
