@@ -134,6 +134,24 @@ def _claude(
     )
 
 
+def _claude_sandbox(settings: Path) -> str:
+    """Whether the canary runs inside Claude Code's sandbox (these settings' `sandbox.enabled`)."""
+    import json
+
+    try:
+        data = json.loads(settings.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    sandbox = data.get("sandbox") if isinstance(data, dict) else None
+    if not isinstance(sandbox, dict) or not sandbox.get("enabled"):
+        return f"Claude Code's sandbox: off in {settings} (the canary runs without it)"
+    excluded = sandbox.get("excludedCommands") or []
+    ours = any(isinstance(c, str) and " -m supervisor " in c for c in excluded)
+    return f"Claude Code's sandbox: on in {settings}; the canary runs through it" + (
+        "" if ours else " (no ccsup entry in sandbox.excludedCommands: reinstall the hook)"
+    )
+
+
 def doctor(
     harness: str, executable: str | None, settings: Path | None, client, extra: tuple[str, ...] = ()
 ) -> Verdict:
@@ -145,6 +163,31 @@ def doctor(
         where = settings or installer.default_target(harness)
         return Verdict(False, [f"no ccsup hook in {where}: run `ccsup hook install {harness}`"])
     lines.append(f"hook installed: {command}")
+    carried = installer.carried(command)
+    lines.append(
+        "hook's state directory: "
+        + (
+            f"{carried['--state-dir']} (carried by the hook)"
+            if "--state-dir" in carried
+            else f"found as the CLI finds it ($CCSUP_STATE_DIR, else the default): {client.state_dir} here"
+        )
+    )
+    lines.append(
+        "hook's config: "
+        + (
+            f"{carried['--config']} (carried by the hook)"
+            if "--config" in carried
+            else "found as the CLI finds it ($CCSUP_CONFIG, else $XDG_CONFIG_HOME/ccsup/ccsup.toml)"
+        )
+    )
+    if "--state-dir" in carried and os.path.abspath(carried["--state-dir"]) != os.path.abspath(
+        client.state_dir
+    ):
+        lines.append(
+            f"warning: the hook uses {carried['--state-dir']}, this doctor {client.state_dir}"
+        )
+    if harness == "claude":
+        lines.append(_claude_sandbox(settings or installer.default_target(harness)))
     client.check_running()
     found = executable or shutil.which(harness)
     if not found:

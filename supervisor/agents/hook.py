@@ -41,7 +41,10 @@ if __name__ == "__main__" and not __package__:  # run by path (the fast form): f
 from supervisor.agents import rules  # noqa: E402
 
 HARNESSES = ("claude", "codex", "opencode")  # as supervisor.agents.harnesses (not imported here)
-USAGE = "usage: hook <claude|codex|opencode> [--key K] [--match PATTERN]..."
+USAGE = (
+    "usage: hook <claude|codex|opencode> [--key K] [--match PATTERN]... [--state-dir D] "
+    "[--config C]"
+)
 
 
 def log_path() -> str:
@@ -72,15 +75,21 @@ class Options:
         self.harness = argv[0]
         self.key: str | None = None
         self.match: list[str] = []
+        self.state_dir: str | None = None  # carried by the installed hook (else found as the CLI
+        self.config: str | None = None  # finds them: $CCSUP_STATE_DIR, $CCSUP_CONFIG, defaults)
         rest = argv[1:]
         while rest:
             flag = rest.pop(0)
-            if flag in ("--key", "--match") and rest:
+            if flag in ("--key", "--match", "--state-dir", "--config") and rest:
                 value = rest.pop(0)
                 if flag == "--key":
                     self.key = value
-                else:
+                elif flag == "--match":
                     self.match.append(value)
+                elif flag == "--state-dir":
+                    self.state_dir = value
+                else:
+                    self.config = value
             else:
                 raise ValueError(f"unknown argument {flag!r}; {USAGE}")
 
@@ -113,12 +122,27 @@ def emit(text: str) -> None:
     sys.stdout.flush()
 
 
+def _is_our_wait(command: str) -> bool:
+    from supervisor.agents.route import ccsup_words  # the slow path: the config is read
+
+    try:
+        words = ccsup_words()
+    except Exception as e:  # noqa: BLE001 - then it is not ours to approve: the harness decides
+        log(f"unable to tell our wait line (config): {e!r}")
+        return False
+    return rules.is_wait(command, words)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         options = Options(sys.argv[1:] if argv is None else argv)
     except ValueError as e:
         log(str(e))
         return 0
+    if options.state_dir:  # the hook's own and every client it makes (route) read them from here
+        os.environ["CCSUP_STATE_DIR"] = options.state_dir
+    if options.config:
+        os.environ["CCSUP_CONFIG"] = options.config
     raw = sys.stdin.buffer.read()
     if not options.match and rules.surely_unmatched(raw) and not rules.has_hooks_table(os.environ):
         return 0  # the common case: nothing parsed, no json imported
@@ -134,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if call is None:
         return 0
-    if rules.is_wait(call.command, sys.executable):  # exactly what our refusal told it to run
+    if " wait " in call.command and _is_our_wait(call.command):  # exactly what we told it to run
         allowed = harnesses.allow(options.harness)
         if allowed:
             emit(allowed)

@@ -36,14 +36,50 @@ HARNESSES = ("claude", "codex", "opencode")
 PLUGIN_NAME = "ccsup.js"
 
 
-def hook_command(harness: str, key: str | None, match: tuple[str, ...] | list[str]) -> list[str]:
+def hook_command(
+    harness: str,
+    key: str | None,
+    match: tuple[str, ...] | list[str],
+    state_dir: Path | None = None,
+    config: Path | None = None,
+) -> list[str]:
+    """The fast form's words; `state_dir` and `config` (absolute) are carried when install was
+    given them (--state-dir/--config or $CCSUP_STATE_DIR/$CCSUP_CONFIG): the harness's
+    environment need not hold them. Without them the hook finds both as the CLI does."""
     script = Path(__file__).with_name("fast_hook.py")
     words = [sys.executable, "-S", str(script), harness]
     if key:
         words += ["--key", key]
     for pattern in match:
         words += ["--match", pattern]
+    if state_dir is not None:
+        words += ["--state-dir", str(state_dir)]
+    if config is not None:
+        words += ["--config", str(config)]
     return words
+
+
+def carried(command: str) -> dict[str, str]:
+    """The --state-dir and --config an installed hook carries ({} for neither): `command` is what
+    `installed` answers (the command, or OpenCode's plugin file, whose HOOK holds the words)."""
+    words: list[str] = []
+    if command.endswith(PLUGIN_NAME) and os.path.isfile(command):
+        for line in Path(command).read_text(encoding="utf-8").splitlines():
+            if line.startswith("const HOOK = "):
+                try:
+                    words = json.loads(line[len("const HOOK = ") :].rstrip(";"))
+                except ValueError:
+                    return {}
+    else:
+        try:
+            words = shlex.split(command, comments=True)
+        except ValueError:
+            return {}
+    found = {}
+    for flag, value in zip(words, words[1:], strict=False):
+        if flag in ("--state-dir", "--config"):
+            found[flag] = value
+    return found
 
 
 def default_target(harness: str, env=os.environ) -> Path:
@@ -161,12 +197,81 @@ def _compile_hook() -> None:
     compileall.compile_dir(str(Path(__file__).parent), maxlevels=0, quiet=2)
 
 
+def sandbox_entries(ccsup: list[str], sockets: list[str]) -> dict:
+    """What Claude Code's sandbox needs for a hooked command to reach the supervisor:
+    `network.allowUnixSockets` (the control and bus sockets; macOS only, Claude Code's schema
+    says: Linux's seccomp cannot filter by path) and an `excludedCommands` entry, our rewrite's
+    start followed by ` *` (Linux: the `ccsup run` client runs outside the sandbox, as the turn
+    it starts always does). Never `allowAllUnixSockets`: that would open every socket on the
+    machine (a Docker socket among them) to every sandboxed command."""
+    return {
+        "network": {"allowUnixSockets": sockets},
+        "excludedCommands": [f"{shlex.join([*ccsup, 'run'])} *"],
+    }
+
+
+def _with_sandbox(data: dict, entries: dict) -> dict:
+    sandbox = data.get("sandbox", {})
+    if not isinstance(sandbox, dict):
+        raise UsageError("'sandbox' in the settings is not an object; left as it is")
+    sandbox = dict(sandbox)
+    network = dict(sandbox.get("network") or {})
+    have = list(network.get("allowUnixSockets") or [])
+    network["allowUnixSockets"] = have + [
+        p for p in entries["network"]["allowUnixSockets"] if p not in have
+    ]
+    sandbox["network"] = network
+    excluded = list(sandbox.get("excludedCommands") or [])
+    sandbox["excludedCommands"] = excluded + [
+        c for c in entries["excludedCommands"] if c not in excluded
+    ]
+    return {**data, "sandbox": sandbox}
+
+
+def _without_sandbox(data: dict, entries: dict) -> dict:
+    sandbox = data.get("sandbox")
+    if not isinstance(sandbox, dict):
+        return data
+    sandbox = dict(sandbox)
+    network = dict(sandbox.get("network") or {})
+    ours = set(entries["network"]["allowUnixSockets"])
+    kept = [p for p in network.get("allowUnixSockets") or [] if p not in ours]
+    if kept:
+        network["allowUnixSockets"] = kept
+    else:
+        network.pop("allowUnixSockets", None)
+    if network:
+        sandbox["network"] = network
+    else:
+        sandbox.pop("network", None)
+    excluded = [
+        c for c in sandbox.get("excludedCommands") or [] if c not in entries["excludedCommands"]
+    ]
+    if excluded:
+        sandbox["excludedCommands"] = excluded
+    else:
+        sandbox.pop("excludedCommands", None)
+    data = dict(data)
+    if sandbox:
+        data["sandbox"] = sandbox
+    else:
+        del data["sandbox"]
+    return data
+
+
 def install(
-    harness: str, target: Path | None, key: str | None, match: tuple[str, ...] | list[str]
+    harness: str,
+    target: Path | None,
+    key: str | None,
+    match: tuple[str, ...] | list[str],
+    state_dir: Path | None = None,
+    config: Path | None = None,
+    sandbox: dict | None = None,
 ) -> Path:
-    """Write the hook for `harness`; answers the file written."""
+    """Write the hook for `harness` (and, for Claude Code, `sandbox`: sandbox_entries); answers
+    the file written."""
     _compile_hook()
-    words = hook_command(harness, key, match)
+    words = hook_command(harness, key, match, state_dir, config)
     if harness == "opencode":
         folder = target or default_target(harness)
         path = folder / PLUGIN_NAME
@@ -184,12 +289,16 @@ def install(
     if not isinstance(pre, list):
         raise UsageError(f"{path}: hooks.PreToolUse is not a list; left as it is")
     hooks["PreToolUse"] = [*pre, group]
-    _write_json(path, {**data, "hooks": hooks})
+    data = {**data, "hooks": hooks}
+    if sandbox is not None and harness == "claude":
+        data = _with_sandbox(data, sandbox)
+    _write_json(path, data)
     return path
 
 
-def uninstall(harness: str, target: Path | None) -> tuple[Path, bool]:
-    """Remove what install wrote; answers (the file, whether there was anything to remove)."""
+def uninstall(harness: str, target: Path | None, sandbox: dict | None = None) -> tuple[Path, bool]:
+    """Remove what install wrote (and the `sandbox` entries it added); answers (the file,
+    whether there was anything to remove)."""
     if harness == "opencode":
         path = (target or default_target(harness)) / PLUGIN_NAME
         try:
@@ -205,6 +314,8 @@ def uninstall(harness: str, target: Path | None) -> tuple[Path, bool]:
         return path, False
     data = _read_json(path)
     kept = _without_ours(data)
+    if sandbox is not None and harness == "claude":
+        kept = _without_sandbox(kept, sandbox)
     if kept == data:
         return path, False
     _write_json(path, kept)

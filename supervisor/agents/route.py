@@ -27,12 +27,16 @@ if TYPE_CHECKING:
     from supervisor.client.control import Client
 
 
+_site_done: list[bool] = []
+
+
 def _full_site() -> None:
-    """The fast form runs with -S: the dependencies (zmq, click) need site's paths now."""
-    if sys.flags.no_site:
+    """The fast form runs with -S: the dependencies (zmq, click) need site's paths now (once)."""
+    if sys.flags.no_site and not _site_done:
         import site
 
         site.main()
+        _site_done.append(True)
 
 
 def shell() -> str:
@@ -41,8 +45,20 @@ def shell() -> str:
 
 
 def ccsup_words() -> list[str]:
-    """How to run this ccsup: its own Python and package, whatever PATH holds."""
-    return [sys.executable, "-m", "supervisor"]
+    """How to run this ccsup on this supervisor, whatever PATH or the shell's environment holds
+    (Codex runs commands in a login shell): its own Python by absolute path, its package, and the
+    state directory and config file the hook uses, both absolute."""
+    _full_site()
+    from supervisor import config as cfg
+    from supervisor.agents.rules import config_path
+
+    config = cfg.load(None, os.environ)
+    state_dir = cfg.resolve_state_dir(None, os.environ, config)
+    words = [sys.executable, "-m", "supervisor", "--state-dir", os.path.abspath(state_dir)]
+    path = config_path(os.environ)
+    if path is not None:
+        words += ["--config", os.path.abspath(path)]
+    return words
 
 
 def wait_hint(turn_id: str) -> str:
@@ -161,7 +177,6 @@ def _reserve(client: Client, key: str, holder: dict, deadline: float) -> dict | 
 
 
 def route(harness: str, call: Call, key: str | None, when_down: str, found: Match) -> str | None:
-    _full_site()
     try:
         return _route(harness, call, key, when_down, found)
     except _Restarting:
@@ -170,6 +185,7 @@ def route(harness: str, call: Call, key: str | None, when_down: str, found: Matc
 
 
 def _route(harness: str, call: Call, key: str | None, when_down: str, found: Match) -> str | None:
+    _full_site()
     from supervisor import config as cfg
     from supervisor.agents.turns import passed_env
     from supervisor.client.control import Client

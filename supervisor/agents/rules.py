@@ -220,10 +220,11 @@ def rule_for(command: str, extra: list[str], *, defaults: bool = True) -> str | 
 _WAIT_ID = "0123456789abcdef"
 
 
-def is_wait(command: str, executable: str) -> bool:
+def is_wait(command: str, ccsup: list[str]) -> bool:
     """Exactly the `wait` line the hook's refusal printed (supervisor.agents.route.wait_hint):
-    our interpreter by its absolute path, `-m supervisor wait`, and a turn id of 32 hex digits.
-    Nothing else, not even the same words quoted another way."""
+    `ccsup` (our interpreter by its absolute path, `-m supervisor` and the state directory and
+    config), `wait`, and a turn id of 32 hex digits. Nothing else, not even the same words quoted
+    another way."""
     if " wait " not in command:
         return False
     import shlex
@@ -231,7 +232,7 @@ def is_wait(command: str, executable: str) -> bool:
     turn_id = command.strip().rpartition(" ")[2]
     if len(turn_id) != 32 or turn_id.strip(_WAIT_ID):
         return False
-    return command.strip() == shlex.join([executable, "-m", "supervisor", "wait", turn_id])
+    return command.strip() == shlex.join([*ccsup, "wait", turn_id])
 
 
 def config_path(env: Mapping[str, str]) -> str | None:

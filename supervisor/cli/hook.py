@@ -42,13 +42,18 @@ def _target(value: str | None) -> Path | None:
     metavar="PATH",
     help="The file to write (claude: settings.json, codex: hooks.json; opencode: the plugins folder).",
 )
-def install(harness: str, key: str | None, match: tuple[str, ...], settings: str | None) -> None:
+@click.pass_context
+def install(
+    ctx: click.Context, harness: str, key: str | None, match: tuple[str, ...], settings: str | None
+) -> None:
     """Write HARNESS's hook configuration so matching commands run as ccsup turns."""
+    import os
     import re
 
     from ..agents import install as installer
     from ..caps import check_key
     from ..errors import UsageError
+    from .where import where
 
     if key is not None:
         check_key(key)
@@ -57,20 +62,64 @@ def install(harness: str, key: str | None, match: tuple[str, ...], settings: str
             re.compile(pattern)
         except re.error as e:
             raise UsageError(f"--match {pattern!r} is not a regular expression: {e}") from None
-    path = installer.install(harness, _target(settings), key, match)
+    from ..agents.rules import config_path
+
+    found = where(ctx)  # the hook carries the state directory and config found here, absolute
+    state_dir = found.state_dir().expanduser().absolute()
+    given_config = found.config_option or config_path(os.environ)
+    config = Path(given_config).expanduser().absolute() if given_config else None
+    sandbox = _sandbox_entries(found) if harness == "claude" else None
+    path = installer.install(harness, _target(settings), key, match, state_dir, config, sandbox)
     click.echo(f"ccsup: {harness} hook written to {path}")
+    if state_dir is not None or config is not None:
+        click.echo(
+            f"ccsup: the hook carries {state_dir or 'no state directory'} and {config or 'no config'}"
+        )
     if harness == "codex":
         click.echo("ccsup: Codex runs a new hook only once it is trusted: review it with /hooks")
+
+
+def _sandbox_entries(found) -> dict:
+    """Claude Code's sandbox entries for this state directory (agents.install.sandbox_entries):
+    the words the hook's rewrite starts with, found as the hook finds them."""
+    import os
+
+    from ..agents import install as installer
+    from ..agents.route import ccsup_words
+    from ..paths import ipc_path
+
+    env = dict(os.environ)
+    if found.state_dir_option:
+        os.environ["CCSUP_STATE_DIR"] = found.state_dir_option
+    if found.config_option:
+        os.environ["CCSUP_CONFIG"] = found.config_option
+    try:
+        words = ccsup_words()
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    config = found.config()
+    state_dir = found.state_dir(config)
+    endpoints = config.endpoints.resolve(state_dir)
+    sockets = [
+        path
+        for path in (ipc_path(e) for e in (endpoints.control, endpoints.bus_in, endpoints.bus_out))
+        if path is not None
+    ]
+    return installer.sandbox_entries(words, sockets)
 
 
 @hook.command()
 @click.argument("harness", type=HARNESS)
 @click.option("--settings", metavar="PATH", help="The file install wrote (as for install).")
-def uninstall(harness: str, settings: str | None) -> None:
+@click.pass_context
+def uninstall(ctx: click.Context, harness: str, settings: str | None) -> None:
     """Remove exactly what `ccsup hook install HARNESS` wrote."""
     from ..agents import install as installer
+    from .where import where
 
-    path, removed = installer.uninstall(harness, _target(settings))
+    sandbox = _sandbox_entries(where(ctx)) if harness == "claude" else None
+    path, removed = installer.uninstall(harness, _target(settings), sandbox)
     click.echo(
         f"ccsup: {harness} hook removed from {path}"
         if removed

