@@ -126,6 +126,62 @@ def test_an_exec_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_e
             os.kill(daemon_pid, signal.SIGKILL)
 
 
+@pytest.mark.timeout(240)
+def test_a_plain_command_runs_capped_and_a_hostile_line_is_not_approved(codex, sandbox):
+    """Codex 0.171 refuses `approval_policy = "untrusted"` ("no longer supported"), and its
+    workspace-write sandbox cannot start here (`bwrap: execvp codex-linux-sandbox: No such file
+    or directory`), so this runs `on-request` with full access: Codex asks only when the model
+    asks to escalate. The plain hooked command runs as a turn; the line with a hostile part is
+    refused by the hook (Codex applies a rewrite only with "allow", so ccsup never rewrites it)
+    with how to run the heavy part alone, and its marker is never made."""
+    hooks = sandbox["home"] / ".codex" / "hooks.json"
+    subprocess.run(
+        [*CCSUP, "hook", "install", "codex", "--settings", str(hooks)],
+        env=sandbox["env"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    marker = sandbox["tmp"] / "PWNED"
+    plain = plain_make(sandbox["tmp"], "plain", "echo turn=${CCSUP_TURN:-none}")
+    provider = ScriptedProvider(
+        [
+            ("exec_command", {"cmd": plain}),
+            ("exec_command", {"cmd": f"{plain}; touch {marker}"}),
+        ]
+    )
+    provider_config(sandbox["home"], provider)
+    try:
+        ran = subprocess.run(
+            [
+                str(codex),
+                "exec",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-hook-trust",
+                "-c",
+                'approval_policy="on-request"',
+                "-s",
+                "danger-full-access",
+                "run it",
+            ],
+            cwd=sandbox["work"],
+            env=sandbox["env"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        provider.close()
+    said = "\n".join(line for line in ran.stderr.splitlines() if "<unknown>" not in line)
+    assert len(provider.results) == 2, (provider.results, said[-3000:])
+    first, second = provider.results
+    turn = re.search(r"turn=(\S+)", first)
+    assert turn and turn.group(1) != "none", first
+    assert not marker.exists(), second
+    assert "on its own" in second, second
+
+
 def test_versions_are_the_pinned_ones(codex):
     out = subprocess.run([str(codex), "--version"], capture_output=True, text=True, timeout=60)
     assert out.stdout.split()[-1] == PINNED["codex"][1]
