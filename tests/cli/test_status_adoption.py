@@ -112,8 +112,8 @@ def plant(guards, name: str, guard: dict, waiting_since: float, adopt_within: fl
 
 @pytest.mark.timeout(90)
 def test_with_no_supervisor_status_says_how_many_turns_wait_and_until_when(state_dir, started):
-    first, first_record = waiting_guard(state_dir, "30s", started)
-    second, second_record = waiting_guard(state_dir, "40s", started)
+    first, first_record = waiting_guard(state_dir, "300s", started)
+    second, second_record = waiting_guard(state_dir, "400s", started)
     guards = state_dir / "guards"
     me = procs.identity_of(os.getpid())
     # Not counted: a record naming a live pid with another start (the pid reused); one whose
@@ -161,7 +161,7 @@ def test_a_running_supervisors_status_counts_the_guards_it_has_not_adopted(
     with d.client() as client:
         assert client.status()["waiting_adoption"] == 0
     assert "adopt" not in ccsup(state_dir, "status").stdout  # nothing adopted, nothing waits
-    guard, record = waiting_guard(state_dir, "30s", started)
+    guard, record = waiting_guard(state_dir, "300s", started)
     shown = ccsup(state_dir, "status")
     assert shown.returncode == 0, shown.stderr
     line = f"adopt   1 turn waits for adoption (until {clock(deadline(record))})"
