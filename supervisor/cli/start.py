@@ -88,6 +88,12 @@ def start(
     config.endpoints.resolve(
         state_dir
     )  # refuses an ipc path too long to bind, before anything starts
+    clash = sorted(set(caps or {}) & set(config.pools.pools))
+    if clash:  # a pool takes no slots: its name capped would never be used
+        raise UsageError(
+            f"--caps {clash[0]}: {clash[0]} is a pool ([pools] in {config.source}), which has no "
+            "cap of its own: cap its members"
+        )
     if foreground:
         from ..plain_asyncio import import_asyncio_without_tls
 

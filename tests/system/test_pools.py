@@ -255,3 +255,13 @@ def test_with_one_member_held_for_quota_every_turn_goes_to_the_other(
         client.cancel("after")
         for name in ("first", "second", "more0", "more1", "more2", "after"):
             log.wait_for(f"turn.{name}.released")
+
+
+def test_start_refuses_caps_for_a_pools_name_and_changes_nothing(state_dir, tmp_path):
+    config = tmp_path / "pools.toml"
+    caps, extra = pools_config(tmp_path, {"codex:work": 1})
+    config.write_text(f"[slots]\ncaps = {{ {caps} }}\n{extra}")
+    started = ccsup(state_dir, "start", "--config", str(config), "--caps", "codex=2")
+    assert started.returncode == 2, started
+    assert f"--caps codex: codex is a pool ([pools] in {config})" in started.stderr
+    assert not (state_dir / "supervisor.lock").exists()
