@@ -376,11 +376,16 @@ class KeyControl:
         self.publish(f"key.{key}.quota", result)
         return result
 
-    def quota_clear(self, key: str, window: str | None = None, *, source: str = "cli") -> dict:
-        """Forget `key`'s windows (or the one named): its grants are no longer held for them."""
+    def quota_clear(
+        self, key: str, window: str | None = None, *, source: str = "cli", share: bool = True
+    ) -> dict:
+        """Forget `key`'s windows (or the one named): its grants are no longer held for them.
+        `share`: tell the quota observers (False for a clear that came from the cluster)."""
         now = self.clock()
         gone = self.policy.quota.clear(key, window)
-        self._quota_changed(key, now, announce=bool(gone), reason="cleared")
+        if not gone and not share:
+            return self._quota_answer(key, None, changed=False, now=now)
+        self._quota_changed(key, now, announce=bool(gone), share=share, reason="cleared")
         return {
             **self._quota_answer(key, None, changed=bool(gone), now=now),
             "cleared": [w.window for w in gone],
@@ -410,6 +415,10 @@ class KeyControl:
             )
         except ReadingError as e:
             self._quota_unreadable(f"{key} {reading.source}: {e}")
+
+    def quota_skipped(self) -> None:
+        """A window from elsewhere that could not be read (counted in `quota`'s `skipped`)."""
+        self.policy.quota.skipped += 1
 
     def _quota_unreadable(self, what: str) -> None:
         """A reader met a payload or reading it could not take (counted, never fatal)."""

@@ -59,6 +59,7 @@ from .etcd import (
 )
 from .lease import LeaseKeeper
 from .loop import RETRY, LoopBridge
+from .quota import ClusterQuota
 from .transport import EtcdError
 from .view import ClusterKeyView, ClusterStatus, key_views, status_of
 from .watch import ClusterWatch
@@ -113,6 +114,7 @@ class ClusterGate:
             owner=self,
         )
         self.watch = ClusterWatch(settings, self.client, self.bridge, owner=self)
+        self.quota = ClusterQuota(settings.prefix, self.client, self.bridge)
         self.q_prefix = f"{settings.prefix}/q/"
         self.caps = ClusterCaps(settings, self.client, self.bridge, publish)
         self.entries: dict[str, _Entry] = {}  # by turn id
@@ -460,6 +462,12 @@ class ClusterGate:
     def watch_opened(self) -> None:
         for key in {e.key for e in self.entries.values()}:
             self._mark(key)
+
+    def quota_event(self, name: str, value: bytes, *, deleted: bool) -> None:
+        self.quota.event(name, value, deleted=deleted)
+
+    async def quota_read_all(self) -> None:
+        await self.quota.read_all()
 
     def queue_key_deleted(self, key: str, machine: str, qkey: str) -> None:
         self._mark(key)

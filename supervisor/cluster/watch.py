@@ -1,7 +1,8 @@
 """The cluster watch: one etcd watch on `<prefix>/`, read in a thread of its own, and the caps.
 
 What it knows: the layout of the keys under the prefix (`<prefix>/cap/<key>` holds a cap,
-`<prefix>/q/<key>/<machine>/<turn>` a place in a cluster queue), the revision the next watch
+`<prefix>/q/<key>/<machine>/<turn>` a place in a cluster queue, `<prefix>/quota/<key>/<window>`
+a key's provider window: supervisor.cluster.quota), the revision the next watch
 starts from, and the watch thread (a cap's value is read by supervisor.cluster.caps). What it does not know: leases, turns,
 entries or grants: it tells its owner (the gate, `WatchOwner`) the caps it read or saw change and
 every queue key that was deleted, and the owner decides.
@@ -37,6 +38,8 @@ class WatchOwner(Protocol):
     def caps_seen(self, caps: dict[str, int], *, replace: bool) -> None: ...
     def watch_opened(self) -> None: ...
     def queue_key_deleted(self, key: str, machine: str, qkey: str) -> None: ...
+    def quota_event(self, name: str, value: bytes, *, deleted: bool) -> None: ...
+    async def quota_read_all(self) -> None: ...
 
 
 class ClusterWatch:
@@ -55,6 +58,7 @@ class ClusterWatch:
         self.owner = owner
         self.q_prefix = f"{settings.prefix}/q/"
         self.cap_prefix = f"{settings.prefix}/cap/"
+        self.quota_prefix = f"{settings.prefix}/quota/"
         self._watch: Watch | None = None
         self._thread: threading.Thread | None = None
         self._from = 0  # the revision a new watch starts at
@@ -88,6 +92,10 @@ class ClusterWatch:
         else:
             return
         self.owner.caps_seen(caps_from(found.kvs, self.cap_prefix), replace=True)
+        try:
+            await self.owner.quota_read_all()
+        except EtcdError as e:
+            log.warning("cluster: unable to read the keys' windows: %s", e.message)
         if not self._from:
             self._from = found.revision + 1
         self._start()
@@ -137,6 +145,9 @@ class ClusterWatch:
                 value = cap_value(event.kv.value) if event.type == "PUT" else None
                 if value is not None:
                     caps[name[len(self.cap_prefix) :]] = value
+                continue
+            if name.startswith(self.quota_prefix):
+                self.owner.quota_event(name, event.kv.value, deleted=event.type == "DELETE")
                 continue
             if not name.startswith(self.q_prefix):
                 continue

@@ -46,11 +46,11 @@ from guardd import procs
 
 from .. import last_start
 from ..admission.control import KeyControl, admission_settings
-from ..admission.quota import ReadingError
+from ..admission.quota import ReadingError, Window, window_from_json
 from ..admission.room import PEAKS, MachineRoom
 from ..admission.room import REFRESH as ROOM_REFRESH
 from ..caps import SlotState, cap_sources
-from ..cluster.wiring import cluster_wiring
+from ..cluster.wiring import ClusterWiring, cluster_wiring
 from ..config import EMBEDDED_SOURCE, Config, load
 from ..config.metrics import metrics_address
 from ..errors import AlreadyRunning, CcsupError, os_failure
@@ -264,6 +264,7 @@ class Daemon:
         cluster = self.cluster
         if cluster:
             cluster.attach(self.manager)
+            self._share_quota(cluster)
         self.history.start()
         self.server.publish(
             "supervisor.started", {"pid": os.getpid(), "state_dir": str(self.paths.root)}
@@ -721,6 +722,30 @@ class Daemon:
             )
         except ReadingError as e:
             raise protocol.bad_request(str(e)) from None
+
+    def _share_quota(self, cluster: ClusterWiring) -> None:
+        """A cluster key's windows go to etcd, and come back from it (supervisor.cluster.quota)."""
+        keyctl, gate = self.keyctl, cluster.gate
+
+        def shared(key: str, windows: list[Window]) -> None:
+            if gate.is_cluster_key(key):
+                gate.quota.share(key, [dict(w.to_json()) for w in windows])
+
+        def seen(key: str, window: str, value: dict | None) -> None:
+            if not gate.is_cluster_key(key):
+                return
+            if value is None:
+                keyctl.quota_clear(key, window, share=False)
+                return
+            read = window_from_json(value)
+            if read is None or read.window != window:
+                log.warning("cluster: the %s window of %s is malformed: skipped", window, key)
+                keyctl.quota_skipped()
+                return
+            keyctl.quota_merge(key, [read])
+
+        keyctl.quota_observers.append(shared)
+        gate.quota.seen = seen
 
     def _known_key(self, key: str) -> bool:
         """Configured, with slot files (it ran here), waiting, running, or capped in the cluster."""

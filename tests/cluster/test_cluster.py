@@ -5,6 +5,7 @@ partition made by a relay the test owns, a lowered cap."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -458,3 +459,37 @@ def test_a_turn_bound_to_a_reservation_keeps_its_cluster_slot(cluster):
         lambda: not cluster.client.range(f"{cluster.prefix}/q/", prefix=True).kvs,
         what="every queue key deleted",
     )
+
+
+def test_a_window_read_on_one_machine_holds_the_key_on_the_other(cluster):
+    a, b = cluster.machine("a"), cluster.machine("b")
+    log_b = b.follow()
+    resets_at = time.time() + 4.0
+    with a.client() as c:
+        c.call("quota", action="set", key="codex", window="5h", used=0.99, resets_at=resets_at)
+    name = f"{cluster.prefix}/quota/codex/5h"
+    wait_until(lambda: cluster.client.get(name) is not None, what="the window in etcd")
+    assert json.loads(cluster.client.get(name).value)["used"] == 0.99
+    with b.client() as c:
+        wait_until(
+            lambda: c.call("quota", action="show", key="codex")["keys"][0]["held"] is not None,
+            what="a's window on b",
+        )
+        b.turn("held", 0.1)
+        assert c.ps()["waits"][0]["why"]["reason"] == "quota"
+    released(b, "held", timeout=30)
+    granted = log_b.find("turn.held.granted")[0]["ts"]
+    assert resets_at <= granted < resets_at + 1.0
+    # A clear on one machine frees the key on the other.
+    with a.client() as c:
+        c.call("quota", action="set", key="codex", window="7d", used=1.0,
+               resets_at=time.time() + 600)  # fmt: skip
+    with b.client() as c:
+        wait_until(lambda: c.call("quota", action="show")["keys"], what="the 7d window on b")
+        b.turn("freed", 0.1)
+        assert c.ps()["waits"][0]["why"]["reason"] == "quota"
+    with a.client() as c:
+        c.call("quota", action="clear", key="codex")
+    released(b, "freed", timeout=30)
+    wait_until(lambda: cluster.client.get(f"{cluster.prefix}/quota/codex/7d") is None,
+               what="the 7d window deleted")  # fmt: skip
