@@ -585,7 +585,7 @@ class KeyControl:
                 max(deadline.warn_at - now, 0.0), warn
             )
         if self.settings.quota_read and turn.key.partition(":")[0] in self.settings.quota_read:
-            if self.readers is None:
+            if self.readers is None and _running_loop():
                 self.readers = QuotaReaders(
                     self.settings.quota_read,
                     self._quota_read,
@@ -593,8 +593,9 @@ class KeyControl:
                     asyncio.get_running_loop().call_soon_threadsafe,
                 )
             home = self._homes.pop(turn.id, None) or codex_home({}, False, turn.cwd)
-            # a pool's turn: what it reads is its member's (the account it ran on)
-            self.readers.turn_started(turn.id, turn.slot_key, home)
+            if self.readers is not None:
+                # a pool's turn: what it reads is its member's (the account it ran on)
+                self.readers.turn_started(turn.id, turn.slot_key, home)
         rule = self.rules.rule_for(turn.slot_key)
         if rule is not None and rule.stderr is not None:
             if self._scanner is None:
@@ -675,3 +676,12 @@ class KeyControl:
         length = seconds if seconds is not None and seconds > 0 else rule.for_
         reason = f"pause_on: {what}" + (f" (Retry-After: {seconds:g})" if seconds else "")
         self.pause(PauseArgs(None, key, length, None, reason, f"pause_on:{turn_id}"))
+
+
+def _running_loop() -> bool:
+    """Whether an event loop runs here (the readers post to it; a logic test has none)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

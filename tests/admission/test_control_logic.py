@@ -16,7 +16,10 @@ from supervisor.wire.args import parse_pause, parse_resume
 
 
 def attach(h: Harness, **settings) -> KeyControl:
-    """Replace the harness's manager by one with admission, as supervisor.daemon.main makes it."""
+    """Replace the harness's manager by one with admission, as supervisor.daemon.main makes it.
+    The quota readers are off (their thread answers an ended turn a moment later, which a fake
+    clock does not wait for): tests/system/test_quota_readers.py has them."""
+    settings.setdefault("quota_read", frozenset())
     keyctl = KeyControl(
         AdmissionSettings(**settings),
         h.paths.root,
