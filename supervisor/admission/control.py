@@ -584,7 +584,7 @@ class KeyControl:
             self._deadlines[turn.id] = self.timers.call_later(
                 max(deadline.warn_at - now, 0.0), warn
             )
-        if self.settings.quota_read and turn.key.partition(":")[0] in self.settings.quota_read:
+        if self.settings.quota_read and turn.slot_key.partition(":")[0] in self.settings.quota_read:
             if self.readers is None and _running_loop():
                 self.readers = QuotaReaders(
                     self.settings.quota_read,
