@@ -55,6 +55,7 @@ from . import (
     logs,
     memory,
     metrics,
+    otel,
     pools,
     quota,
     slots,
@@ -133,6 +134,7 @@ SECTIONS: tuple[Section, ...] = (
     wrap.SECTION,
     pools.SECTION,
     pools.ENV_SECTION,
+    otel.SECTION,
 )
 
 
@@ -159,6 +161,7 @@ class Config:
     hooks: HookSettings = HookSettings()  # [hooks]: supervisor.agents' shell-command hook
     memory: MemorySettings = field(default_factory=MemorySettings)  # [memory]: the machine's room
     wrap: wrap.WrapSettings = wrap.WrapSettings()  # [wrap]: `ccsup wrap`'s key and its cap
+    otel: otel.OtelSettings = otel.OtelSettings()  # [otel]: spans of turns (supervisor.daemon.otel)
     pools: Pools = Pools()  # [pools] and [env."<key>"]: config/pools.py
 
     def __post_init__(self) -> None:
@@ -186,6 +189,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
     cluster_settings = cluster.parse_cluster(c, table, guard_settings.grace, env)
     hook_settings = hooks.parse_hooks(c, table)
     wrap_settings = wrap.parse_wrap(c, table)
+    otel_settings = otel.parse_otel(c, table)
     named = set(slot_settings.caps) | set(harnesses)
     named |= set(cluster_settings.caps) if cluster_settings is not None else set()
     memory_settings = memory.parse_memory(c, table, named)
@@ -230,6 +234,7 @@ def parse(text: str, source: str, env: Mapping[str, str] = {}) -> Config:
         memory=memory_settings,
         wrap=wrap_settings,
         pools=pool_settings,
+        otel=otel_settings,
     )
 
 

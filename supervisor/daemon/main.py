@@ -72,6 +72,7 @@ from ..wire import args as command_args
 from ..wire import protocol
 from ..wire.protocol import ProtocolError, Request
 from . import in_force, memtrim
+from .otel import SpanExporter
 from .server import Server
 
 log = logging.getLogger("ccsup.daemon")
@@ -239,6 +240,10 @@ class Daemon:
         self.launcher.log_limit = self._log_limits().turn_max_bytes
         self.metrics = metrics.Metrics(ps=lambda: views.ps(self.manager))
         self.server.observers.append(self.metrics.observe)
+        self.otel: SpanExporter | None = None  # [otel] endpoint: a span per turn, off the loop
+        if config.otel.endpoint:
+            self.otel = SpanExporter(config.otel.endpoint)
+            self.server.observers.append(self.otel.observe)
         self.metrics_server: metrics.MetricsServer | None = None
         self.trimmer = memtrim.Trimmer()  # RSS: see supervisor.daemon.memtrim
         # The periodic duties by name (a test may wrap one to make it fail): see run_duty.
@@ -320,6 +325,8 @@ class Daemon:
         self.strays.close()  # every turn is gone: what is left below us has no one to count it
         self.cgroups.close()
         self.history.close()
+        if self.otel is not None:
+            self.otel.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
         await asyncio.sleep(max(0.0, sockets_close_at - loop.time()))
@@ -359,6 +366,8 @@ class Daemon:
         self.keyctl.close()
         self.launcher.close()
         self.history.close()
+        if self.otel is not None:
+            self.otel.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
         await asyncio.sleep(max(0.0, sockets_close_at - loop.time()))
