@@ -11,8 +11,8 @@ Design note. The hook needs two answers from one line, with opposite failure mod
   here widens what runs unasked, so it is strict: no separator, pipe (but into `head`, `tail` or
   `wc` with options alone), `&`, newline, substitution, process substitution, heredoc, `$` other
   than `$NAME`/`${NAME}`, redirection other than between the usual fds or to/from `/dev/null`;
-  a literal command word; no assignment that loads code into any program (`LD_*`, `BASH_ENV`,
-  ...). An optional `cd <plain word> &&` may come first (agents write it before nearly every
+  a literal command word; no assignment, before it or through `env`, that makes a program load
+  code from elsewhere (`LD_*`, `BASH_ENV`, `PATH`, `PYTHONPATH`, `NODE_OPTIONS`, ...). An optional `cd <plain word> &&` may come first (agents write it before nearly every
   command; `cd` runs nothing).
 
 Rejected: `shlex` alone (it knows quotes, not operators: `a;b` is one word to it, and it has no
@@ -38,7 +38,10 @@ _VAR = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}|[0-9?
 _OPS = ("&&", "||", ";;", "|&", ";", "&", "|", "(", ")", "\n")
 _REDIRS = ("&>>", "<<<", "<<-", "<<", ">>", "<&", ">&", "<>", ">|", "&>", "<", ">")
 # Assignments that make any program load code of the caller's choosing: never in a plain line.
-_LOADERS = re.compile(r"LD_\w*|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|PS4|PROMPT_COMMAND|IFS")
+_LOADERS = re.compile(
+    r"LD_\w*|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|PS4|PROMPT_COMMAND|IFS|PATH|"
+    r"PYTHON(?:PATH|STARTUP|HOME)|NODE_(?:OPTIONS|PATH)|PERL5(?:OPT|LIB)|RUBY(?:OPT|LIB)"
+)
 _RESERVED = frozenset(
     "if then elif else fi while until do done { } ! function select coproc".split()
 )
@@ -589,6 +592,9 @@ def _plain_line(top: list[Simple], joins: list[str], tokens: list, nested: list)
     for word in command.assigns:
         name = word.value.split("=", 1)[0].rstrip("+")
         if not word.plain or _LOADERS.fullmatch(name):
+            return None
+    for word in command.words:  # `env LD_PRELOAD=... cmd` too (an argument of that form is rare)
+        if _is_assignment(word.value) and _LOADERS.fullmatch(word.value.split("=", 1)[0]):
             return None
     if not all(_safe_redir(op, target) for op, target in command.redirs):
         return None

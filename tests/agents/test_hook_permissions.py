@@ -105,6 +105,8 @@ HOSTILE = [
     "pytest <<EOF\n$(touch PWNED)\nEOF",
     "X=$(touch PWNED) pytest",  # in an env assignment
     "LD_PRELOAD=/tmp/evil.so pytest",
+    "env LD_PRELOAD=/tmp/evil.so pytest",
+    "PATH=./bin:$PATH pytest",
     "BASH_ENV=/tmp/evil bash -c pytest",
     "env X=`touch PWNED` pytest",
     "bash -c 'pytest; touch PWNED'",  # inside a shell's literal
