@@ -78,6 +78,8 @@ def format_in_force(result: dict) -> list[str]:
             source += f": {origin}"
         cluster = f", cluster cap {entry['cluster_cap']}" if "cluster_cap" in entry else ""
         lines.append(f"cap     {entry['key']} = {entry['cap']} ({source}{cluster})")
+    for name, members in (result.get("pools") or {}).items():
+        lines.append(f"pool    {name} = {', '.join(members)}")
     if "default_cap" in result and "caps_in_force" in result:
         lines.append(f"cap     any other key = {result['default_cap']} (default_cap)")
     for key, rate in sorted((result.get("rates") or {}).items()):
@@ -92,5 +94,6 @@ def known_key(key: str, result: dict) -> bool:
     harness name of such a key or with a [harness.X] default_cap."""
     known = {e["key"] for e in result.get("caps_in_force") or []}
     known |= {str(k) for k in result.get("caps") or {}}
+    known |= set(result.get("pools") or {})
     harnesses = {k.partition(":")[0] for k in known} | set(result.get("harness_default_caps") or {})
     return key in known or (":" not in key and key in harnesses)

@@ -653,6 +653,8 @@ class Daemon:
             log.warning("%s", e.message)
             keys = set(self.gate.caps.configured_keys())
         keys |= set(self.manager.queue.keys_by_age())
+        pools = self.config.pools.pools
+        keys -= set(pools)  # a pool has no cap of its own: its members have
         cluster_caps = self.config.cluster.caps if self.config.cluster else {}
         caps = cap_sources(self.config.caps, self.caps_override, sorted(keys | set(cluster_caps)))
         for entry in caps:
@@ -662,6 +664,7 @@ class Daemon:
         return {
             "caps_in_force": caps,
             "harness_default_caps": dict(self.gate.caps.harness_default),
+            "pools": {name: list(members) for name, members in pools.items()},
             "rates": {key: str(rate) for key, rate in settings.rates.items()},
             "max_pause": settings.max_pause,
         }

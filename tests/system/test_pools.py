@@ -16,12 +16,12 @@ from pathlib import Path
 from conftest import wait_until
 
 
-def pools_config(tmp: Path, members: dict[str, int]) -> tuple[str, str]:
-    """(caps, extra) for the daemon fixture: the pool `codex` of `members`, each with a
+def pools_config(tmp: Path, members: dict[str, int], name: str = "codex") -> tuple[str, str]:
+    """(caps, extra) for the daemon fixture: the pool `name` of `members`, each with a
     CODEX_HOME directory of its own under tmp."""
     caps = ", ".join(f'"{m}" = {cap}' for m, cap in members.items())
     names = ", ".join(f'"{m}"' for m in members)
-    extra = f"\n[pools]\ncodex = [{names}]\n"
+    extra = f"\n[pools]\n{name} = [{names}]\n"
     for m in members:
         home = tmp / m.replace(":", "-")
         home.mkdir()
@@ -265,3 +265,28 @@ def test_start_refuses_caps_for_a_pools_name_and_changes_nothing(state_dir, tmp_
     assert started.returncode == 2, started
     assert f"--caps codex: codex is a pool ([pools] in {config})" in started.stderr
     assert not (state_dir / "supervisor.lock").exists()
+
+
+def test_status_lists_the_pool_and_no_cap_for_its_name_and_pause_knows_it(
+    daemon, event_log, state_dir, tmp_path
+):
+    caps, extra = pools_config(tmp_path, {"codex:work": 1, "codex:home": 1}, "accounts")
+    d = daemon(caps=caps, extra=extra)
+    log = event_log(d)
+    with d.client() as client:
+        client.pause("codex:work", for_=60)
+        client.pause("codex:home", for_=60)
+        client.turn("accounts", ["true"], id="waits")  # the pool's name is now a waiting key
+        status = client.status()
+        assert status["pools"] == {"accounts": ["codex:work", "codex:home"]}
+        assert "accounts" not in {e["key"] for e in status["caps_in_force"]}
+        text = ccsup(state_dir, "status").stdout
+        assert "pool    accounts = codex:work, codex:home" in text
+        paused = ccsup(state_dir, "pause", "accounts", "--for", "30s")  # no --force asked
+        assert paused.returncode == 0, paused.stderr
+        client.resume("codex:work")
+        client.resume("codex:home")
+        assert client.ps()["waits"][0]["why"]["reason"] == "paused"  # the pool's own pause
+        client.resume("accounts")
+        assert log.wait_for("turn.waits.granted")["member"] == "codex:work"
+        log.wait_for("turn.waits.released")
