@@ -225,12 +225,14 @@ def test_bad_payloads_are_never_approved_and_always_logged(base_env, tmp_path, h
         json.dumps(payload(harness, "pytest \udcff; touch PWNED")).encode(),
         b'{"tool_name": "Bash", "tool_input": {"command": ["pytest", ";", "touch PWNED"]}}',
         json.dumps(payload(harness, "$(touch PWNED)/ccsup wait " + "a" * 100000)).encode(),
+        b"[" * 200000 + b"]" * 200000,  # nested past the JSON decoder's recursion limit
     ]
     for raw in cases:
         decision, out = answer(harness, raw, base_env)
         assert decision not in ("allow", "rewrite"), (raw[:80], out)
     log = (tmp_path / "hook.log").read_text()
     assert "not a hook payload" in log
+    assert "RecursionError" in log  # logged, not a traceback
 
 
 def test_a_1_mb_command_with_a_supervisor_is_capped_but_never_approved(env, tmp_path):
