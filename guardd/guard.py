@@ -179,6 +179,7 @@ class Guard:
         self.adopt_by = float("inf")  # on self.clock
         self.adopted_at: float | None = None
         self.stdin_writer: int | None = None  # CMD's stdin pipe, held across a gap (guardd.stdin)
+        self.start_pipe: int | None = None  # closed once CMD runs and is on record (_open_logs)
         self._adopting: dict[int, int] = {}  # connection fd -> the adopter's pidfd, until its ack
 
     # --- the whole life, one call per step --------------------------------------------------
@@ -204,6 +205,7 @@ class Guard:
         if failed is not None:
             return failed
         self._write_record()
+        self._close_start_pipe()  # CMD runs and the record names the channel: see _open_logs
         if self.opts.bus:
             from guardd.hints import Publisher
 
@@ -226,6 +228,13 @@ class Guard:
 
     def _open_logs(self) -> None:
         assert self.logs is not None
+        # The stdout the guard was started with is the supervisor's start pipe (see
+        # supervisor.guards.handle.open_stdio): kept, close-on-exec, until CMD runs and the record
+        # is written, so its end tells the supervisor that a turn is adoptable from then on.
+        try:
+            self.start_pipe = os.dup(1)
+        except OSError:
+            pass  # no stdout: nobody waits for its end
         try:
             self.logs.open()
         except OSError as e:
@@ -233,6 +242,11 @@ class Guard:
             raise GuardFailure(why) from None
         for fd in self.logs.fds:
             self.poller.register(fd, select.POLLIN)
+
+    def _close_start_pipe(self) -> None:
+        if self.start_pipe is not None:
+            os.close(self.start_pipe)
+            self.start_pipe = None
 
     def _open_channel(self, record_file: str) -> None:
         path = channel.channel_file(record_file)

@@ -99,7 +99,8 @@ def without_usage(body: dict) -> dict:
     return {k: v for k, v in body.items() if k not in USAGE_KEYS}
 
 
-STAMPS = ("ts", "epoch", "seq", "turn_seq")  # when, by which run, in what order it went out
+# when, by which run, in what order it went out; exited_at: when its command ended (the guard's)
+STAMPS = ("ts", "epoch", "seq", "turn_seq", "exited_at")
 
 
 def story(body: dict) -> dict:

@@ -110,11 +110,15 @@ class GuardProcess:
         stdio: tuple[int, int, int],
         pidfd: int | None = None,
         start: int | None = None,
+        ready: int = -1,
     ):
         """process: a subprocess.Popen (or, for ForkedGuardProcess, a forked guard's _Pipes);
         stdio: our ends of its stdin, stdout and stderr pipes, ours to close from now on; -1 for
-        stdout and stderr: the guard writes the logs itself (guardd.output), which are followed."""
+        stdout and stderr: the guard writes the logs itself (guardd.output), which are followed.
+        ready: the reader of its start pipe (open_stdio), ours to close; -1: none."""
         self.turn_id = turn_id
+        self._ready = ready
+        self._on_ready: Callable[[], None] | None = None
         self.popen = process
         self._stdin = stdio[0]
         self._pipes = {"stdout": stdio[1], "stderr": stdio[2]}
@@ -192,8 +196,44 @@ class GuardProcess:
         self._on_exit = on_exit
         loop.add_reader(self.pidfd, self._on_pidfd)
 
+    def when_ready(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        """Call back once the guard has started CMD and written its record (so a supervisor that
+        dies from then on leaves a turn that can be adopted), or has failed to start it: the
+        guard closes its start pipe then (guardd.guard), and it closes when the guard exits.
+        At once for a guard without one (a "tty" turn's, or one that writes no logs)."""
+        if self._ready < 0:
+            callback()
+            return
+        self._on_ready = callback
+        os.set_blocking(self._ready, False)
+        loop.add_reader(self._ready, self._ready_now, loop)
+
+    def _ready_now(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        try:
+            if os.read(self._ready, 64):
+                return  # nothing is written into it: only its end counts
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._close_ready(loop)
+        callback, self._on_ready = self._on_ready, None
+        if callback is not None:
+            callback()
+
+    def _close_ready(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        if self._ready >= 0:
+            if loop is not None:
+                loop.remove_reader(self._ready)
+            os.close(self._ready)
+            self._ready = -1
+
     def _on_pidfd(self) -> None:
         """The guard has exited (its pidfd is readable)."""
+        if self._on_ready is not None:  # its start pipe is at its end too: that comes first
+            self._close_ready(self._loop)
+            callback, self._on_ready = self._on_ready, None
+            callback()
         self._exited_now()
 
     def _exited_now(self) -> None:
@@ -465,6 +505,8 @@ class GuardProcess:
             follower.close()
         self._followers.clear()
         self._close_stdin()
+        self._on_ready = None
+        self._close_ready(self._loop)
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
@@ -540,7 +582,7 @@ def guard_args(spec: GuardSpec) -> list[str]:
 
 def open_stdio(
     stdin: str, winsize: tuple[int, int] | None = None, guard_logs: bool = False
-) -> tuple[tuple, tuple]:
+) -> tuple[tuple, tuple, int]:
     """The guard's stdin, stdout and stderr, and ours (its stdin's writer, the readers of its
     stdout and stderr), by the turn's stdin mode (supervisor.wire.args.STDIN_MODES):
     - "pipe": three pipes;
@@ -549,8 +591,9 @@ def open_stdio(
       stdout the master (the pty's bytes, exactly as it gives them, are the stdout log) and our
       stderr a pipe already at its end (the pty merges the streams).
     guard_logs (not with "tty"): the guard writes the logs itself (guardd.output) and puts its own
-    pipes on its fds 1 and 2: its stdout and stderr are /dev/null until then, ours -1.
-    Every descriptor is close-on-exec; each of the six is ours to close once."""
+    pipes on its fds 1 and 2: its stdout until then is the writer of its start pipe, whose reader
+    is the third value returned (else -1), its stderr /dev/null, ours -1 (see
+    GuardProcess.when_ready). Every descriptor is close-on-exec; each is ours to close once."""
     if stdin == "tty":
         master, slave = os.openpty()  # glibc opens the slave O_NOCTTY: never our terminal
         try:
@@ -558,7 +601,7 @@ def open_stdio(
                 set_winsize(master, *winsize)
             stderr_r, stderr_w = os.pipe()
             os.close(stderr_w)
-            return (slave, os.dup(slave), os.dup(slave)), (os.dup(master), master, stderr_r)
+            return (slave, os.dup(slave), os.dup(slave)), (os.dup(master), master, stderr_r), -1
         except BaseException:
             os.close(master)
             os.close(slave)
@@ -569,10 +612,11 @@ def open_stdio(
         stdin_r, stdin_w = os.pipe()
     if guard_logs:
         null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        return (stdin_r, null, os.dup(null)), (stdin_w, -1, -1)
+        ready_r, ready_w = os.pipe()
+        return (stdin_r, ready_w, null), (stdin_w, -1, -1), ready_r
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
-    return (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r)
+    return (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r), -1
 
 
 def close_all(fds) -> None:
@@ -605,7 +649,7 @@ def start_guard(spec: GuardSpec) -> GuardProcess:
     """Start `ccsup-guard` (python -I -S, guardd.launch) for one turn, as our child.
 
     OSError when it cannot be started (bad cwd...)."""
-    theirs, ours = open_stdio(spec.stdin, spec.winsize, spec.guard_logs)
+    theirs, ours, ready = open_stdio(spec.stdin, spec.winsize, spec.guard_logs)
     (stdin_r, stdout_w, stderr_w), (stdin_w, stdout_r, stderr_r) = theirs, ours
     try:
         popen = subprocess.Popen(
@@ -619,12 +663,14 @@ def start_guard(spec: GuardSpec) -> GuardProcess:
             close_fds=True,
         )
     except BaseException:
-        close_all((stdin_w, stdout_r, stderr_r))
+        close_all((stdin_w, stdout_r, stderr_r, ready))
         raise
     finally:
         for fd in (stdin_r, stdout_w, stderr_w):  # the guard's ends: it has its own copies
             os.close(fd)
-    guard = GuardProcess(spec.turn_id, popen, spec.record_dir, stdio=(stdin_w, stdout_r, stderr_r))
+    guard = GuardProcess(
+        spec.turn_id, popen, spec.record_dir, stdio=(stdin_w, stdout_r, stderr_r), ready=ready
+    )
     guard.stdin_held = spec.holds_stdin
     return guard
 
@@ -636,8 +682,19 @@ class ForkedGuardProcess(GuardProcess):
     report (`status_reported`), or, once the zygote is known gone, goes without (STATUS_UNKNOWN).
     """
 
-    def __init__(self, turn_id: str, pipes: _Pipes, record_dir: Path, *, pidfd: int, start: int):
-        super().__init__(turn_id, pipes, record_dir, stdio=pipes.stdio, pidfd=pidfd, start=start)
+    def __init__(
+        self,
+        turn_id: str,
+        pipes: _Pipes,
+        record_dir: Path,
+        *,
+        pidfd: int,
+        start: int,
+        ready: int = -1,
+    ):
+        super().__init__(
+            turn_id, pipes, record_dir, stdio=pipes.stdio, pidfd=pidfd, start=start, ready=ready
+        )
         self.reported: int | None = None
         self.orphaned = False  # its zygote is gone: no status will come
         self._exited = False

@@ -120,13 +120,15 @@ class _Request:
     """A request sent (or queued) to the zygote: what to settle, our pipe ends, and the guard's
     spec (to start it directly, or to ask for the same guard again: `Launcher._ask_again`)."""
 
-    __slots__ = ("pending", "ours", "spec")
+    __slots__ = ("pending", "ours", "ready", "spec")
 
-    def __init__(self, pending: PendingGuard, ours: tuple[int, int, int], spec: GuardSpec):
-        self.pending, self.ours, self.spec = pending, ours, spec
+    def __init__(
+        self, pending: PendingGuard, ours: tuple[int, int, int], ready: int, spec: GuardSpec
+    ):
+        self.pending, self.ours, self.ready, self.spec = pending, ours, ready, spec
 
     def close_ours(self) -> None:
-        close_all(self.ours)
+        close_all((*self.ours, self.ready))
 
 
 class Launcher:
@@ -226,13 +228,13 @@ class Launcher:
             spec = dataclasses.replace(spec, log_limit=self.log_limit)  # the guard keeps it
         if self.zygote is None:
             return self._start_directly(spec)
-        theirs, ours = open_stdio(spec.stdin, spec.winsize, spec.guard_logs)
+        theirs, ours, ready = open_stdio(spec.stdin, spec.winsize, spec.guard_logs)
         try:
             self.zygote.request(
                 guard_args(spec), cwd=spec.cwd, env=guard_env(spec.env), stdio=theirs
             )
         except (ZygoteGone, ValueError) as e:
-            close_all((*theirs, *ours))
+            close_all((*theirs, *ours, ready))
             if isinstance(e, ZygoteGone):
                 self._lost(str(e))
             else:
@@ -240,7 +242,7 @@ class Launcher:
             return self._start_directly(spec)
         if not self._waiting:
             self._progress = time.monotonic()
-        request = _Request(PendingGuard(spec.turn_id), ours, spec)
+        request = _Request(PendingGuard(spec.turn_id), ours, ready, spec)
         self._waiting.append(request)
         self._flush()
         self._watch()
@@ -330,6 +332,7 @@ class Launcher:
                     request.spec.record_dir,
                     pidfd=answer.pidfd,
                     start=answer.start,
+                    ready=request.ready,
                 )
                 guard.stdin_held = request.spec.holds_stdin
                 self._forked[answer.pid] = guard

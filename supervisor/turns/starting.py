@@ -7,8 +7,10 @@ turn stays in STARTING (a cancel then is kept by the ending table and acted on o
 turn's cgroup is named in its slot before the guard is asked for (Slot.name_cgroup: with the
 guard's own check, a supervisor killed at any point leaves no CMD running under a slot that reads
 free). Once the guard runs, it is followed (its logs opened, its pipes and exit watched) and its
-work recorded in the slot; if either fails, the turn is still reported started and at once
-cancelled: the guard ends its work, `Endings.tick` watches for the guard's end when its exit could
+work recorded in the slot, and it is reported started once the guard says CMD runs and its record
+is written (its start pipe closed: GuardProcess.when_ready), so that a supervisor killed at any
+moment after `started` leaves a turn that can be adopted; if following or recording fails, the
+turn is still reported started and at once cancelled: the guard ends its work, `Endings.tick` watches for the guard's end when its exit could
 not be followed (`turn.followed` is False), and the slot is released only when that work is
 confirmed gone. Never a running guard that nobody watches.
 
@@ -187,6 +189,11 @@ class Starter:
                 )
             except (OSError, CcsupError) as e:
                 problem = f"unable to record the work of turn {turn.id} in its slot: {e}"
+        # `started` once the guard has CMD running and its record (its channel) on disk: a
+        # supervisor killed from then on leaves a turn the next one adopts (GuardProcess.when_ready)
+        guard.when_ready(asyncio.get_running_loop(), partial(self._ready, turn, problem))
+
+    def _ready(self, turn: Turn, problem: str | None) -> None:
         self.happen(turn, What.STARTED)
         if problem is not None:
             log.error("%s; stopping it", problem)

@@ -161,6 +161,9 @@ class FakeGuard:
         self.on_exit = None
         self.stdin = b""
 
+    def when_ready(self, loop, callback):
+        callback()
+
     def attach(self, loop, log_dir, on_output, on_exit):
         assert log_dir.is_dir()
         if self.attach_error is not None:

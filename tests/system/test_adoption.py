@@ -406,3 +406,43 @@ def test_a_command_that_ended_by_itself_after_the_restart_unadopted_ends_with_it
     # its story ends once its slot frees (it used to wait for the next supervisor's start)
     story = wait_until(lambda: (s := _story(state_dir, "u7")).get("state") == "released" and s)
     assert (story["exit_code"], story["reason"]) == (7, None), story
+
+
+@pytest.mark.timeout(300)
+def test_a_supervisor_killed_right_after_each_started_loses_no_turn_under_load(daemon, state_dir):
+    """`started` is published only once the guard runs CMD and its record names its channel
+    (GuardProcess.when_ready): a supervisor SIGKILLed the moment it has published it (by itself:
+    tests/helpers/killed_at_started.py), 20 times under two CPU hogs, leaves every turn to be
+    adopted and to run to its own end with its own status (before: about 1 in 3 ended
+    `parent_gone`, its command never run)."""
+    import sys
+
+    from conftest import HELPERS
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
+    try:
+        d = daemon(caps="codex = 2", adopt_within="30s", start=False)
+        d.program = [str(HELPERS / "killed_at_started.py"), str(state_dir / "killed")]
+        d.start()
+        marks = state_dir / "marks"
+        for i in range(20):
+            turn = f"k{i}"
+            cmd = f'echo "ran {turn}" >> {marks}; sleep 0.3; exit {i % 5 + 1}'
+            with d.client() as client:
+                client.turn("codex", ["sh", "-c", cmd], id=turn)
+            assert d.proc.wait(60) == -signal.SIGKILL  # the moment `started` was published
+            d.start()
+        ends = {}
+        for i in range(20):
+            turn = f"k{i}"
+            story = wait_until(
+                lambda t=turn: (s := _story(state_dir, t)).get("state") == "released" and s, 60
+            )
+            ends[turn] = (story["exit_code"], story["reason"])
+        assert ends == {f"k{i}": (i % 5 + 1, None) for i in range(20)}, ends
+        ran = marks.read_text().split("\n")[:-1]
+        assert sorted(ran) == sorted(f"ran k{i}" for i in range(20)), ran  # each once
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
