@@ -325,3 +325,31 @@ def test_scanner_never_reports_a_reused_pid_as_the_old_process():
             new.wait()
     finally:
         sc.close()
+
+
+def test_a_subreaper_with_a_thousand_children_has_them_all_scanned():
+    # /proc/<pid>/task/<tid>/children gives at most about a page a read (~800 pids): a guard with
+    # more orphans than that saw only the first page of them (seen failing: 682 of 1,000).
+    parent = subprocess.Popen(
+        [
+            PYTHON,
+            "-c",
+            "import subprocess, sys\n"
+            "ps = [subprocess.Popen(['sleep', '120']) for _ in range(1000)]\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.read()\n"
+            "for p in ps: p.kill(); p.wait()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout.readline() == "ready\n"
+        assert len(scan.descendants(parent.pid)) == 1000
+        scanner = scan.Scanner(parent.pid)
+        assert len(scanner.descendants()) == 1000
+        assert len(scanner.descendants()) == 1000  # again, through the held files
+        scanner.close()
+    finally:
+        parent.communicate("", timeout=60)
