@@ -16,9 +16,10 @@ half (an exec, a big allocation), and never for one past LARGE (its shared part 
 it; its RSS serves). Between reads a process counts its last PSS plus how far its RSS moved since
 (growth is private memory, which PSS counts whole). RSS itself comes from /proc/<pid>/statm
 (kernel counters: under 2 us, held open and re-read with pread as guardd.scan does for `stat`).
-The smaps_rollup reads of one sample stop after PSS_BUDGET seconds; the processes left count
-their RSS until a later sample reads them, so a tree of thousands is refined over a few scans
-and never costs more than that budget a scan. Rejected: PSS for everything at every scan (the
+The smaps_rollup reads of one sample stop after PSS_BUDGET seconds of CPU; the processes left
+count their RSS less its shared part (file-backed and shmem pages, statm's third field: near their
+PSS for most processes, which share little but those) until a later sample reads them, so a tree
+of thousands is refined over some scans and never costs more than that budget a scan. Rejected: PSS for everything at every scan (the
 cost above); RSS alone (twenty forked workers over-counted by their shared pages); /proc/<pid>/
 status (four times statm's cost for the same counters).
 
@@ -34,7 +35,7 @@ import os
 import time
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-PSS_BUDGET = 0.005  # seconds of smaps_rollup reads a sample may spend
+PSS_BUDGET = 0.005  # CPU seconds of smaps_rollup reads a sample may spend
 LARGE = 256 << 20  # bytes of RSS past which a process counts its RSS (no smaps_rollup read)
 DRIFT = 0.5  # PSS is read again when RSS moved by this share of what it was at the last read
 
@@ -59,13 +60,14 @@ def _read_path(path: str, size: int = 256) -> bytes | None:
         os.close(fd)
 
 
-def rss_of(data: bytes | None) -> int | None:
-    """Resident bytes from statm's text (its second field), None when there is none."""
+def statm_of(data: bytes | None) -> tuple[int, int] | None:
+    """(resident, resident and shared: file-backed or shmem) bytes from statm's text, None when
+    there is none."""
     if not data:
         return None
-    parts = data.split(None, 2)
+    parts = data.split(None, 3)
     try:
-        return int(parts[1]) * PAGE
+        return int(parts[1]) * PAGE, int(parts[2]) * PAGE
     except (IndexError, ValueError):
         return None
 
@@ -88,7 +90,7 @@ def pss_of(pid: int) -> int | None:
 class TreeMemory:
     """Samples of a tree's memory (see the design note): `now` and `peak`, bytes."""
 
-    def __init__(self, max_held: int | None = None, clock=time.perf_counter):
+    def __init__(self, max_held: int | None = None, clock=time.thread_time):
         if max_held is None:
             max_held = max(0, min(4096, (os.sysconf("SC_OPEN_MAX") - 64) // 8))
         self.max_held = max_held
@@ -119,19 +121,23 @@ class TreeMemory:
                     except OSError:
                         continue  # gone since the scan
                 entry = known[pid] = [proc.start, fd, -1, 0]
-            rss = rss_of(_pread(entry[1]) if entry[1] >= 0 else _read_path(f"/proc/{pid}/statm"))
-            if rss is None:
+            statm = statm_of(
+                _pread(entry[1]) if entry[1] >= 0 else _read_path(f"/proc/{pid}/statm")
+            )
+            if statm is None:
                 self._drop(pid)
                 continue  # vanished: its memory is freed
+            rss, shared = statm
             at = entry[2]
             stale = at < 0 or abs(rss - at) > at * DRIFT
-            if stale and rss < LARGE and self.clock() < stop_reading_at:
-                pss = pss_of(pid)
-                if pss is not None:
-                    entry[2], entry[3] = rss, pss
-                    at = rss
-            if at < 0 or rss >= LARGE:
+            if stale and 0 < rss < LARGE and self.clock() < stop_reading_at:
+                pss = pss_of(pid)  # None: it cannot be read (exiting): its RSS until it moves
+                entry[2], entry[3] = rss, rss if pss is None else pss
+                at = rss
+            if rss >= LARGE:
                 total += rss
+            elif at < 0:
+                total += rss - shared  # its own pages until its PSS is read (shared ones, ~0)
             else:
                 total += max(0, entry[3] + rss - at)
         for pid in [p for p in known if p not in found]:
