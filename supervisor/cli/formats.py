@@ -61,6 +61,23 @@ def fit(lines: list[str], width: int | None) -> list[str]:
     return [line if len(line) <= width else line[: max(1, width - 1)] + "…" for line in lines]
 
 
+def format_size(n: float | None) -> str:
+    """Bytes as ps and status show them: 512MiB, 1.20GiB; "-" for none."""
+    if not isinstance(n, int | float):
+        return "-"
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.2f}GiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.0f}MiB"
+    return f"{n / 1024:.0f}KiB"
+
+
+def mem_now(slot: dict) -> int | None:
+    used = slot.get("usage")
+    mem = used.get("mem") if isinstance(used, dict) else None
+    return mem if isinstance(mem, int) else None
+
+
 def format_table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     return [

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from .formats import age, fit, format_command, format_groups, format_table
+from .formats import age, fit, format_command, format_groups, format_size, format_table, mem_now
 from .options import complete_keys, key_matches, key_patterns_option
 from .where import emit_json, where
 
@@ -96,6 +96,11 @@ def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
             for s in slots
         ]
         header = ["KEY", "INDEX", "CAP", "STATE", "TURN", "HOLDER", "PID", "GROUPS", "AGE"]
+        if any(mem_now(s) is not None or s.get("predicted_mem") for s in slots):
+            # each running turn's whole tree now, and its key's predicted peak ([memory])
+            header += ["MEM", "PRED"]
+            for row, s in zip(rows, slots, strict=True):
+                row[-1:-1] = [format_size(mem_now(s)), format_size(s.get("predicted_mem"))]
         lines += fit(format_table([*header, "COMMAND"], rows), width)
     else:
         lines.append("no slot taken" if tallies is not None else "no slots")

@@ -14,6 +14,7 @@ USAGE_COLUMNS = (  # the exited event's usage figures shown as columns, when any
     ("cpu_user_s", "CPU USER", lambda v: f"{v:.2f}s"),
     ("cpu_system_s", "CPU SYS", lambda v: f"{v:.2f}s"),
     ("peak_rss_bytes", "PEAK RSS", lambda v: _size(v)),
+    ("peak_mem", "PEAK MEM", lambda v: _size(v)),  # the whole tree's (guardd.treemem)
     ("processes", "PROCS", lambda v: str(v)),
 )
 

@@ -81,6 +81,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     for key, entry in sorted((result.get("limits") or {}).items()):
         for name, why in sorted(entry.get("not_enforced", {}).items()):
             click.echo(f"limits  {key}.{name}: not enforced: {why}")
+    for line in format_memory(result.get("memory")):  # [memory]: budget, prediction, pressure
+        click.echo(f"memory  {line}")
     from .keys import format_in_force, format_keys
 
     for line in format_in_force(result):  # caps and where each comes from, rates, max_pause
@@ -92,3 +94,38 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
         for line in format_cluster_status(result["cluster"]):
             click.echo(line)
+
+
+def format_memory(memory: dict | None) -> list[str]:
+    """`status`'s memory lines: the budget and room, the running turns' predicted use, the
+    pressure, the keys' predictions, and which parts are off on this machine."""
+    if not memory:
+        return []
+    from .formats import format_size
+
+    lines = []
+    budget = memory.get("budget")
+    predicted = f"running turns predicted {format_size(memory.get('predicted'))}"
+    if budget is None:
+        lines.append(f"no budget (turns are admitted by their caps); {predicted}")
+    else:
+        named = "auto" if budget == "auto" else format_size(budget)
+        room = format_size(memory.get("room")) if memory.get("room") is not None else "?"
+        lines.append(f"budget {named}: {predicted}, room {room}")
+    if memory.get("psi") and memory.get("pressure"):
+        avg10 = memory.get("avg10")
+        now = "?" if avg10 is None else f"{avg10 * 100:.2f}%"
+        state = "ON: nothing is granted" if memory.get("pressured") else "off"
+        lines.append(f"pressure {now} (brake at {memory['pressure'] * 100:g}%): {state}")
+    keys = memory.get("keys") or {}
+    if keys:
+        shown = ", ".join(
+            f"{key} {format_size(k['prediction'])} ({k['source']})" for key, k in keys.items()
+        )
+        lines.append(f"predicted {shown}; other keys by their caps alone")
+    elif budget is not None:
+        lines.append("no key has a prediction yet: every key is admitted by its caps alone")
+    if memory.get("alone"):
+        lines.append(f"turn {memory['alone']} runs alone: its prediction is above the budget")
+    lines += [f"off: {why}" for why in memory.get("off") or []]
+    return lines

@@ -181,7 +181,8 @@ def render(model: Model, now: float, width: int, height: int, message: str = "")
     holder_lines = [
         Line(
             _cut(
-                f"{'TURN':<9}{'KEY':<14}{'AGE':>7}{'CPU':>7}{'MEM':>7}  {holder_col}COMMAND", width
+                f"{'TURN':<9}{'KEY':<14}{'AGE':>7}{'CPU':>7}{'MEM':>7}{'PRED':>7}  {holder_col}COMMAND",
+                width,
             ),
             "header",
         )
@@ -189,11 +190,13 @@ def render(model: Model, now: float, width: int, height: int, message: str = "")
     for slot in holders[: max(share - 1, 1)]:
         used = model.usage.get(slot["turn"])
         cpu = f"{used.cpu_percent:.0f}%" if used and used.cpu_percent is not None else "-"
-        mem = _size(used.rss_bytes) if used else "-"
+        tree = (slot.get("usage") or {}).get("mem")  # the whole tree, as its guard sampled it
+        mem = _size(tree) if isinstance(tree, int) else _size(used.rss_bytes) if used else "-"
+        pred = _size(slot.get("predicted_mem"))  # its key's predicted peak ([memory])
         since = slot.get("since")
         age = format_age(now - since) if isinstance(since, (int, float)) else "-"
         holder = _holder_cell(slot) if who else ""
-        text = f"{slot['turn'][:8]:<9}{_cut(slot['key'], 13):<14}{age:>7}{cpu:>7}{mem:>7}  {holder}{format_command(slot.get('argv'))}"
+        text = f"{slot['turn'][:8]:<9}{_cut(slot['key'], 13):<14}{age:>7}{cpu:>7}{mem:>7}{pred:>7}  {holder}{format_command(slot.get('argv'))}"
         holder_lines.append(Line(_cut(text, width), "held", Row(slot["turn"], slot["key"])))
     if len(holders) > share - 1:
         holder_lines.append(Line(f"... {len(holders) - share + 1} more holders", "dim"))

@@ -637,7 +637,12 @@ class Daemon:
             "systemd": _notify_socket is not None,
         }
         result.update(self.cgroups.describe())
-        result["memory"] = self.room.view()
+        result["memory"] = memory = self.room.view()
+        if "memory" not in self.cgroups.controllers:
+            memory["off"].append(
+                "the memory controller (turns' cgroups have none here): each guard samples "
+                "its tree's PSS at its scans"
+            )
         # Guards that wait for adoption (not adopted at start: supervisor.turns.adopt), from their
         # records in a thread; our own guards' records are not read (we watch them).
         ours = {t.guard.record_path.name for t in self.manager.turns.values() if t.guard}

@@ -644,6 +644,8 @@ def test_ps_shows_a_running_turn_and_a_waiter(daemon):
             "PID",
             "GROUPS",
             "AGE",
+            "MEM",  # the turn's whole tree now, and its key's prediction ([memory])
+            "PRED",
             "COMMAND",
         ]
         assert "POS  ID" in table
