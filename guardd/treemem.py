@@ -104,7 +104,7 @@ class TreeMemory:
     def sample(self, found) -> int:
         """One sample over a scan's processes (guardd.procs.Stat by pid); returns the sum."""
         total = 0
-        stop_reading_at = self.clock() + PSS_BUDGET
+        spent = 0.0  # CPU seconds of smaps_rollup reads in this sample
         known = self._known
         for pid, proc in found.items():
             if proc.zombie:
@@ -130,8 +130,10 @@ class TreeMemory:
             rss, shared = statm
             at = entry[2]
             stale = at < 0 or abs(rss - at) > at * DRIFT
-            if stale and 0 < rss < LARGE and self.clock() < stop_reading_at:
+            if stale and 0 < rss < LARGE and spent < PSS_BUDGET:
+                began = self.clock()
                 pss = pss_of(pid)  # None: it cannot be read (exiting): its RSS until it moves
+                spent += self.clock() - began
                 entry[2], entry[3] = rss, rss if pss is None else pss
                 at = rss
             if rss >= LARGE:

@@ -331,8 +331,13 @@ class MachineRoom:
             off.append(f"pressure brake: no PSI ({self.psi_file} missing)")
         elif self.settings.pressure <= 0:
             off.append("pressure brake: [memory] pressure = 0")
+        budget_bytes = self.settings.budget
+        if budget_bytes == AUTO:
+            available = self.meminfo().get("MemAvailable")
+            budget_bytes = None if available is None else available - self.settings.reserve
         return {
             "budget": self.settings.budget,
+            "budget_bytes": budget_bytes,
             "reserve": self.settings.reserve,
             "room": figures[0] if figures else None,
             "whole": figures[1] if figures else None,

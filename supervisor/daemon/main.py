@@ -238,7 +238,9 @@ class Daemon:
         self.server.observers.append(self.history.observe)
         self.launcher.on_truncated = self._log_truncated
         self.launcher.log_limit = self._log_limits().turn_max_bytes
-        self.metrics = metrics.Metrics(ps=lambda: views.ps(self.manager))
+        self.metrics = metrics.Metrics(
+            ps=lambda: views.ps(self.manager), memory=lambda: self.room.view()
+        )
         self.server.observers.append(self.metrics.observe)
         self.otel: SpanExporter | None = None  # [otel] endpoint: a span per turn, off the loop
         if config.otel.endpoint:

@@ -29,7 +29,9 @@ figures when the containment work provides them); guards_lost_total{key}; orphan
 bus_events_total{family} (events the supervisor published: turn, supervisor, slot);
 periodic_errors_total{task} (exceptions a periodic duty raised and survived: expire_finished,
 save_state, grant, confirm_ends, reap, prune_logs, trim_memory; see supervisor.daemon.main); output_bytes_total{key,stream}
-is not kept (it would cost a decode per chunk); start_time_seconds.
+is not kept (it would cost a decode per chunk); start_time_seconds; memory_budget_bytes,
+memory_predicted_bytes, memory_pressure_avg10 (a share), memory_prediction_bytes{key} and
+turn_peak_memory_bytes{key} ([memory], supervisor.admission.room: at scrape).
 
 State: none on disk; the figures start from zero with each supervisor (Prometheus handles
 counter resets), as `start_time_seconds` tells.
@@ -202,9 +204,57 @@ class _Live:
         self.stop_reason: str | None = None
 
 
+def _memory_families(view: dict | None, last_peak: dict[str, int]) -> Iterator[Metric]:
+    """[memory] (supervisor.admission.room): the budget, what running turns are predicted to
+    use, PSI's `some avg10` share, each key's prediction and its last turn's peak."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    peaks = GaugeMetricFamily(
+        "ccsup_turn_peak_memory_bytes",
+        "The whole tree's peak memory of the key's last exited turn.",
+        labels=["key"],
+    )
+    for key, peak in sorted(last_peak.items()):
+        peaks.add_metric([key], peak)
+    yield peaks
+    if view is None:
+        return
+    if view.get("budget_bytes") is not None:
+        yield GaugeMetricFamily(
+            "ccsup_memory_budget_bytes",
+            "The [memory] budget (with auto: MemAvailable now less reserve).",
+            value=view["budget_bytes"],
+        )
+    yield GaugeMetricFamily(
+        "ccsup_memory_predicted_bytes",
+        "What the running turns are predicted to use (each: its prediction or its use now).",
+        value=view.get("predicted") or 0,
+    )
+    if view.get("avg10") is not None:
+        yield GaugeMetricFamily(
+            "ccsup_memory_pressure_avg10",
+            "PSI memory `some avg10`, as a share (0-1).",
+            value=view["avg10"],
+        )
+    predictions = GaugeMetricFamily(
+        "ccsup_memory_prediction_bytes", "Each key's predicted peak memory.", labels=["key"]
+    )
+    for key, entry in (view.get("keys") or {}).items():
+        if entry.get("prediction") is not None:
+            predictions.add_metric([key], entry["prediction"])
+    yield predictions
+
+
 class Metrics:
-    def __init__(self, ps: Callable[[], dict], *, started_at: float | None = None):
+    def __init__(
+        self,
+        ps: Callable[[], dict],
+        *,
+        started_at: float | None = None,
+        memory: Callable[[], dict] | None = None,
+    ):
         self._ps = ps
+        self._memory = memory  # supervisor.admission.room's view, read at scrape
         self.started_at = time.time() if started_at is None else started_at
         self.turns_ended = _Counter(
             "ccsup_turns_ended", "Turns ended, by key and outcome.", ("key", "outcome")
@@ -237,6 +287,7 @@ class Metrics:
             ("task",),
         )
         self._live: dict[str, _Live] = {}
+        self.last_peak: dict[str, int] = {}  # key -> the whole-tree peak of its last exited turn
 
     # -- fed by every published event (on the event loop) -----------------------------------------
 
@@ -279,6 +330,9 @@ class Metrics:
                 figure = body.get(f"cpu_{mode}_s")
                 if isinstance(figure, (int, float)) and figure >= 0:
                     self.cpu_seconds.inc((live.key, mode), figure)
+            peak = body.get("peak_mem")
+            if isinstance(peak, int) and peak > 0:
+                self.last_peak[live.key] = peak
             if body.get("reason") == "guard_lost":
                 self.guards_lost.inc((live.key,))
         elif kind in ("released", "cancelled", "rejected"):
@@ -312,6 +366,7 @@ class Metrics:
                 "ccsup_start_time_seconds", "When this supervisor started.", value=self.started_at
             )
             yield from _slot_families(self._ps())
+            yield from _memory_families(self._memory() if self._memory else None, self.last_peak)
 
         return generate_latest(_Collected(families))
 

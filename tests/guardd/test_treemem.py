@@ -80,12 +80,10 @@ def test_a_sample_stops_reading_smaps_rollup_after_its_budget(forked, monkeypatc
     real = treemem.pss_of
     monkeypatch.setattr(treemem, "pss_of", lambda pid: reads.append(pid) or real(pid))
     ticks = itertools.count()
-    # A sample starts at 0, may read while before PSS_BUDGET: each look costs half a budget.
-    memory = TreeMemory(clock=lambda: next(ticks) * treemem.PSS_BUDGET / 2)
+    # Each read costs a whole budget (as the sample's clock sees it): one read a sample.
+    memory = TreeMemory(clock=lambda: next(ticks) * treemem.PSS_BUDGET)
     memory.sample(found)
     assert len(reads) == 1  # the others count their RSS less its shared part for now
-    ticks = itertools.count()
     for _ in range(20):
         memory.sample(found)
-        ticks = itertools.count()
     assert len(reads) == 9  # one more a sample until every one has its PSS; then none

@@ -102,6 +102,15 @@ def test_without_an_estimate_the_fourth_is_held_once_three_have_run(cli_daemon, 
     learned = status["memory"]["keys"]["mem"]
     assert learned["source"] == "learned"
     assert (GIB12 << 20) <= learned["prediction"] <= (GIB12 << 20) * 1.15, learned
+    text = ccsup("status", state_dir=state_dir).stdout
+    assert "memory  budget 3.00GiB: running turns predicted 0KiB, room 3.00GiB" in text, text
+    assert "memory  predicted mem 1.2" in text and "(learned)" in text, text
+    exposed = ccsup("metrics", state_dir=state_dir).stdout
+    assert "ccsup_memory_budget_bytes 3.221225472e+09" in exposed, exposed
+    assert "ccsup_memory_predicted_bytes 0.0" in exposed
+    assert 'ccsup_memory_prediction_bytes{key="mem"}' in exposed
+    assert 'ccsup_turn_peak_memory_bytes{key="mem"}' in exposed
+    assert ("ccsup_memory_pressure_avg10" in exposed) == Path("/proc/pressure/memory").exists()
     marker = tmp_path / "held"
     marker.mkdir()
     sampler = WhySampler(state_dir)
