@@ -173,7 +173,7 @@ class KeyControl:
         if why is not None and self.room is not None:
             self.room.held.pop(item.id, None)  # held for time: it keeps nobody from the room
         if why is None and self.room is not None:
-            why = self.room.hold(item, now)  # memory room and pressure: the last hold asked
+            why = self.room.hold(item, now, key)  # memory room and pressure: the last hold asked
             if why is not None:
                 self.policy.note(key, why)
         if why is None:

@@ -163,7 +163,9 @@ class MachineRoom:
         if kind in ("granted", "started", "adopted"):
             item = self.lookup(parts[1])
             if isinstance(item, Turn):
-                self.running[item.id] = item.key
+                member = body.get("member")  # a pool's turn runs on (and is predicted as) it
+                known = self.running.get(item.id)
+                self.running[item.id] = member if isinstance(member, str) else known or item.key
                 self.held.pop(item.id, None)
         elif kind == "exited":
             peak = body.get("peak_mem")
@@ -229,8 +231,10 @@ class MachineRoom:
 
     # -- the decision ------------------------------------------------------------------------------
 
-    def hold(self, item: Item, now: float) -> Why | None:
-        """Why `item` (a key's head) may not be granted for memory now, else None."""
+    def hold(self, item: Item, now: float, key: str | None = None) -> Why | None:
+        """Why `item` (a key's head) may not be granted for memory now, else None. `key`: the
+        pool member it would run on (its prediction is that key's), default its own key."""
+        key = key or item.key
         limit = self.settings.pressure
         if limit > 0:
             avg10 = self.pressure_now()
@@ -244,7 +248,7 @@ class MachineRoom:
                 return Why(WaitReason.PRESSURE, None, detail)
         if not isinstance(item, Turn) or self.settings.budget is None:
             return None
-        need, source = self.prediction(item.key)
+        need, source = self.prediction(key)
         if need is None:
             return None
         older = [
@@ -253,15 +257,15 @@ class MachineRoom:
             if other != item.id and at < item.requested_at
         ]
         if older:
-            at, other, key = min(older)
-            detail = f"behind turn {other} of key {key}, older and waiting for memory room"
-            self.held[item.id] = (item.requested_at, item.key)
+            at, other, other_key = min(older)
+            detail = f"behind turn {other} of key {other_key}, older and waiting for memory room"
+            self.held[item.id] = (item.requested_at, key)
             return Why(WaitReason.MEMORY, None, detail)
         figures = self.room()
         if figures is None:
             return None  # no /proc/meminfo for "auto": admitted by caps alone
         room, whole = figures
-        what = f"needs {gib(need)} ({source} peak of {item.key})"
+        what = f"needs {gib(need)} ({source} peak of {key})"
         if need <= room:
             self.held.pop(item.id, None)
             return None
@@ -278,7 +282,7 @@ class MachineRoom:
         else:
             detail = f"{what}; room {gib(max(room, 0))} of budget {self._budget_text()}"
             detail += f", running turns predicted {gib(self.predicted_use())}"
-        self.held[item.id] = (item.requested_at, item.key)
+        self.held[item.id] = (item.requested_at, key)
         return Why(WaitReason.MEMORY, None, detail)
 
     def _budget_text(self) -> str:
