@@ -152,6 +152,7 @@ def _run_epilog() -> str:
     is_flag=True,
     help="Say nothing of the turn itself on stderr (its id, queued, started); errors still show.",
 )
+@click.option("--quiet-start", is_flag=True, hidden=True)  # `ccsup wrap`: said only if it waited
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -172,6 +173,7 @@ def run(
     want_tty: bool,
     quiet: bool,
     cmd: tuple[str, ...],
+    quiet_start: bool = False,
 ) -> None:
     """Run CMD as one turn of KEY: wait for a slot, stream its output, exit with its status.
 
@@ -214,6 +216,7 @@ def run(
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
         runner = _TurnRunner(client, turn_id, key, as_json, quiet=quiet)
+        runner.quiet_start = quiet_start
         from ..client.ride_through import TurnRider
 
         runner.rider = TurnRider(client, turn_id)  # rides through a supervisor's restart
@@ -320,6 +323,7 @@ class _TurnRunner:
         self._shown_position = None
         self._waiting: tuple | None = None
         self.granted = False
+        self.quiet_start = False  # `ccsup wrap`: its start said only after a wait that was shown
         from .wait_line import WaitLine  # on a terminal: one line kept current while waiting
 
         self.wait_line = WaitLine(turn_id, key, self._why) if sys.stderr.isatty() else None
@@ -540,7 +544,15 @@ class _TurnRunner:
             self.granted = True
             if self.wait_line is not None:
                 self.wait_line.finish()
-            if kind == "started" and not self.quiet and sys.stderr.isatty():
+            waited = (
+                self._waiting is not None and time.monotonic() - self._waiting[1] >= WAIT_NOTICE
+            )
+            if (
+                kind == "started"
+                and not self.quiet
+                and sys.stderr.isatty()
+                and (waited or not self.quiet_start)
+            ):
                 # on a terminal only: a script's stderr stays CMD's own (--json has the id)
                 click.echo(f"ccsup: turn {self.turn_id}: started", err=True)
             if kind == "started" and self.raw is not None:

@@ -1,7 +1,7 @@
 """`ccsup wrap <harness> [ARGS...]`: a whole interactive harness session as one contained turn.
 
 `ccsup run -t --key <[wrap] key> --session <label> --harness <name> -- HARNESS ARGS...` with
-nothing said of the turn itself: the session gets this terminal (a pty: keys, Ctrl-C, resizes),
+nothing said of the turn itself unless it waits for a slot (run's hidden `--quiet-start`): the session gets this terminal (a pty: keys, Ctrl-C, resizes),
 this cwd and this environment, and its exit status is the session's; everything the session
 starts (MCP servers, background shells, `tmux` servers of agent teams) is contained by the
 turn's guard and ended, and named as the turn's leftovers, when the harness exits. Its own
@@ -80,6 +80,7 @@ def wrap(ctx: click.Context, key: str | None, harness: str, args: tuple[str, ...
         as_json=False,
         interactive=not tty,
         want_tty=tty,
-        quiet=True,
+        quiet=False,  # a session that waits for a slot says so, as `ccsup run` does
+        quiet_start=True,  # and says nothing else of itself: the screen is the harness's
         cmd=(harness, *args),
     )

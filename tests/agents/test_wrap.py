@@ -105,7 +105,12 @@ def test_wrapped_claude_code_its_hooked_bash_turn_and_its_leftovers(claude, sand
     )
     planted = None
     try:
-        wait_until(rc_file.exists, 180, 0.1, f"claude to exit; screen:\n{pane.screen()}")
+        wait_until(
+            lambda: rc_file.exists() and rc_file.read_text().strip(),
+            180,
+            0.1,
+            f"claude to exit; screen:\n{pane.screen()}",
+        )
         assert rc_file.read_text().strip() == "0", pane.screen()
         assert '"is_error":false' in pane.screen().replace("\n", ""), pane.screen()
         planted = int(child_file.read_text())
@@ -136,3 +141,42 @@ def test_wrapped_claude_code_its_hooked_bash_turn_and_its_leftovers(claude, sand
         pane.close()
         if planted and not process_gone(planted):
             os.kill(planted, signal.SIGKILL)
+
+
+@pytest.mark.timeout(90)
+def test_a_wrapped_session_says_nothing_of_itself_unless_it_waits(daemon, state_dir, tmp_path):
+    """The screen is the program's own; only a session that waits for a slot of [wrap] key (cap
+    1 here) says so, and its exit status is the program's."""
+    d = daemon(start=False, caps="default = 1")
+    d.config.write_text(d.config.read_text() + "\n[wrap]\ncap = 1\n")
+    d.start()
+    env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
+    env.pop("NO_COLOR", None)
+    go = tmp_path / "go"
+    wrap = " ".join([sys.executable, "-m", "supervisor", "wrap"])
+    prog = (
+        f"sh -c 'echo \"[$CCSUP_WRAP_SESSION]\"; while [ ! -e {go} ]; do sleep 0.05; done; exit 5'"
+    )
+    first = Pane(f"ccsup-w1-{uuid.uuid4().hex[:8]}", f"{wrap} {prog}; echo rc=$?; sleep 600", env)
+    second = None
+    try:
+        wait_until(lambda: "[sh-" in first.screen(), 20, 0.05, "the first session")
+        second = Pane(
+            f"ccsup-w2-{uuid.uuid4().hex[:8]}",
+            f"{wrap} sh -c 'echo second; exit 6'; echo rc=$?; sleep 600",
+            env,
+        )
+        wait_until(lambda: "waiting for a slot of session" in second.screen(), 20, 0.05, "its wait")
+        go.touch()
+        wait_until(
+            lambda: "rc=5" in first.screen(), 20, 0.05, f"the first to end: {first.screen()}"
+        )
+        wait_until(lambda: "rc=6" in second.screen(), 20, 0.05, f"the second: {second.screen()}")
+        assert "second" in second.screen() and ": started" in second.screen()
+        # nothing of ccsup on the first one's screen but, on a loaded machine, that it waited
+        said = [line for line in first.screen().splitlines() if line.startswith("ccsup:")]
+        assert all("waiting for a slot" in line or line.endswith(": started") for line in said)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
