@@ -101,6 +101,11 @@ def key_rows(model: Model) -> list[tuple[str, str, int, int, str, str]]:
             paused[entry["key"]] = "until " + time.strftime("%H:%M:%S", time.localtime(until))
         if entry.get("next_grant"):
             rate[entry["key"]] = "held"
+        windows = entry.get("quota") or []
+        if windows and not entry.get("paused"):  # the fullest window, in the PAUSED column
+            w = max(windows, key=lambda w: w["used"])
+            until = time.strftime("%H:%M:%S", time.localtime(w["resets_at"]))
+            paused[entry["key"]] = f"{w['window']} {w['used'] * 100:.0f}% {until}"
     rows = []
     for key in sorted(caps, key=lambda k: (-(held.get(k, 0) + waiting.get(k, 0)), k)):
         rows.append(

@@ -66,6 +66,7 @@ class KeyView(TypedDict):
     paused_reason: str | None
     rate: str | None
     next_grant: float | None  # when the key's start-rate window lets the next grant through
+    quota: list[dict[str, Any]]  # the key's provider windows (ps's keys[].quota)
 
 
 class HolderView(TypedDict):
@@ -467,6 +468,7 @@ class Live:
             paused_reason=reason,
             rate=self._rate_of(key),
             next_grant=_num(self._ps_key_entry(key).get("next_grant")),
+            quota=[w for w in self._ps_key_entry(key).get("quota") or [] if isinstance(w, dict)],
         )
 
     def _ps_key_entry(self, key: str, exact: bool = True) -> dict[str, Any]:

@@ -184,3 +184,16 @@ def test_a_paused_key_that_never_ran_shows_its_cap_in_top():
     ps = {"slots": [], "waits": [], "keys": [{"key": "fresh", "paused": paused, "cap": 3}]}
     rows = key_rows(Model(status={"pid": 1, "started_at": 1.0}, ps=ps))
     assert [(r[0], r[1]) for r in rows] == [("fresh", "3")]
+
+
+def test_a_key_with_provider_windows_shows_its_fullest_in_top():
+    from supervisor.cli.top_view import key_rows
+
+    windows = [
+        {"window": "7d", "used": 0.4, "resets_at": 2_000_000_000.0, "source": "cli", "seen_at": 1},
+        {"window": "5h", "used": 0.97, "resets_at": 2_000_000_000.0, "source": "cli", "seen_at": 1},
+    ]
+    ps = {"slots": [], "waits": [], "keys": [{"key": "codex", "paused": None, "cap": 1,
+                                              "quota": windows}]}  # fmt: skip
+    [row] = key_rows(Model(status={"pid": 1, "started_at": 1.0}, ps=ps))
+    assert row[4].startswith("5h 97% ")

@@ -20,7 +20,8 @@
   function rateText(k) {
     const wait = k.next_grant ? k.next_grant - ccsup.now() : 0;
     const next = wait > 0 ? "next start in " + age(wait) : "";
-    return [k.rate, next].filter(Boolean).join(", ");
+    const quota = (k.quota || []).map((w) => "quota " + w.window + " " + Math.round(w.used * 100) + "% until " + clock(w.resets_at));
+    return [k.rate, next, ...quota].filter(Boolean).join(", ");
   }
 
   function renderKeys() {
