@@ -716,12 +716,11 @@ class Manager:
         self.handing_over = True
 
     def starting_count(self) -> int:
-        """Granted turns whose guard is being started (asked of the zygote, not answered yet)."""
+        """Granted turns whose guard is being started (asked of the zygote, not answered yet,
+        or started and not yet running CMD on record: supervisor.turns.starting)."""
         unsaved = {t.id for t in self.unsaved_grants}
         return sum(
-            1
-            for t in self.turns.values()
-            if t.state is State.GRANTED and t.guard is None and t.id not in unsaved
+            1 for t in self.turns.values() if t.state is State.GRANTED and t.id not in unsaved
         )
 
     def hand_over(self) -> int:
