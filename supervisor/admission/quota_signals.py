@@ -2,7 +2,7 @@
 exact bytes the pinned harness writes and giving the readings in them (`Reading`: window, used
 0-1, resets_at epoch seconds, source). No I/O; the clock and the time zone are arguments.
 
-What each pinned harness writes (docs/agents.md, "Quota signals", has the table):
+What each pinned harness writes (docs/admission.md, "What each pinned harness gives"):
 - Codex 0.171.0, its session file `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl`:
   `{"type":"event_msg","payload":{"type":"token_count",...,"rate_limits":{"primary":
   {"used_percent":42.5,"window_minutes":300,"resets_at":T},"secondary":{...}}}}` (percent 0-100).

@@ -155,3 +155,58 @@ def quota_clear(ctx, key: str, window: str | None, as_json: bool) -> None:
         return
     cleared = answer.get("cleared") or []
     click.echo(f"{key}: {'forgot ' + ', '.join(cleared) if cleared else 'had no window'}")
+
+
+STATUSLINE_MAX = 1 << 20  # a status-line payload is a few KiB
+OWN_COMMAND_TIMEOUT = 10.0
+
+
+@quota.command("statusline", context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--key", default="claude", show_default=True, help="The key of the session's account."
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def quota_statusline(ctx, key: str, command: tuple[str, ...]) -> None:
+    """A Claude Code status-line command: what the session says of its usage windows (its
+    `rate_limits`) is told to KEY's windows, then your own status-line COMMAND runs with the same
+    input and its output is shown. Never fails the status line: a payload that cannot be read, or
+    no supervisor, changes nothing.
+
+    \b
+    In ~/.claude/settings.json:
+      "statusLine": {"type": "command",
+                     "command": "ccsup quota statusline --key claude -- ~/bin/my-status"}"""
+    import subprocess
+    import sys
+
+    from ..admission.quota_signals import SignalError, claude_statusline
+    from ..errors import CcsupError
+
+    payload = sys.stdin.buffer.read(STATUSLINE_MAX)
+    try:
+        readings = claude_statusline(payload)
+    except SignalError:
+        readings = []  # skipped: the status line still shows
+    if readings:
+        try:
+            with where(ctx).client() as client:
+                for r in readings:
+                    try:
+                        client.call("quota", action="set", key=key, window=r.window, used=r.used,
+                                    resets_at=r.resets_at, source=r.source)  # fmt: skip
+                    except CcsupError:
+                        continue  # one the supervisor refuses (an old reset): the next is read
+        except CcsupError:
+            pass  # no supervisor here: nothing to tell
+    if command:
+        try:
+            done = subprocess.run(
+                list(command), input=payload, capture_output=True, timeout=OWN_COMMAND_TIMEOUT
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            click.echo(f"ccsup: your status-line command: {e}", err=True)
+            return
+        sys.stdout.buffer.write(done.stdout)
+        sys.stdout.flush()
+        ctx.exit(done.returncode)

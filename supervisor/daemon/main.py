@@ -716,7 +716,8 @@ class Daemon:
         return self.keyctl.resume(command_args.parse_resume(args))
 
     async def cmd_quota(self, args: dict) -> dict:
-        return self.quota(command_args.parse_quota(args), source="cli")
+        parsed = command_args.parse_quota(args)
+        return self.quota(parsed, source=parsed.source)
 
     def quota(self, args: command_args.QuotaArgs, *, source: str) -> dict:
         """`ccsup quota`, `request.quota`: show, take a reading of, or clear a key's windows."""

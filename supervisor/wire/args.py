@@ -396,6 +396,7 @@ def parse_resume(args: dict) -> ResumeArgs:
 
 
 QUOTA_ACTIONS = ("show", "set", "clear")
+QUOTA_SOURCES = ("cli", "bus", "claude-statusline")  # what a client may say it is
 
 
 @dataclass(frozen=True)
@@ -410,13 +411,14 @@ class QuotaArgs:
     window: str | None
     used: object
     resets_at: object
+    source: str = "cli"  # who told it (a control client may name a reader: claude-statusline)
 
 
 def parse_quota(args: dict, *, bus: bool = False) -> QuotaArgs:
     """A control `quota` command, or a bus `request.quota` (`bus`: always a set, id required)."""
     known = {"id", "key", "window", "used", "resets_at", "v", "ts"}
     if not bus:
-        known.add("action")
+        known |= {"action", "source"}
     _reject_unknown(args, known, "a quota request")
     action = "set" if bus else args.get("action", "show")
     if action not in QUOTA_ACTIONS:
@@ -430,4 +432,7 @@ def parse_quota(args: dict, *, bus: bool = False) -> QuotaArgs:
         for name in ("window", "used", "resets_at"):
             if args.get(name) is None:
                 raise bad_request(f"a quota reading needs '{name}'")
-    return QuotaArgs(action, quota_id, key, window, args.get("used"), args.get("resets_at"))
+    source = args.get("source", "bus" if bus else "cli")
+    if source not in QUOTA_SOURCES:
+        raise bad_request(f"'source' must be one of {', '.join(QUOTA_SOURCES)}, not {source!r}")
+    return QuotaArgs(action, quota_id, key, window, args.get("used"), args.get("resets_at"), source)

@@ -189,3 +189,29 @@ def test_metrics_show_each_window(daemon):
     assert f'ccsup_quota_resets_at_seconds{{key="codex",window="5h"}} {resets_at:.9e}' in text or (
         f'ccsup_quota_resets_at_seconds{{key="codex",window="5h"}} {resets_at}' in text
     ), text
+
+
+STATUS_PAYLOAD = (
+    '{"session_id":"s","model":{"id":"m"},"rate_limits":{"five_hour":{"used_percentage":97,'
+    '"resets_at":RESET},"seven_day":{"used_percentage":13,"resets_at":RESET}}}'
+)
+
+
+def test_ccsup_quota_statusline_tells_the_windows_and_runs_the_users_own_command(daemon, state_dir):
+    daemon(caps="claude = 1")
+    resets_at = int(time.time()) + 600
+    payload = STATUS_PAYLOAD.replace("RESET", str(resets_at))
+    own = ["sh", "-c", "wc -c; echo MINE"]  # the user's status line: reads the same input
+    run = ccsup("quota", "statusline", "--key", "claude", "--", *own, state_dir=state_dir,
+                input=payload)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(len(payload)), "MINE"]
+    shown = ccsup("quota", "claude", "--json", state_dir=state_dir)
+    [entry] = __import__("json").loads(shown.stdout)["keys"]
+    assert [(w["window"], w["used"], w["source"]) for w in entry["windows"]] == [
+        ("5h", 0.97, "claude-statusline"),
+        ("7d", 0.13, "claude-statusline"),
+    ]
+    garbage = ccsup("quota", "statusline", "--", "echo", "STILL", state_dir=state_dir,
+                    input="{not json")  # fmt: skip
+    assert garbage.returncode == 0 and garbage.stdout == "STILL\n"
