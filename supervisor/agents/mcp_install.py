@@ -12,7 +12,8 @@ the variable MARK_ENV = MARK, which is how ours is told from a user's server of 
   of its user configuration, `$CLAUDE_CONFIG_DIR/.claude.json`, else `~/.claude.json` (what
   `claude mcp add --scope user` writes); `--settings FILE` for another file (a project's
   `.mcp.json` has the same `mcpServers` form).
-- Codex: a `[mcp_servers.ccsup]` table (`command`, `args`, `env`) in `$CODEX_HOME/config.toml`,
+- Codex: a `[mcp_servers.ccsup]` table (`command`, `args`, `env`, `required = true`,
+  `startup_timeout_sec = 60`: see docs/agents.md) in `$CODEX_HOME/config.toml`,
   else `~/.codex/config.toml`. The file is TOML a user edits by hand, so it is never rewritten:
   our table is appended between two marker comments and removed with them, and the rest of
   the file (comments included) stays byte for byte.
@@ -171,6 +172,8 @@ def _install_toml(path: Path, words: list[str]) -> None:
             f"command = {_toml_string(words[0])}",
             f"args = [{', '.join(_toml_string(w) for w in words[1:])}]",
             f"env = {{ {MARK_ENV} = {_toml_string(MARK)} }}",
+            "required = true",  # Codex offers a server still starting no tools in its turn
+            "startup_timeout_sec = 60",
             END,
             "",
         ]

@@ -270,8 +270,53 @@ async def follow(
     follower = _Follower(client, turn_id, Watch(client, status), offload, ps_of)
     try:
         return await follower.run(deadline, request, tick, on_tick)
+    except _EndedOnFile as e:
+        return e.view
     finally:
         follower.close()
+
+
+class _EndedOnFile(Exception):
+    """No supervisor came back, and the files say how the turn ended."""
+
+    def __init__(self, view: TurnView):
+        self.view = view
+
+
+def on_file(client: Client, turn_id: str) -> TurnView | str:
+    """With no supervisor answering: what the state directory's files say of the turn (as
+    ride_through's TurnRider.on_file): its end from the history, or from its guard's record when
+    its command ended by itself; "queued" when the history has it queued and no guard ran it
+    (it waits in queue.json for the next supervisor); else "unknown"."""
+    from ..client.ride_through import guard_record_of, recorded_end
+
+    story = _story(client, turn_id)
+    if story is not None and _ended(story):
+        return ended_view(client, story)
+    record = guard_record_of(client.paths.guards, turn_id)
+    if record is not None:
+        end = recorded_end(record)
+        if end is None:
+            return "unknown"
+        signal = end.get("signal")
+        return TurnView(
+            id=turn_id,
+            key=(story or {}).get("key") or "",
+            state="ended",
+            position=None,
+            outcome="exit",
+            exit_code=None if isinstance(signal, int) else end.get("code"),
+            signal=signal if isinstance(signal, int) else None,
+            reason=None,
+            stdout_tail=tail(client, turn_id, "stdout"),
+            stderr_tail=tail(client, turn_id, "stderr"),
+            stdout_log=str(client.paths.output_log(turn_id, "stdout")),
+            stderr_log=str(client.paths.output_log(turn_id, "stderr")),
+            session=((story or {}).get("holder") or {}).get("session"),
+        )
+    if story is not None and story.get("state") == "queued":
+        return "queued"
+    return "unknown"
 
 
 class _Gone(Exception):
@@ -376,6 +421,12 @@ class _Follower:
             if status is None:
                 if time.monotonic() >= deadline:
                     return None
+                found = await self.offload(lambda: on_file(self.client, self.turn_id))
+                if found == "queued":  # restored by whichever supervisor starts next
+                    gone_at = time.monotonic()
+                    continue
+                if not isinstance(found, str):
+                    raise _EndedOnFile(found)
                 raise watch_lost(self.client, self.watch, self.turn_id)
             self.watch.close()
             self.watch = Watch(self.client, status)

@@ -10,9 +10,13 @@ rejected, 125 guard lost, 71 supervisor lost). Ctrl-C cancels the turn and waits
 second Ctrl-C stops waiting (exit 130).
 
 A supervisor that dies while the turn runs is ridden through (supervisor.client.ride_through):
-one line on stderr says it is gone, `ccsup run` waits up to its adopt_within (+ 5 s) for one to
-answer, says so in one line, follows the turn there and prints its output from the logs by
-offset, each byte once; 71 when none came back.
+`ccsup run` waits up to its adopt_within (+ 5 s) for one to answer, follows the turn there and
+prints its output from the logs by offset, each byte once; 71 when none came back. One line on
+stderr says it is gone and one that it answers again, on a terminal or with --notices.
+
+Output to pipes (a harness, a script): both streams in the order the command wrote them, as its
+guard's reads timed them (MergedOutput: the logs and their .idx files, about 50 ms behind); to a
+terminal, each stream as its events come.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..paths import ipc_path
 from .options import DURATION, complete_keys, key_option
-from .output import OutputFollower
+from .output import MergedOutput, OutputFollower
 from .where import emit_json, where
 
 if TYPE_CHECKING:
@@ -153,6 +158,13 @@ def _run_epilog() -> str:
     help="Say nothing of the turn itself on stderr (its id, queued, started); errors still show.",
 )
 @click.option("--quiet-start", is_flag=True, hidden=True)  # `ccsup wrap`: said only if it waited
+@click.option(
+    "--notices",
+    is_flag=True,
+    help="Say on stderr when the turn's supervisor is gone and when one answers again, also "
+    "when stderr is not a terminal (by default only a terminal hears it: a harness reading "
+    "the command's output through a pipe gets the command's bytes alone).",
+)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -172,6 +184,7 @@ def run(
     interactive: bool,
     want_tty: bool,
     quiet: bool,
+    notices: bool,
     cmd: tuple[str, ...],
     quiet_start: bool = False,
 ) -> None:
@@ -215,7 +228,7 @@ def run(
     turn_id = uuid.uuid4().hex
     with where(ctx).client() as client, client.subscribe([f"turn.{turn_id}."]) as sub:
         sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
-        runner = _TurnRunner(client, turn_id, key, as_json, quiet=quiet)
+        runner = _TurnRunner(client, turn_id, key, as_json, quiet=quiet, notices=notices)
         runner.quiet_start = quiet_start
         from ..client.ride_through import TurnRider
 
@@ -306,10 +319,20 @@ class _TurnRunner:
     """Follows one turn's events for `ccsup run` and works out its exit status."""
 
     def __init__(
-        self, client: Client, turn_id: str, key: str, as_json: bool, *, quiet: bool = False
+        self,
+        client: Client,
+        turn_id: str,
+        key: str,
+        as_json: bool,
+        *,
+        quiet: bool = False,
+        notices: bool = False,
     ):
         self.client = client
         self.quiet = quiet or as_json  # --json: the events say it all
+        # A supervisor gone and back: said on a terminal, or with --notices; never inside the
+        # command's output as a harness reads it (2>&1 into one pipe).
+        self.notices = not self.quiet and (notices or sys.stderr.isatty())
         self.turn_id = turn_id
         self.key = key
         self.as_json = as_json
@@ -332,6 +355,12 @@ class _TurnRunner:
             stream: OutputFollower(paths.output_log(turn_id, stream), getattr(sys, stream).buffer)
             for stream in ("stdout", "stderr")
         }
+        # To pipes (a harness, a script), both streams in the order they were written, from the
+        # logs (on this machine); to a terminal, each as its events come.
+        self.merged: MergedOutput | None = None
+        if not as_json and not sys.stdout.isatty() and ipc_path(client.control_endpoint):
+            outs = {stream: getattr(sys, stream).buffer for stream in ("stdout", "stderr")}
+            self.merged = MergedOutput(paths.output_log(turn_id, "stdout").parent, outs)
 
     def waiting(self, position) -> None:
         """Note that the turn waits; said on stderr only if it still waits WAIT_NOTICE s later
@@ -408,6 +437,8 @@ class _TurnRunner:
                     self._send_size()
                 event = sub.recv(0.1)
                 self._show_waiting()
+                if event is None and self.merged is not None:
+                    self.merged.pump()  # what waited for its LAG
                 if event is None:
                     if self.rider is not None and self.rider.gone():
                         sub.close()
@@ -459,11 +490,12 @@ class _TurnRunner:
             self.wait_line.finish()
         if self.raw is not None:
             self.raw.restore()  # a tty turn is not adopted (its pty died with its supervisor)
-        click.echo(
-            f"ccsup: the supervisor on {state_dir} (pid {gone_pid}) is gone; waiting up to "
-            f"{rider.watch.wait_limit:g} s for one to take turn {self.turn_id} back",
-            err=True,
-        )
+        if self.notices:
+            click.echo(
+                f"ccsup: the supervisor on {state_dir} (pid {gone_pid}) is gone; waiting up to "
+                f"{rider.watch.wait_limit:g} s for one to take turn {self.turn_id} back",
+                err=True,
+            )
         told_queued = False
         while (status := rider.await_return(interrupted=lambda: bool(interrupts))) is None:
             if interrupts:
@@ -491,11 +523,12 @@ class _TurnRunner:
             self._drain_logs()
             click.echo(f"ccsup: {rider.lost().message}", err=True)
             return SupervisorLost.exit_code
-        click.echo(
-            f"ccsup: a supervisor answers again on {state_dir} (pid {status.get('pid')}); "
-            f"following turn {self.turn_id}",
-            err=True,
-        )
+        if self.notices:
+            click.echo(
+                f"ccsup: a supervisor answers again on {state_dir} (pid {status.get('pid')}); "
+                f"following turn {self.turn_id}",
+                err=True,
+            )
         sub = rider.resubscribe()
         return sub if sub is not None else self._ride_through(interrupts)  # gone again at once
 
@@ -503,6 +536,8 @@ class _TurnRunner:
         """Print what the turn's logs hold past what was printed, and go on following."""
         if self.as_json:
             return
+        if self.merged is not None:
+            return self.merged.pump()
         for follower in self.outputs.values():
             follower.copy_from_file()
 
@@ -510,6 +545,8 @@ class _TurnRunner:
         """Print what the turn's logs hold past what was printed (its guard wrote them)."""
         if self.as_json:
             return
+        if self.merged is not None:
+            return self.merged.pump(final=True)
         for follower in self.outputs.values():
             follower.drain()
             follower.close()
@@ -536,7 +573,9 @@ class _TurnRunner:
         if self.as_json:
             emit_json({"topic": topic, "body": body})
         if kind in ("stdout", "stderr"):
-            if not self.as_json:
+            if self.merged is not None:
+                self.merged.pump()
+            elif not self.as_json:
                 self.outputs[kind].on_event(body)
         elif kind == "queued":
             self.waiting(body.get("position"))
@@ -574,7 +613,9 @@ class _TurnRunner:
             self.wait_line.finish()
         if self.raw is not None:
             self.raw.restore()  # before the last output and our own lines
-        if not self.as_json:
+        if self.merged is not None:
+            self.merged.pump(final=True)
+        elif not self.as_json:
             for stream, follower in self.outputs.items():
                 follower.drain()
                 follower.close()

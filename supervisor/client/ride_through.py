@@ -187,7 +187,7 @@ def guard_record_of(guards: Path, turn_id: str) -> dict | None:
     return None
 
 
-def _recorded_end(record: dict) -> dict | None:
+def recorded_end(record: dict) -> dict | None:
     """The `exited` body of a command that ended by itself, from its guard's record; None when
     the record does not say so (still running, or ended by its guard: not_adopted)."""
     exit_info = record.get("exit")
@@ -252,7 +252,7 @@ class TurnRider:
             return "ended", events
         record = guard_record_of(self.client.paths.guards, self.turn_id)
         if record is not None:
-            end = _recorded_end(record)
+            end = recorded_end(record)
             if end is None:
                 return "unknown", []
             exited = [] if "exited" in self.seen else [(f"turn.{self.turn_id}.exited", end)]

@@ -177,3 +177,39 @@ def test_mcp_wait_rides_through_a_sigkill_and_a_start_2s_later(daemon, state_dir
     assert (end["state"], end["exit_code"]) == ("ended", 7), answers
     assert end["stdout_tail"] == expected("out").decode()
     assert end["stderr_tail"] == expected("err").decode()
+
+
+@pytest.mark.timeout(90)
+def test_ccsup_wait_with_no_supervisor_back_tells_the_end_its_guard_recorded(
+    daemon, state_dir, tmp_path
+):
+    """No supervisor within adopt_within + 5 s, and the command ended by itself meanwhile: its
+    guard's record says how (as `ccsup run` reads it), so wait exits with that, not 71."""
+    d = daemon(caps="default = 1", adopt_within="2s")
+    go_file = tmp_path / "go"
+    with d.client() as client:
+        turn = client.turn(
+            "default",
+            ["sh", "-c", f"while [ ! -e {go_file} ]; do sleep 0.05; done; echo done; exit 5"],
+        )["id"]
+    hellos = Hellos(state_dir)
+    env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
+    waiter = subprocess.Popen(
+        [*CCSUP, "wait", turn],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        hellos.next(20)
+        d.kill()
+        go_file.write_text("")  # it ends by itself, with no supervisor: its guard records it
+        stdout, stderr = waiter.communicate(timeout=60)
+    finally:
+        hellos.close()
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == 5, stderr
+    assert stdout == b"done\n"

@@ -38,7 +38,7 @@ def start_run(state_dir, config, out, err) -> subprocess.Popen:
     env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(config))
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         return subprocess.Popen(
-            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", COUNTER],
+            [*CCSUP, "run", "--notices", "--key", "codex", "--", "sh", "-c", COUNTER],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=stdout,
@@ -188,7 +188,7 @@ def test_a_queued_ccsup_run_rides_through_and_runs_on_the_next_supervisor(daemon
     env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         run = subprocess.Popen(
-            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", "echo ran; exit 7"],
+            [*CCSUP, "run", "--notices", "--key", "codex", "--", "sh", "-c", "echo ran; exit 7"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=stdout,
@@ -216,7 +216,7 @@ def test_ccsup_runs_stdin_goes_on_to_the_next_supervisor_end_of_input_included(d
     echo = 'while read line; do echo "got $line"; done; echo "end of input"'
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         run = subprocess.Popen(
-            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", echo],
+            [*CCSUP, "run", "--notices", "--key", "codex", "--", "sh", "-c", echo],
             env=env,
             stdin=subprocess.PIPE,
             stdout=stdout,
@@ -317,7 +317,7 @@ def test_ccsup_run_with_no_supervisor_back_exits_with_the_status_its_guard_recor
     env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         run = subprocess.Popen(
-            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", ENDS_BY_ITSELF],
+            [*CCSUP, "run", "--notices", "--key", "codex", "--", "sh", "-c", ENDS_BY_ITSELF],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=stdout,
@@ -363,7 +363,7 @@ def test_a_queued_ccsup_run_outliving_the_gap_says_so_and_waits_to_run(daemon, s
     env = dict(os.environ, CCSUP_STATE_DIR=str(state_dir), CCSUP_CONFIG=str(d.config))
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         run = subprocess.Popen(
-            [*CCSUP, "run", "--key", "codex", "--", "sh", "-c", "echo ran; exit 7"],
+            [*CCSUP, "run", "--notices", "--key", "codex", "--", "sh", "-c", "echo ran; exit 7"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=stdout,
