@@ -213,3 +213,36 @@ def test_ccsup_wait_with_no_supervisor_back_tells_the_end_its_guard_recorded(
             waiter.wait()
     assert waiter.returncode == 5, stderr
     assert stdout == b"done\n"
+
+
+@pytest.mark.timeout(60)
+def test_the_hooks_wait_hint_works_in_a_login_shell_that_resets_path(daemon, state_dir, tmp_path):
+    """Codex runs commands in `bash -lc`, whose /etc/profile resets PATH: the line the hook tells
+    a queued agent to run (route.wait_hint) needs nothing from PATH, ccsup being only in a venv."""
+    from supervisor.agents.route import wait_hint
+
+    d = daemon(caps="default = 1")
+    go_file = tmp_path / "go"
+    _, queued = queue_behind_a_holder(d, go_file)
+    go_file.write_text("")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        "HOME": str(home),
+        "PATH": "/nonexistent",
+        "CCSUP_STATE_DIR": str(state_dir),
+        "CCSUP_CONFIG": str(d.config),
+    }
+    done = subprocess.run(
+        ["/bin/bash", "-lc", f"echo PATH=$PATH >&2; {wait_hint(queued)}"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=50,
+        cwd=home,
+    )
+    said = done.stderr.decode()
+    login_path = next(line for line in said.splitlines() if line.startswith("PATH="))
+    assert os.path.dirname(sys.executable) not in login_path, said  # ccsup's venv is not on it
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == expected("out")
