@@ -621,9 +621,9 @@ class _TurnRunner:
                 follower.close()
                 if follower.lost:  # lost on the bus and past the log's [logs] turn_max_bytes
                     click.echo(f"ccsup: {follower.lost} bytes of {stream} were lost", err=True)
-            error = (self.exited or {}).get("error")
-            if isinstance(error, str):  # CMD did not start: as a shell says it
-                click.echo(f"ccsup: {error}", err=True)
+        error = (self.exited or {}).get("error")
+        if isinstance(error, str) and not self.as_json:  # CMD did not start: as a shell says it
+            click.echo(f"ccsup: {error}", err=True)
         from .run_exit import LOST_WITH_SUPERVISOR, ended_line, lost_line, run_exit_status
 
         if kind == "released":
