@@ -216,7 +216,9 @@ def test_ccsup_wait_with_no_supervisor_back_tells_the_end_its_guard_recorded(
 
 
 @pytest.mark.timeout(60)
-def test_the_hooks_wait_hint_works_in_a_login_shell_that_resets_path(daemon, state_dir, tmp_path):
+def test_the_hooks_wait_hint_works_in_a_login_shell_that_resets_path(
+    daemon, state_dir, tmp_path, monkeypatch
+):
     """Codex runs commands in `bash -lc`, whose /etc/profile resets PATH: the line the hook tells
     a queued agent to run (route.wait_hint) needs nothing from PATH, ccsup being only in a venv."""
     from supervisor.agents.route import wait_hint
@@ -227,14 +229,12 @@ def test_the_hooks_wait_hint_works_in_a_login_shell_that_resets_path(daemon, sta
     go_file.write_text("")
     home = tmp_path / "home"
     home.mkdir()
-    env = {
-        "HOME": str(home),
-        "PATH": "/nonexistent",
-        "CCSUP_STATE_DIR": str(state_dir),
-        "CCSUP_CONFIG": str(d.config),
-    }
+    monkeypatch.setenv("CCSUP_STATE_DIR", str(state_dir))  # the hook's environment
+    monkeypatch.setenv("CCSUP_CONFIG", str(d.config))
+    hint = wait_hint(queued)  # it carries the state directory: the shell's env need not
+    env = {"HOME": str(home), "PATH": "/nonexistent"}
     done = subprocess.run(
-        ["/bin/bash", "-lc", f"echo PATH=$PATH >&2; {wait_hint(queued)}"],
+        ["/bin/bash", "-lc", f"echo PATH=$PATH >&2; {hint}"],
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
