@@ -107,12 +107,15 @@ def not_plain(harness: str, call: Call, key: str, found: Match) -> str:
         new = rewritten(call.command, key, None, call.session, harness)
         return harnesses.rewrite(harness, call, new, reason, decision="ask")
     heavy = f"`{shlex.join(found.heavy)}`" if found.heavy else "the heavy command"
+    # The line as the agent wrote it, run through ccsup explicitly: capped, and judged by the
+    # harness as any other command (a line that starts with ccsup passes the hook untouched).
+    capped = rewritten(call.command, key, None, call.session, harness)
     return harnesses.refuse(
         harness,
-        f"ccsup: this line runs {heavy} (rule: {found.name}) together with more shell (a ;, &&, "
-        f"||, |, &, newline, $(...), backticks, a heredoc or a redirection into a file), and "
-        f"ccsup approves only one plain command: run {heavy} on its own as a command of its own "
-        "(it then runs capped, as a ccsup turn), and the rest as separate commands.",
+        f"ccsup: this line runs {heavy} (rule: {found.name}), and ccsup approves by itself only "
+        "one plain command found on the PATH, with no other shell around it (no ;, &&, ||, |, &, "
+        "newline, $(...), backticks, heredoc, redirection into a file, ./path, or assignment such "
+        f"as PATH=). Run {heavy} on its own, or run the line capped as it is: {capped}",
     )
 
 

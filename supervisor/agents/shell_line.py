@@ -11,8 +11,10 @@ Design note. The hook needs two answers from one line, with opposite failure mod
   here widens what runs unasked, so it is strict: no separator, pipe (but into `head`, `tail` or
   `wc` with options alone), `&`, newline, substitution, process substitution, heredoc, `$` other
   than `$NAME`/`${NAME}`, redirection other than between the usual fds or to/from `/dev/null`;
-  a literal command word; no assignment, before it or through `env`, that makes a program load
-  code from elsewhere (`LD_*`, `BASH_ENV`, `PATH`, `PYTHONPATH`, `NODE_OPTIONS`, ...). An optional `cd <plain word> &&` may come first (agents write it before nearly every
+  a literal command word found on the PATH (no `/`: `./pytest` may be anything);
+  assignments (before it, or through `env`) only of names on a short
+  list that cannot make any program run other code (`CI`, `TERM`, `LANG`, ...; never `PATH`,
+  `LD_*`, `PYTHONPATH`, ...). An optional `cd <plain word> &&` may come first (agents write it before nearly every
   command; `cd` runs nothing).
 
 Rejected: `shlex` alone (it knows quotes, not operators: `a;b` is one word to it, and it has no
@@ -37,10 +39,16 @@ _SPECIAL_START = frozenset(" \t\r\\#\n<>;&|()0123456789")
 _VAR = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\}|[0-9?#$!@*-])")
 _OPS = ("&&", "||", ";;", "|&", ";", "&", "|", "(", ")", "\n")
 _REDIRS = ("&>>", "<<<", "<<-", "<<", ">>", "<&", ">&", "<>", ">|", "&>", "<", ">")
-# Assignments that make any program load code of the caller's choosing: never in a plain line.
-_LOADERS = re.compile(
-    r"LD_\w*|BASH_ENV|ENV|BASH_FUNC_.*|SHELLOPTS|BASHOPTS|PS4|PROMPT_COMMAND|IFS|PATH|"
-    r"PYTHON(?:PATH|STARTUP|HOME)|NODE_(?:OPTIONS|PATH)|PERL5(?:OPT|LIB)|RUBY(?:OPT|LIB)"
+# The only assignments a plain line may make (before the command, or through `env`): names that
+# change how a program prints or what it targets, never which code runs. A list of the harmful
+# ones could not be whole (PATH, LD_*, PYTHONPATH, NODE_OPTIONS, PERL5OPT, GIT_SSH_COMMAND, ... all
+# run code of the caller's choosing), so any other name makes the line not plain: the harness
+# asks, as it would without us.
+_SAFE_ASSIGN = re.compile(
+    r"CI|DEBUG|VERBOSE|TERM|COLUMNS|LINES|NO_COLOR|FORCE_COLOR|CLICOLOR(?:_FORCE)?|TZ|LANG|LANGUAGE"
+    r"|LC_[A-Z]+|PYTHONUNBUFFERED|PYTHONDONTWRITEBYTECODE|PYTHONHASHSEED|PYTHONIOENCODING"
+    r"|NODE_ENV|RUST_LOG|RUST_BACKTRACE|CARGO_TERM_COLOR|GOOS|GOARCH|CGO_ENABLED|GOFLAGS_COLOR"
+    r"|TEST_ENV|RAILS_ENV|RACK_ENV|APP_ENV"
 )
 _RESERVED = frozenset(
     "if then elif else fi while until do done { } ! function select coproc".split()
@@ -78,10 +86,11 @@ class Simple:
     """One simple command: its assignments, words and redirections as written (`words` of Word),
     and `argv`, the words with the wrappers taken off (the command that does the work)."""
 
-    __slots__ = ("argv", "assigns", "redirs", "words", "wrapped_by_sudo")
+    __slots__ = ("argv", "assigns", "env_assigns", "redirs", "words", "wrapped_by_sudo")
 
     def __init__(self) -> None:
         self.assigns: list[Word] = []
+        self.env_assigns: list[str] = []  # `env NAME=value ...`'s, taken off with the wrapper
         self.words: list[Word] = []
         self.redirs: list[tuple[str, Word | None]] = []
         self.argv: list[str] = []
@@ -497,7 +506,7 @@ def _unwrap(command: Simple, depth: int, budget: list[int]) -> list[Simple]:
                 break
             if head == "env":
                 while rest and _is_assignment(rest[0]):
-                    rest.pop(0)
+                    command.env_assigns.append(rest.pop(0))
             if head == "timeout" and rest:
                 rest.pop(0)  # the duration
             argv = rest
@@ -587,15 +596,16 @@ def _plain_line(top: list[Simple], joins: list[str], tokens: list, nested: list)
     command = commands[0]
     if not command.words or not command.words[0].literal or command.wrapped_by_sudo:
         return None
+    if "/" in command.argv[0] if command.argv else True:
+        return None  # `./pytest`, `/tmp/x/make`: a program of anyone's making, not the named one
     if not all(w.plain for w in command.words):
         return None
     for word in command.assigns:
         name = word.value.split("=", 1)[0].rstrip("+")
-        if not word.plain or _LOADERS.fullmatch(name):
+        if not word.plain or not _SAFE_ASSIGN.fullmatch(name):
             return None
-    for word in command.words:  # `env LD_PRELOAD=... cmd` too (an argument of that form is rare)
-        if _is_assignment(word.value) and _LOADERS.fullmatch(word.value.split("=", 1)[0]):
-            return None
+    if any(not _SAFE_ASSIGN.fullmatch(a.split("=", 1)[0]) for a in command.env_assigns):
+        return None
     if not all(_safe_redir(op, target) for op, target in command.redirs):
         return None
     if command.argv and command.argv[0].rsplit("/", 1)[-1] in _SHELLS:

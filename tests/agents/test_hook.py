@@ -213,12 +213,20 @@ def test_codex_and_opencode_payloads_and_rules_from_flags_and_config(env, tmp_pa
         "cwd": str(tmp_path),
         "hook_event_name": "PreToolUse",
         "tool_name": "Bash",
-        "tool_input": {"command": "./run-my-suite"},
+        "tool_input": {"command": "run-my-suite"},
     }
     assert hook("codex", codex, env).stdout == b""  # matches no default rule
     out = json.loads(hook("codex", codex, env, "--match", r"run-my-suite").stdout)
     assert out["hookSpecificOutput"]["permissionDecision"] == "allow"
     assert "--harness codex" in out["hookSpecificOutput"]["updatedInput"]["command"]
+    # `./run-my-suite` may be any program: never approved; the model is told how to run it capped
+    local = {**codex, "tool_input": {"command": "./run-my-suite"}}
+    out = json.loads(hook("codex", local, env, "--match", r"run-my-suite").stdout)
+    said = out["hookSpecificOutput"]
+    assert said["permissionDecision"] == "deny"
+    assert said["permissionDecisionReason"].endswith("-- /bin/bash -c ./run-my-suite") or (
+        said["permissionDecisionReason"].endswith(" -c ./run-my-suite")
+    )
     opencode = {
         "tool": "bash",
         "sessionID": "ses_1",
@@ -231,7 +239,7 @@ def test_codex_and_opencode_payloads_and_rules_from_flags_and_config(env, tmp_pa
     config = tmp_path / "rules.toml"
     config.write_text(
         open(env["CCSUP_CONFIG"]).read()
-        + '\n[hooks]\nrules = ["^\\\\./run-my-suite"]\ndefaults = false\nkey = "suites"\n'
+        + '\n[hooks]\nrules = ["^run-my-suite"]\ndefaults = false\nkey = "suites"\n'
     )
     with_config = {**env, "CCSUP_CONFIG": str(config)}
     out = json.loads(hook("codex", codex, with_config).stdout)

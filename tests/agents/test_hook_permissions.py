@@ -123,18 +123,26 @@ HOSTILE = [
     "pytest\\\n; touch PWNED",
     "make 'unclosed",
     "case x in x) pytest;; esac; touch PWNED",
+    "PATH=/tmp/evil:$PATH pytest",  # an assignment that changes which program runs
+    "env PATH=/tmp/evil pytest",
+    "env LD_PRELOAD=/tmp/evil.so pytest",
+    "PYTHONPATH=/tmp/evil pytest",
+    "NODE_OPTIONS=--require=/tmp/evil.js npx jest",
+    "GIT_SSH_COMMAND='touch PWNED' make",
+    "./pytest",  # a program of anyone's making under a heavy command's name
+    "/tmp/evil/pytest -q",
 ]
 
 # One plain simple command the rules take: the only lines the hook itself may approve.
 PLAIN = [
     "pytest -q",
     "cd /tmp/work && python -m pytest -x tests/",
-    "FOO=1 make -j4",
-    'FOO="a b" make',
+    "CI=1 make -j4",
+    'LANG="C.UTF-8" make',
     "timeout 60 pytest",
     "nice -n 10 make",
     "uv run pytest",
-    "env X=1 pytest",
+    "env CI=1 pytest",
     'bash -c "pytest -q"',
     "pytest -q 2>&1 | tail -n 20",
     "pytest 2>/dev/null",
