@@ -396,6 +396,8 @@ class Live:
             holder = _dict(slot.get("holder"))
             turn_id = _str(slot.get("turn"))
             cpu, rss = usage.get(turn_id or "", (None, None))
+            tree = _dict(slot.get("usage")).get("mem")  # the whole tree, as its guard sampled it
+            rss = tree if isinstance(tree, int) and not isinstance(tree, bool) else rss
             # Adopted: as `ps` says it, else as the bus told (an older ps has no such field)
             trace = self.turns.get(turn_id or "")
             adopted_at = _num(slot.get("adopted_at")) or (trace.adopted_at if trace else None)

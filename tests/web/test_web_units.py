@@ -486,3 +486,24 @@ def test_the_page_shows_each_holders_and_waiters_command_and_cwd_never_its_env()
     )
     assert (state["waits"][0]["command"], state["waits"][0]["cwd"]) == ("true", "/")
     assert "env" not in state["holders"][0] and "env" not in state["waits"][0]
+
+
+def test_a_holders_memory_is_its_whole_tree_as_its_guard_sampled_it():
+    # [memory]: the guard's figure for the whole tree (ps's slot usage `mem`), over the page's
+    # own sample of the turn's processes (seen failing: the page's 4096 was shown).
+    live = Live(clock=lambda: 1000.0)
+    live.apply_ps(
+        {
+            "slots": [
+                {"key": "k", "index": 0, "cap": 2, "state": "held", "turn": "t1", "since": 1.0,
+                 "usage": {"mem": 1 << 30}},
+                {"key": "k", "index": 1, "cap": 2, "state": "held", "turn": "t2", "since": 1.0},
+            ],
+            "waits": [],
+        }
+    )  # fmt: skip
+    state = live.state({"t1": (1.0, 4096), "t2": (1.0, 8192)})
+    assert [(h["turn"], h["rss_bytes"]) for h in state["holders"]] == [
+        ("t1", 1 << 30),
+        ("t2", 8192),
+    ]

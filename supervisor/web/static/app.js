@@ -146,8 +146,16 @@
       note.textContent = state.connected ? "" : `not live since ${clock(state.updated_at)}: as last seen`;
     }
     document.getElementById("sup").textContent = s.pid
-      ? `supervisor ${s.pid} on ${s.state_dir} · ${s.turns} running · ${s.waits} waiting${s.stopping ? " · stopping" : ""}`
+      ? `supervisor ${s.pid} on ${s.state_dir} · ${s.turns} running · ${s.waits} waiting${s.stopping ? " · stopping" : ""}${memoryText(s.memory)}`
       : "";
+  }
+
+  // [memory]: what the running turns are predicted to use of the budget, and the pressure brake.
+  function memoryText(m) {
+    if (!m) return "";
+    const budget = m.budget === null || m.budget === undefined ? "no budget" : `budget ${m.budget === "auto" ? "auto" : bytes(m.budget)}`;
+    const pressure = m.avg10 === null || m.avg10 === undefined ? "" : ` · pressure ${(m.avg10 * 100).toFixed(2)}%${m.pressured ? " (nothing granted)" : ""}`;
+    return ` · memory: ${bytes(m.predicted)} predicted, ${budget}${pressure}`;
   }
 
   // One row per key, one bar per turn: the light part is the wait, the solid part the run.
