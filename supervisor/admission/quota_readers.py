@@ -54,6 +54,15 @@ POLL = 0.25  # seconds between two looks at a running Codex turn's session files
 MAX_LINE = 4 << 20  # a longer line is dropped (counted): no signal is anywhere near this long
 HARNESSES = ("codex", "claude", "opencode")
 FULL = 0.999  # a window this used is at its limit
+# Every signal line holds one of these (quota_signals' parsers look for them first): a chunk
+# without any, with nothing of one in the unfinished line before it, is passed over whole.
+MARKERS = (b"rate_limit", b"hit your", b"responseHeaders")
+
+
+def _marked(buffer: bytearray, data: bytes) -> bool:
+    edge = bytes(buffer[-16:]) + data[:16]
+    return any(m in data or m in buffer or m in edge for m in MARKERS)
+
 
 Take = Callable[[str, Reading], None]  # (key, reading), called on the event loop
 
@@ -211,6 +220,18 @@ class QuotaReaders:
 
     def _feed(self, turn: _Turn, stream: str, data: bytes) -> None:
         buffer = turn.buffers.setdefault(stream, bytearray())
+        if stream not in turn.dropping and not _marked(buffer, data):
+            # No line ending here can be a signal: only the last, unfinished one is kept.
+            end = data.rfind(b"\n")
+            if end >= 0:
+                buffer[:] = data[end + 1 :]
+            else:
+                buffer += data
+            if len(buffer) > MAX_LINE:
+                buffer.clear()
+                turn.dropping.add(stream)
+                self._failed(f"a line of over {MAX_LINE} bytes in a {turn.harness} turn")
+            return
         start = 0
         while True:
             end = data.find(b"\n", start)
