@@ -209,6 +209,7 @@ class KeyControl:
             # A pool's turn: its member's [env] (CODEX_HOME) comes after the caller's.
             env = {**item.env, **self.key_env(item.slot_key)}
             self._homes[item.id] = codex_home(env, item.env_replace, item.cwd)
+            self._read_turn(item)  # from its grant: its first output may come before `started`
         if kind == "granted" and item is not None:
             if isinstance(body.get("reservation"), str):
                 return  # a turn binding a held reservation: that grant was counted already
@@ -584,18 +585,7 @@ class KeyControl:
             self._deadlines[turn.id] = self.timers.call_later(
                 max(deadline.warn_at - now, 0.0), warn
             )
-        if self.settings.quota_read and turn.slot_key.partition(":")[0] in self.settings.quota_read:
-            if self.readers is None and _running_loop():
-                self.readers = QuotaReaders(
-                    self.settings.quota_read,
-                    self._quota_read,
-                    self._quota_unreadable,
-                    asyncio.get_running_loop().call_soon_threadsafe,
-                )
-            home = self._homes.pop(turn.id, None) or codex_home({}, False, turn.cwd)
-            if self.readers is not None:
-                # a pool's turn: what it reads is its member's (the account it ran on)
-                self.readers.turn_started(turn.id, turn.slot_key, home)
+        self._read_turn(turn)  # an adopted one (a granted one is read from its grant)
         rule = self.rules.rule_for(turn.slot_key)
         if rule is not None and rule.stderr is not None:
             if self._scanner is None:
@@ -604,6 +594,24 @@ class KeyControl:
                     self._stderr_matched, self._stderr_done, loop.call_soon_threadsafe
                 )
             self._scanner.watch(turn.id, rule.stderr, (turn.slot_key, rule))
+
+    def _read_turn(self, turn: Turn) -> None:
+        """Read the harness's own signals in the turn's output, if its harness is read."""
+        if not self.settings.quota_read:
+            return
+        if turn.slot_key.partition(":")[0] not in self.settings.quota_read:
+            return
+        if self.readers is None and _running_loop():
+            self.readers = QuotaReaders(
+                self.settings.quota_read,
+                self._quota_read,
+                self._quota_unreadable,
+                asyncio.get_running_loop().call_soon_threadsafe,
+            )
+        if self.readers is not None and not self.readers.reading(turn.id):
+            home = self._homes.pop(turn.id, None) or codex_home({}, False, turn.cwd)
+            # a pool's turn: what it reads is its member's (the account it ran on)
+            self.readers.turn_started(turn.id, turn.slot_key, home)
 
     def _expiring(self, turn: Turn, stop_at: float, limit: float, source: str) -> None:
         if turn.state is not State.RUNNING:

@@ -165,6 +165,7 @@ def opencode_env(tmp_path, provider) -> dict[str, str | None]:
     }
 
 
+@pytest.mark.timeout(180)  # OpenCode retries 5 times, and starts slowly on a loaded machine
 @pytest.mark.parametrize("harness", ["codex", "claude", "opencode"])
 def test_a_usage_limit_429_holds_the_key_until_the_reset_it_names(
     harness, daemon, event_log, tmp_path
