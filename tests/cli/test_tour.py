@@ -34,6 +34,8 @@ HEX_ID = re.compile(r"[0-9a-f]{8,32}")
 VOLATILE = [
     (re.compile(r"/sys/fs/cgroup/\S*?ccsup\.\d+\.\d+"), "<cgroup>"),  # where the mount is
     (re.compile(r"\d\d:\d\d:\d\d(\.\d+)?"), "<time>"),
+    (re.compile(r"(?<![\w.])\d+(\.\d+)?(B|KiB|MiB|GiB)(?![\w])"), "<size>"),  # memory figures
+    (re.compile(r"(?<![\w.])\d+(\.\d+)?%"), "<percent>"),  # the memory pressure now
     (re.compile(r"(?<![\w.])\d+(\.\d+)?(ms|s|m|h)(\d+m)?(?![\w])"), "<age>"),
     (re.compile(r"\d{3,}"), "<n>"),  # pids, process start times (caps and exit codes are short)
 ]

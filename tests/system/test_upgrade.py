@@ -28,6 +28,7 @@ from conftest import RunningDaemon, remove_supervisor_cgroups, wait_until
 from old_release import OldRelease, venv_of
 
 from guardd import procs
+from supervisor.history import db as history_db
 
 OLD_COMMIT = "7b3474a"  # where issue 24 starts from: the release before adoption
 
@@ -236,7 +237,7 @@ def _history_holds_both(state_dir: Path, ids: set[str]) -> None:
     found = {t["id"] for t in json.loads(listed.stdout)}
     assert ids <= found, found
     with sqlite3.connect(state_dir / "history.sqlite") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == history_db.SCHEMA_VERSION
 
 
 def _guard_of(state_dir: Path, turn: str) -> tuple[procs.Identity, str | None]:
