@@ -8,7 +8,6 @@ import time
 
 import click
 
-from .formats import age, fit, format_command, format_groups, format_size, format_table, mem_now
 from .options import complete_keys, key_matches, key_patterns_option
 from .where import emit_json, where
 
@@ -63,6 +62,15 @@ def ps(ctx: click.Context, keys: list[str] | None, as_json: bool) -> None:
 
 def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
     from ..wire.requester import describe
+    from .formats import (  # not for --json
+        age,
+        fit,
+        format_command,
+        format_groups,
+        format_size,
+        format_table,
+        mem_now,
+    )
     from .keys import format_keys, format_why
 
     slots = ps.get("slots", [])
