@@ -61,8 +61,11 @@ def log(message: str) -> None:
 
     path = log_path()
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a", encoding="utf-8", errors="replace") as f:
+        # Private as the state directory must be (a supervisor refuses one others may enter):
+        # the hook may be the first to make it.
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with open(fd, "a", encoding="utf-8", errors="replace") as f:
             f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ccsup hook[{os.getpid()}]: {message}\n")
     except OSError:
         pass  # nowhere to say it; the command still runs

@@ -282,3 +282,22 @@ def test_the_payload_prefilter_never_passes_a_command_the_rules_take(command):
             assert not rules.surely_unmatched(payload.encode())
     assert rules.surely_unmatched(json.dumps(claude_payload("ls -la")).encode())
     assert not rules.surely_unmatched(b'{"tool_input": {"command": 7}}')  # parsed, then logged
+
+
+def test_the_hook_log_makes_a_private_state_directory(tmp_path):
+    """The hook may be the first to make the state directory (its log lives there): made 0700,
+    the log 0600, so a supervisor started there later does not refuse it."""
+    state = tmp_path / "xdg-state"
+    env = {k: v for k, v in os.environ.items() if k not in ("CCSUP_HOOK_LOG", "CCSUP_STATE_DIR")}
+    env |= {"XDG_STATE_HOME": str(state), "CCSUP_CONFIG": "/dev/null"}
+    env["CCSUP_STATE_DIR"] = str(tmp_path / "nowhere")  # no supervisor: the log says so
+    done = subprocess.run(
+        [*CCSUP, "hook", "run", "claude"],
+        input=b"not json",
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    assert (state / "ccsup").stat().st_mode & 0o777 == 0o700
+    assert (state / "ccsup" / "hook.log").stat().st_mode & 0o777 == 0o600

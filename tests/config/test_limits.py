@@ -52,7 +52,8 @@ def test_a_bad_limit_is_named_with_its_key_and_line(line, message):
 def test_config_check_says_which_limits_are_not_enforced_here(tmp_path):
     config = tmp_path / "ccsup.toml"
     config.write_text('[guard]\ncgroup = "off"\n[limits.codex]\nmemory_max = "1GiB"\n')
-    result = CliRunner().invoke(config_group, ["check", "--config", str(config)])
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "CCSUP_STATE_DIR": None}  # not ~'s
+    result = CliRunner().invoke(config_group, ["check", "--config", str(config)], env=env)
     assert result.exit_code == 0, result.output
     assert 'warning: limits.codex.memory_max: not enforced: [guard] cgroup = "off"' in result.output
 
