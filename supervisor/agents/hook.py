@@ -39,36 +39,13 @@ if __name__ == "__main__" and not __package__:  # run by path (the fast form): f
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from supervisor.agents import rules  # noqa: E402
+from supervisor.agents.hook_log import log, log_path  # noqa: E402, F401 (the hook's own log)
 
 HARNESSES = ("claude", "codex", "opencode")  # as supervisor.agents.harnesses (not imported here)
 USAGE = (
     "usage: hook <claude|codex|opencode> [--key K] [--match PATTERN]... [--state-dir D] "
     "[--config C]"
 )
-
-
-def log_path() -> str:
-    if os.environ.get("CCSUP_HOOK_LOG"):
-        return os.environ["CCSUP_HOOK_LOG"]
-    base = os.environ.get("XDG_STATE_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "ccsup", "hook.log")
-
-
-def log(message: str) -> None:
-    import time
-
-    path = log_path()
-    try:
-        # Private as the state directory must be (a supervisor refuses one others may enter):
-        # the hook may be the first to make it.
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        with open(fd, "a", encoding="utf-8", errors="replace") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ccsup hook[{os.getpid()}]: {message}\n")
-    except OSError:
-        pass  # nowhere to say it; the command still runs
 
 
 class Options:

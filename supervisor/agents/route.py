@@ -19,7 +19,7 @@ import uuid
 
 from supervisor.agents import harnesses
 from supervisor.agents.harnesses import Call
-from supervisor.agents.hook import log, log_path
+from supervisor.agents.hook_log import log, log_path
 from supervisor.agents.rules import Match
 
 TYPE_CHECKING = False

@@ -44,7 +44,7 @@ import select
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..errors import CcsupError, SupervisorLost
 from ..paths import ipc_path
@@ -53,8 +53,25 @@ from ..wire import protocol
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from .control import Client
+    from ..paths import StatePaths
     from .subscription import Subscription
+
+
+class Client(Protocol):
+    """What riding through uses of a supervisor.client.control.Client (which imports this module
+    for `run_turn`: a Protocol here, not an import back)."""
+
+    timeout: float
+    control_endpoint: str
+    paths: StatePaths
+    state_dir: Path
+
+    def running(self) -> bool: ...
+    def status(self) -> dict: ...
+    def ps(self) -> dict: ...
+    def drop_requests(self) -> None: ...
+    def subscribe(self, prefixes: list[str]) -> Subscription: ...
+
 
 RETURN_MARGIN = 5.0  # seconds past adopt_within a client still waits for a supervisor to answer
 POLL = 0.05  # seconds between looks for a supervisor while none answers

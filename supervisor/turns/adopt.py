@@ -48,7 +48,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from guardd import channel, procs
 from guardd.record import RecordError, read_json
@@ -65,7 +65,31 @@ from .requesters import GONE
 from .states import Event, Turn
 
 if TYPE_CHECKING:
-    from .manager import Manager
+    from guardd import procs
+
+    from ..paths import StatePaths
+    from .endings import Endings
+    from .ledger import Ledger
+    from .requesters import Requesters
+    from .seams import Gate
+    from .starting import Starter
+    from .states import Item
+
+
+class Manager(Protocol):
+    """What adoption uses of supervisor.turns.manager.Manager (which owns an Adoption: a
+    Protocol here, not an import back)."""
+
+    paths: StatePaths
+    gate: Gate
+    me: procs.Identity
+    ledger: Ledger
+    endings: Endings
+    starter: Starter
+    requesters: Requesters
+
+    def watch_requester(self, ident: procs.Identity, item: Item) -> None: ...
+
 
 log = logging.getLogger("ccsup.adopt")
 
