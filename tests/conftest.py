@@ -56,6 +56,27 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Tests that run a real harness (node, a bundle of tens of MB, a CPU-hungry start): one at a time
+# on one xdist worker, as the suite ran them serially, while the other workers take the rest.
+# Four at once on 2 cores made each 3-5 times slower and past their timeouts.
+HARNESS_FILES = frozenset(
+    {
+        "test_claude.py",
+        "test_codex.py",
+        "test_opencode.py",
+        "test_quota_harnesses.py",
+        "test_wrap.py",
+        "test_mcp_install.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in HARNESS_FILES and item.path.parent.name == "agents":
+            item.add_marker(pytest.mark.xdist_group("harness"))
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
