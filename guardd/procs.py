@@ -211,7 +211,8 @@ def snapshot() -> dict[int, Stat]:
     return stats
 
 
-def _read_small(path: str, size: int) -> bytes | None:
+def read_small(path: str, size: int = 256) -> bytes | None:
+    """Up to `size` bytes of a small /proc file in one read; None when it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -227,10 +228,10 @@ def _read_small(path: str, size: int) -> bytes | None:
 def command_of(pid: int, args: int = 3) -> tuple[str, list[str]] | None:
     """The process's command name (`comm`) and the first `args` of its argv (an empty list for
     a process whose argv is gone, such as a zombie); None when it is gone or unreadable."""
-    comm = _read_small(f"/proc/{pid}/comm", 64)
+    comm = read_small(f"/proc/{pid}/comm", 64)
     if comm is None:
         return None
-    cmdline = _read_small(f"/proc/{pid}/cmdline", 4096) or b""
+    cmdline = read_small(f"/proc/{pid}/cmdline", 4096) or b""
     argv = [a.decode(errors="replace") for a in cmdline.split(b"\0")[:args] if a]
     return comm.rstrip(b"\n").decode(errors="replace"), argv
 

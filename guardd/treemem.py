@@ -34,6 +34,8 @@ from __future__ import annotations
 import os
 import time
 
+from . import procs
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PSS_BUDGET = 0.005  # CPU seconds of smaps_rollup reads a sample may spend
 LARGE = 256 << 20  # bytes of RSS past which a process counts its RSS (no smaps_rollup read)
@@ -45,19 +47,6 @@ def _pread(fd: int) -> bytes | None:
         return os.pread(fd, 256, 0)
     except OSError:
         return None
-
-
-def _read_path(path: str, size: int = 256) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, size)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def statm_of(data: bytes | None) -> tuple[int, int] | None:
@@ -75,7 +64,7 @@ def statm_of(data: bytes | None) -> tuple[int, int] | None:
 def pss_of(pid: int) -> int | None:
     """The process's PSS in bytes from smaps_rollup, None when it cannot be read (gone, a
     kernel thread, not ours)."""
-    data = _read_path(f"/proc/{pid}/smaps_rollup", 4096)
+    data = procs.read_small(f"/proc/{pid}/smaps_rollup", 4096)
     if not data:
         return None
     at = data.find(b"\nPss:")
@@ -122,7 +111,7 @@ class TreeMemory:
                         continue  # gone since the scan
                 entry = known[pid] = [proc.start, fd, -1, 0]
             statm = statm_of(
-                _pread(entry[1]) if entry[1] >= 0 else _read_path(f"/proc/{pid}/statm")
+                _pread(entry[1]) if entry[1] >= 0 else procs.read_small(f"/proc/{pid}/statm")
             )
             if statm is None:
                 self._drop(pid)
