@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from conftest import PYTHON
 
-from guardd import scan, treemem
+from guardd import procs, scan, treemem
 from guardd.treemem import TreeMemory
 
 MIB = 1 << 20
@@ -51,7 +51,7 @@ def _tree(proc) -> dict:
 def test_nine_processes_sharing_64_mib_count_it_once(forked):
     found = _tree(forked)
     assert len(found) == 9
-    rss = sum(treemem.statm_of(treemem._read_path(f"/proc/{p}/statm"))[0] for p in found)
+    rss = sum(treemem.statm_of(procs.read_small(f"/proc/{p}/statm"))[0] for p in found)
     assert rss > 9 * 64 * MIB  # what RSS would say: each counts the shared 64 MiB
     memory = TreeMemory()
     first = memory.sample(found)
