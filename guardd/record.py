@@ -9,7 +9,7 @@ a stray `.tmp` file, which readers ignore.
 Reading (`read_file`): every state file is opened without following a symlink and without
 blocking, must be a regular file, and is read up to a bound; what fails that is a RecordError
 naming the file, which each caller handles as it handles a corrupt file (moved aside, or counted
-as unreadable), so one planted file neither hangs nor stops the supervisor (issue 27, B4).
+as unreadable), so one planted file neither hangs nor stops the supervisor.
 
 Standard library only, and plain os paths: pathlib cost the guard about 7 ms of every start.
 """

@@ -64,7 +64,7 @@ def restart(ctx: click.Context, timeout: float | None, force: bool) -> None:
                 "systemd: hand it over with `systemctl --user restart ccsup` (its unit sends "
                 "SIGUSR2, the same hand-over), so that systemd starts the next one"
             )
-        if "adopt_within" not in status:  # a release before adoption (issue 24): no hand-over
+        if "adopt_within" not in status:  # a release before adoption: no hand-over
             raise CcsupError(
                 f"the supervisor on {client.state_dir} (pid {status.get('pid')}, version "
                 f"{status.get('version', '?')}) is of a release that cannot hand its turns over: "

@@ -69,7 +69,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"state   {result.get('state_dir', client.state_dir)}")
     if "config" in result:
         click.echo(f"config  {result['config']}")
-    adopted = result.get("adopted")  # running turns it took over at its start (issue 24)
+    adopted = result.get("adopted")  # running turns it took over at its start
     took = f" ({adopted} adopted at its start)" if adopted else ""
     click.echo(f"turns   {result['turns']} active, {result['waits']} waiting{took}")
     if result.get("waiting_adoption"):  # guards whose turns this supervisor has not adopted yet

@@ -1,5 +1,5 @@
 """Riding through a supervisor's restart: a follower of a turn notices its supervisor is gone,
-waits for one to answer again, and catches up with what it missed (issue 24, item 5).
+waits for one to answer again, and catches up with what it missed.
 
 Design note. A running turn outlives its supervisor for `[guard] adopt_within` (the guard keeps
 the work and writes its logs itself), so a client that follows a turn must not give up when the

@@ -20,8 +20,8 @@ grant, confirm_ends), every scan interval a reap (in a task), every PRUNE_INTERV
 TRIM_INTERVAL trim_memory. Each run is on its own: whatever it raises is logged ("unable to
 <operation> <object> (periodic duty <name>): <reason>", with the traceback) and counted in
 `ccsup_periodic_errors_total{task}`, and the duty runs again at its next time; one failing duty
-never keeps another from running. (Before, the first exception ended the tick for good: nothing
-retried grants, reaped orphans or confirmed ends until the supervisor restarted.)
+never keeps another from running (a duty that stopped at its first exception would leave grants,
+reaps and confirmed ends undone until a restart).
 Stopping half-way (SIGKILL): the guards see their parent gone and end their work; the next start
 reaps whatever is left.
 """

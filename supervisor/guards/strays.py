@@ -24,8 +24,8 @@ direct start, ~25 ms of CPU, and a turn can SIGKILL its shim as it does its guar
 WNOWAIT) peeks (the first zombie it names may be a Popen's, hiding the others until it is polled).
 
 State: none on disk; it lives in the supervisor. At its end (`close`, every turn gone by then) what
-is left is SIGKILLed: nobody would count it. A supervisor that dies leaves them to init (issue 24:
-its guards wait to be adopted).
+is left is SIGKILLed: nobody would count it. A supervisor that dies leaves them to init (its guards
+wait to be adopted).
 Knows processes and the event loop; nothing of turns or slots.
 """
 

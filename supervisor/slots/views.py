@@ -85,7 +85,7 @@ class LazyLocks:
 
 
 class BadLockFile(CcsupError):
-    """A slot's lock file that is no lock file: a symlink, a FIFO, a directory (issue 27, B4).
+    """A slot's lock file that is no lock file: a symlink, a FIFO, a directory.
     The slot counts as unreadable (taken); a person removes the file."""
 
 

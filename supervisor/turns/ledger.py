@@ -11,7 +11,7 @@ restore uses it to bring a saved item to the state its events already told the w
 it is dropped from every index, unwatched, and its id remembered as finished; then `on_finished`
 hooks run (history and metrics belong there).
 
-A full disk (issue 27, B5): nothing is acknowledged that is not on file. A new request's entry is
+A full disk: nothing is acknowledged that is not on file. A new request's entry is
 written first (`save_first`), before anything of it changes or is published; when it cannot be,
 the manager refuses the request (`no_space`, naming the file) and nothing of it exists. A later
 save that fails keeps what changed in memory and says so once (`save_error`); the periodic

@@ -18,7 +18,7 @@ states a live one can, by the same steps.
   with their wait deadline; cancelled (`requester_gone`) when their requester has died.
 A malformed entry is skipped and named in the problems returned (the daemon publishes each).
 Every entry is checked as a new request is (supervisor.wire.args): its id a turn id, its key a
-cap key that is not reserved (issue 27, B4: a reservation of `_machine` stopped the start).
+cap key that is not reserved (a reservation of `_machine` would stop the start).
 
 Knows queue.json's entries and the manager's collaborators; nothing of sockets.
 """
@@ -218,7 +218,7 @@ def _requeue(manager: Manager, item: Item, requester: Identity | None | bool) ->
 
 def _turn_args(entry: dict[str, Any]) -> TurnArgs:
     """A waiting turn from queue.json, checked as strictly as a new request."""
-    # env_replace, stdin and winsize are absent in a queue.json written before issue 26 (the
+    # env_replace, stdin and winsize are absent in a queue.json of the release before adoption (the
     # release before, tests/system/test_upgrade.py): left out, as a request without them, they
     # take their defaults (passed as None they were refused, and the old release's waiters lost)
     names = (

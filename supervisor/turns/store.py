@@ -55,7 +55,7 @@ The state question:
 - Planted or oversized: each file is read by guardd.record.read_file (no symlink followed, no
   FIFO opened blocking, at most QUEUE_LIMIT bytes); a file that fails it is corrupt (moved aside,
   finished.log too: FinishedIds.load), and a journal line that is JSON but no object is a bad
-  line (issue 27, B4).
+  line.
 Knows the files; nothing of turns' logic.
 """
 

@@ -1,8 +1,8 @@
 """Who is at the other end of a loopback TCP connection: the uid that owns the client's socket.
 
 Design note. Without `[web] token` the page listens on loopback only, and loopback is open to
-every local user: as uid 65534, curl read the owner's turn output and cancelled a turn (issue 27,
-B8), although the state directory and its sockets are the owner's alone. A Unix socket would carry
+every local user: as uid 65534, curl could read the owner's turn output and cancel a turn,
+although the state directory and its sockets are the owner's alone. A Unix socket would carry
 the peer's credentials (SO_PEERCRED), but a browser speaks TCP; so, on loopback, the kernel's
 socket table answers instead: both ends of the connection are on this machine, and
 /proc/net/tcp (tcp6 for IPv6 and v4-mapped peers) lists the client's socket, whose local address
