@@ -2,8 +2,8 @@
 
 The state directory is private to its user: created 0700, and refused when another user owns it or
 group or others may write to it (anyone who can write there can take slots or plant sockets). One
-of ours that is empty (made with `mkdir`, 755 under the usual umask) is made 0700 at start: nothing
-in it was ever exposed (`loose_but_empty`; `config check` says so, and the refusal otherwise).
+of ours that is empty and that only we may write to (made with `mkdir`, 755 under the usual umask)
+is made 0700 at start: nothing in it was ever exposed (`loose_but_empty`; `config check` says so, and the refusal otherwise).
 Knows names and permissions; opens nothing but the directories it creates.
 
 `turns/` is marked the top of a directory hierarchy (ext4's FS_TOPDIR_FL, as `chattr +T` does),
@@ -147,10 +147,14 @@ def mark_top_directory(path: Path) -> bool:
 
 
 def loose_but_empty(path: Path) -> bool:
-    """A directory of ours, empty, that group or others may enter: start makes it 0700 itself."""
+    """A directory of ours, empty, that group or others may read or enter but not write to:
+    start makes it 0700 itself. One that others may write to is refused even empty: they could
+    put something in it between our look and our chmod."""
     try:
         st = os.stat(path)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or not st.st_mode & 0o077:
+            return False
+        if st.st_mode & 0o022:
             return False
         with os.scandir(path) as entries:
             return next(entries, None) is None

@@ -75,9 +75,6 @@ def test_the_state_directory_is_created_0700_and_its_sockets_0600_whatever_the_u
         (None, 0o770, ["group or others may write", "mode 770", "chmod 700"]),
         (None, 0o777, ["group or others may write", "mode 777", "chmod 700"]),
         (None, 0o702, ["group or others may write", "chmod 700"]),
-        (None, 0o755, ["group or others may read or enter it", "mode 755", "chmod 700"]),
-        (None, 0o750, ["group or others may read or enter it", "mode 750", "chmod 700"]),
-        (None, 0o701, ["group or others may read or enter it", "mode 701", "chmod 700"]),
     ],
 )
 @pytest.mark.parametrize("foreground", [False, True])
@@ -520,3 +517,29 @@ def test_a_turns_env_reaches_its_process_and_is_written_nowhere(daemon, event_lo
         assert secret not in json.dumps(client.ps()) and secret not in json.dumps(client.status())
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("perms", [0o755, 0o750, 0o701])
+def test_an_empty_state_directory_of_ours_that_others_may_only_enter_is_made_private(
+    state_dir, perms
+):
+    """`mkdir` under the usual umask makes a directory 755: empty and ours, nothing in it was ever
+    exposed, so start makes it 0700 and runs; one with anything in it is still refused."""
+    loose = state_dir / "loose"
+    loose.mkdir()
+    os.chmod(loose, perms)
+    config = write_config(state_dir)
+    result = ccsup(loose, config, "start", timeout=30)
+    try:
+        assert result.returncode == 0, result
+        assert stat.S_IMODE(os.stat(loose).st_mode) == 0o700
+    finally:
+        ccsup(loose, config, "stop")
+    used = state_dir / "used"
+    used.mkdir()
+    (used / "something").write_text("")
+    os.chmod(used, perms)
+    refused = ccsup(used, config, "start", timeout=10)
+    if refused.returncode == 0:
+        ccsup(used, config, "stop")
+    assert refused.returncode == 1 and "group or others may read or enter it" in refused.stderr
