@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from guardd import procs
 
@@ -72,7 +73,9 @@ from ..wire import args as command_args
 from ..wire import protocol
 from ..wire.protocol import ProtocolError, Request
 from . import in_force, memtrim
-from .otel import SpanExporter
+
+if TYPE_CHECKING:
+    from .otel import SpanExporter
 from .server import Server
 
 log = logging.getLogger("ccsup.daemon")
@@ -244,6 +247,10 @@ class Daemon:
         self.server.observers.append(self.metrics.observe)
         self.otel: SpanExporter | None = None  # [otel] endpoint: a span per turn, off the loop
         if config.otel.endpoint:
+            # Imported only when asked for: urllib.request brings hashlib and ssl, which a
+            # supervisor otherwise never maps (tests/system/test_footprint.py).
+            from .otel import SpanExporter
+
             self.otel = SpanExporter(config.otel.endpoint)
             self.server.observers.append(self.otel.observe)
         self.metrics_server: metrics.MetricsServer | None = None
