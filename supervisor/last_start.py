@@ -51,13 +51,23 @@ def read(state_dir: Path) -> LastStart | None:
     return LastStart(config=config, caps=caps)
 
 
+def _found_now() -> str | None:
+    """The config file a plain `ccsup start` here would read ($CCSUP_CONFIG, the XDG file)."""
+    import os
+
+    from .config.files import find_config_path
+
+    found = find_config_path(None, os.environ)
+    return None if found is None else os.path.abspath(found)
+
+
 def start_command(state_dir: Path) -> str:
-    """`ccsup start` as the last supervisor on state_dir was started (its --caps and a config
-    given by path); plain `ccsup start` when that is not known."""
+    """`ccsup start` as the last supervisor on state_dir was started: its --caps, and its config
+    file when a plain start would not find that one; plain `ccsup start` when not known."""
     last = read(state_dir)
     words = ["ccsup", "start"]
     if last is not None:
-        if last["config"] is not None:
+        if last["config"] is not None and last["config"] != _found_now():
             words += ["--config", last["config"]]
         if last["caps"]:
             words += ["--caps", ",".join(f"{k}={v}" for k, v in last["caps"].items())]
