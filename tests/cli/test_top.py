@@ -148,7 +148,8 @@ def test_escape_withdraws_a_prompt_and_a_wide_top_names_the_holders(cli_daemon, 
     once (curses' getstr typed the Escape into the field); at 120 columns, HOLDER is shown."""
     state_dir = cli_daemon("[slots]\ncaps = { t = 1 }\n")
     go = tmp_path / "go"
-    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    # COLUMNS would win over the pane's own width (curses reads it first)
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
     env |= {"CCSUP_STATE_DIR": str(state_dir), "TERM": "xterm-256color"}
     env["CCSUP_CONFIG"] = str(state_dir / "ccsup.toml")
     holder = subprocess.Popen(
@@ -160,8 +161,10 @@ def test_escape_withdraws_a_prompt_and_a_wide_top_names_the_holders(cli_daemon, 
                 width=120)  # fmt: skip
     try:
         wait_until(lambda: "1 held" in pane.screen(), what="top showing the holder")
-        screen = pane.screen()
-        assert "HOLDER" in screen and "s1/coder" in screen
+        wait_until(
+            lambda: "HOLDER" in (shown := pane.screen()) and "s1/coder" in shown,
+            what="the HOLDER column at 120 columns",
+        )
         pane.keys("p")
         wait_until(lambda: "pause t for" in pane.screen(), what="the pause prompt")
         pane.keys("5m")
