@@ -47,6 +47,10 @@ def pytest_configure(config):
     worker = getattr(config, "workerinput", None)
     if worker is not None:  # an xdist worker: the session's marker came from its controller
         RUN_ID = os.environ[MARKER] = f"{os.environ[MARKER]}-{worker['workerid']}"
+        # execnet gives its workers COLUMNS=80 and LINES=24, which curses, `ccsup run -t` and
+        # every program in a test's tmux pane would take over the pane's own size.
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
         return
     os.environ[SESSION] = uuid.uuid4().hex  # this session's own, even inside another's test
     if getattr(config.option, "dist", "no") == "load":  # `-n N`: keep xdist_group's tests together
