@@ -27,11 +27,10 @@ from guardd import procs
 from .errors import CcsupError
 
 
-def not_running_message(state_dir: Path) -> str:
-    """What a command says with no supervisor: how to start one as the last one was started."""
-    from .last_start import start_command
-
-    return f"no supervisor is running on {state_dir}; start one with `{start_command(state_dir)}`"
+def not_running_message(state_dir: Path, start: str = "ccsup start") -> str:
+    """What a command says with no supervisor; `start`: the command that starts one (the client
+    gives the last start's, supervisor.config.last_start)."""
+    return f"no supervisor is running on {state_dir}; start one with `{start}`"
 
 
 def _held_by_recorded_pid(fd: int, st: os.stat_result) -> bool:

@@ -39,7 +39,7 @@ def _not_running(ctx: click.Context, e: NotRunning) -> NotRunning:
     found = waiting.survey(StatePaths(state_dir).guards)
     if not found.count:
         return e
-    from ..last_start import start_command
+    from ..config.last_start import start_command
 
     them = "it" if found.count == 1 else "them"
     return NotRunning(

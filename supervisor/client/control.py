@@ -176,7 +176,9 @@ class Client:
 
     def check_running(self) -> None:
         if not self.running():
-            raise NotRunning(not_running_message(self.state_dir))
+            from ..config.last_start import start_command
+
+            raise NotRunning(not_running_message(self.state_dir, start_command(self.state_dir)))
 
     # -- control
 

@@ -45,14 +45,13 @@ from typing import TYPE_CHECKING
 
 from guardd import procs
 
-from .. import last_start
 from ..admission.control import KeyControl, admission_settings
 from ..admission.quota import ReadingError, Window, window_from_json
 from ..admission.room import PEAKS, MachineRoom
 from ..admission.room import REFRESH as ROOM_REFRESH
 from ..caps import SlotState, cap_sources
 from ..cluster.wiring import ClusterWiring, cluster_wiring
-from ..config import EMBEDDED_SOURCE, Config, load
+from ..config import EMBEDDED_SOURCE, Config, last_start, load
 from ..config.metrics import metrics_address
 from ..errors import AlreadyRunning, CcsupError, os_failure
 from ..guards import containment, fdlimit

@@ -92,7 +92,7 @@ def test_an_adopted_turn_shows_in_status_show_history_metrics_ps_and_the_page(da
         assert (
             f"; 2 turns wait for adoption (the last until {until}); start a supervisor to adopt "
             f"them: ccsup start --config {d.config}\n"
-        ) in none.stderr, none.stderr  # as the last one was started (supervisor.last_start)
+        ) in none.stderr, none.stderr  # as the last one was started (supervisor.config.last_start)
 
         d.start()
         adopted = wait_until(

@@ -55,7 +55,7 @@ def _found_now() -> str | None:
     """The config file a plain `ccsup start` here would read ($CCSUP_CONFIG, the XDG file)."""
     import os
 
-    from .config.files import find_config_path
+    from .files import find_config_path
 
     found = find_config_path(None, os.environ)
     return None if found is None else os.path.abspath(found)
