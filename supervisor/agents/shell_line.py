@@ -481,6 +481,18 @@ _RUNNERS: dict[str, frozenset[str]] = {  # `<tool> run ...`
 }
 
 
+def _without_options(rest: list[str], takes: frozenset[str]) -> list[str]:
+    """A wrapper's words after its options (those in `takes` with their value) and a `--`."""
+    rest = list(rest)
+    while rest and rest[0].startswith("-") and rest[0] != "--":
+        flag = rest.pop(0)
+        if flag in takes and rest:
+            rest.pop(0)
+    if rest and rest[0] == "--":
+        rest.pop(0)
+    return rest
+
+
 def _unwrap(command: Simple, depth: int, budget: list[int]) -> list[Simple]:
     """Sets command.argv (the words with wrappers taken off); answers the commands a
     `bash -c '<literal>'` in it runs (parsed), or a shell's heredoc script."""
@@ -493,14 +505,7 @@ def _unwrap(command: Simple, depth: int, budget: list[int]) -> list[Simple]:
                 break
             if head == "sudo":
                 command.wrapped_by_sudo = True
-            takes = _WRAPPER_VALUES[head]
-            rest = argv[1:]
-            while rest and rest[0].startswith("-") and rest[0] != "--":
-                flag = rest.pop(0)
-                if flag in takes and rest:
-                    rest.pop(0)
-            if rest and rest[0] == "--":
-                rest.pop(0)
+            rest = _without_options(argv[1:], _WRAPPER_VALUES[head])
             if head == "env" and any(f.startswith(("-S", "--split-string")) for f in argv[1:]):
                 argv = []  # env -S splits a string of its own: not ours to read
                 break
@@ -511,14 +516,7 @@ def _unwrap(command: Simple, depth: int, budget: list[int]) -> list[Simple]:
                 rest.pop(0)  # the duration
             argv = rest
         elif head in _RUNNERS and len(argv) > 1 and argv[1] in ("run", "exec"):
-            takes = _RUNNERS[head]
-            rest = argv[2:]
-            while rest and rest[0].startswith("-") and rest[0] != "--":
-                flag = rest.pop(0)
-                if flag in takes and rest:
-                    rest.pop(0)
-            if rest and rest[0] == "--":
-                rest.pop(0)
+            rest = _without_options(argv[2:], _RUNNERS[head])
             argv = rest
         else:
             break
