@@ -5,8 +5,9 @@ The decisions are supervisor.admission.policy's (pure); this module applies them
 supervisor through the manager's seams: it is the manager's `Admission` (supervisor.turns.manager:
 `refusal(item, now)` for the head of each key, before the slot gate), it makes the manager's wait
 queue (`make_queue`: the fairness), and it observes the ledger's events as they are emitted
-(`attach`): a grant counts in the key's rate window before the next head is asked; `started` sets
-the runtime deadline and the stderr watch; `stderr` chunks go to the pause_on scanner; `exited`
+(`attach`): a grant counts in the key's rate window before the next head is asked, and starts the
+stderr watch and the quota readers (a turn's first output may come before its `started`);
+`started` sets the runtime deadline; `stderr` chunks go to the pause_on scanner; `exited`
 checks pause_on's exit codes; a finished item drops its timers. One timer wakes the grants when a
 pause ends or a waiting key's rate window opens. The daemon calls `pause`, `resume`, `restore` and
 `retune` for the control commands, the bus and a reload; `views` asks `waits_why` and `keys_view`.
@@ -210,6 +211,8 @@ class KeyControl:
             env = {**item.env, **self.key_env(item.slot_key)}
             self._homes[item.id] = codex_home(env, item.env_replace, item.cwd)
             self._read_turn(item)  # from its grant: its first output may come before `started`
+        if kind == "granted" and isinstance(item, Turn):
+            self._watch_stderr(item)  # from its grant, as its quota signals are
         if kind == "granted" and item is not None:
             if isinstance(body.get("reservation"), str):
                 return  # a turn binding a held reservation: that grant was counted already
@@ -229,6 +232,8 @@ class KeyControl:
     def _finished(self, item_id: str) -> None:
         if self.readers is not None:
             self.readers.turn_ended(item_id)  # one that ended with no exit (a lost guard)
+        if self._scanner is not None:
+            self._scanner.forget(item_id)  # one granted that never ran to an exit
         if self.queue is not None:
             self.queue.ordering.removed(item_id)
         self.turn_finished(item_id)
@@ -586,6 +591,11 @@ class KeyControl:
                 max(deadline.warn_at - now, 0.0), warn
             )
         self._read_turn(turn)  # an adopted one (a granted one is read from its grant)
+        self._watch_stderr(turn)
+
+    def _watch_stderr(self, turn: Turn) -> None:
+        """Scan the turn's stderr for its key's pause_on pattern, if it has one: from its grant,
+        since its first output may come before `started`; from its adoption for an adopted one."""
         rule = self.rules.rule_for(turn.slot_key)
         if rule is not None and rule.stderr is not None:
             if self._scanner is None:

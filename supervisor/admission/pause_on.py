@@ -171,6 +171,8 @@ class StderrScanner:
 
     def watch(self, turn_id: str, pattern: re.Pattern[str], context: object = None) -> None:
         with self._cond:
+            if turn_id in self._watches:  # watched from its grant, then said started
+                return
             self._watches[turn_id] = _Watch(pattern, context)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
@@ -208,6 +210,13 @@ class StderrScanner:
             self._ready.append(turn_id)
             self._cond.notify()
         return True
+
+    def forget(self, turn_id: str) -> None:
+        """The turn is over: stop watching it, unless its end is being scanned (`finish`)."""
+        with self._cond:
+            watch = self._watches.get(turn_id)
+            if watch is not None and not watch.closing:
+                self._drop(turn_id)
 
     def _drop(self, turn_id: str) -> None:
         watch = self._watches.pop(turn_id, None)

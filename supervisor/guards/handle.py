@@ -230,15 +230,17 @@ class GuardProcess:
 
     def _on_pidfd(self) -> None:
         """The guard has exited (its pidfd is readable)."""
-        if self._on_ready is not None:  # its start pipe is at its end too: that comes first
-            self._close_ready(self._loop)
-            callback, self._on_ready = self._on_ready, None
-            callback()
         self._exited_now()
 
     def _exited_now(self) -> None:
         """Hand the exit on, through the exit gate when there is one. Reaped first: out of the
-        gate's guards, a zombie child of ours that is no Popen's would be reaped there."""
+        gate's guards, a zombie child of ours that is no Popen's would be reaped there. Its start
+        pipe is at its end too, and its readiness comes first (a turn is started before it ends),
+        whichever of the two the loop saw first."""
+        if self._on_ready is not None:
+            self._close_ready(self._loop)
+            callback, self._on_ready = self._on_ready, None
+            callback()
         gate, self.exit_gate = self.exit_gate, None
         if gate is None:
             self._on_exit()

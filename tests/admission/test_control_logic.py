@@ -3,14 +3,16 @@ clock and timers) with a real KeyControl attached, as the daemon attaches it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 
 import pytest
 from fakes import RUN, Harness, no_process_left, scenario  # noqa: F401 (an autouse fixture)
 
 from guardd.procs import Identity
 from supervisor.admission.control import START_SLACK, KeyControl
-from supervisor.config.admission import AdmissionSettings, Rate
+from supervisor.config.admission import AdmissionSettings, PauseRule, Rate
 from supervisor.turns.manager import Manager, Settings
 from supervisor.wire.args import parse_pause, parse_resume
 
@@ -150,3 +152,27 @@ async def test_a_waiting_turns_timeout_and_session_survive_a_restart(h):
     assert h.events("b1")[-1] == "expiring"
     h.clock.advance(5)
     assert h.body("turn.b1.stopping")["reason"] == "timeout"
+
+
+@scenario(caps={"codex": 1})
+async def test_stderr_written_before_started_is_scanned_for_pause_on(h):
+    """A turn's first output can come before its `started` (the guard says started once CMD runs
+    and its record is written): a 429 in it pauses the key all the same, and the next waiter is
+    not granted in between."""
+    rule = PauseRule("codex", stderr=re.compile("429"), for_=30.0)
+    keyctl = attach(h, pause_on={"codex": rule})
+    h.starter.ready_later = True
+    h.turn("hit")
+    h.turn("next")
+    assert h.events("hit") == ["queued", "granted"]
+    h.manager.ledger.emit("turn.hit.stderr", {"id": "hit", "data": "HTTP 429\n", "offset": 0})
+    h.guard("hit").ready()
+    assert h.events("hit")[-1] == "started"
+    await h.end("hit")
+    for _ in range(500):  # the scanner's thread answers through the loop
+        if "key.codex.paused" in h.events():
+            break
+        await asyncio.sleep(0.01)
+    keyctl.close()  # its matcher process with it
+    assert "key.codex.paused" in h.events()
+    assert h.events("next") == ["queued"]

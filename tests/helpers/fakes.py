@@ -161,7 +161,17 @@ class FakeGuard:
         self.on_exit = None
         self.stdin = b""
 
+    ready_later = False  # set by a test: its start pipe closes when the test says (`ready`)
+    _on_ready = None
+
     def when_ready(self, loop, callback):
+        if self.ready_later:
+            self._on_ready = callback
+        else:
+            callback()
+
+    def ready(self):
+        callback, self._on_ready = self._on_ready, None
         callback()
 
     def attach(self, loop, log_dir, on_output, on_exit):
@@ -246,6 +256,7 @@ class Starter:
         self.error: OSError | None = None
         self.attach_error: OSError | None = None
         self.during = None  # called while the guard starts
+        self.ready_later = False  # True: each guard is ready when the test says (FakeGuard.ready)
 
     def __call__(self, spec: GuardSpec):
         if self.error is not None:
@@ -253,6 +264,7 @@ class Starter:
         if self.during is not None:
             self.during()
         guard = FakeGuard(spec.turn_id, spec.record_dir, self.attach_error)
+        guard.ready_later = self.ready_later
         self.guards[spec.turn_id] = guard
         if self.hold:
             self.pending[spec.turn_id] = FakePending(guard)
