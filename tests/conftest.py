@@ -53,11 +53,25 @@ def pytest_configure(config):
             os.environ.pop(name, None)
         return
     os.environ[SESSION] = uuid.uuid4().hex  # this session's own, even inside another's test
+    _compile_sources()
     if getattr(config.option, "dist", "no") == "load":  # `-n N`: keep xdist_group's tests together
         config.option.dist = "loadgroup"
     signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _compile_sources() -> None:
+    """Write the `.pyc` of our packages before any test starts a process, as `pip install` does
+    for an installed copy. An editable install has none, and where PYTHONDONTWRITEBYTECODE=1 is
+    set (this machine's image, CI's) every supervisor, CLI call and helper the tests start would
+    compile what it imports from source: 0.24 s more CPU for each supervisor's start, about a
+    fifth of the suite's CPU. Python reads a `.pyc` even with that variable set; one that cannot
+    be written (a read-only checkout) is compiled by each import, as before."""
+    import compileall
+
+    for package in ("supervisor", "guardd", "tests/helpers"):
+        compileall.compile_dir(ROOT / package, quiet=2)
 
 
 # Tests that run a real harness (node, a bundle of tens of MB, a CPU-hungry start): one at a time
