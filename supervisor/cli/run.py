@@ -346,6 +346,7 @@ class _TurnRunner:
         self._shown_position = None
         self._waiting: tuple | None = None
         self.granted = False
+        self._said_started = False
         self.quiet_start = False  # `ccsup wrap`: its start said only after a wait that was shown
         from .wait_line import WaitLine  # on a terminal: one line kept current while waiting
 
@@ -566,6 +567,16 @@ class _TurnRunner:
         except CcsupError:
             pass  # ended meanwhile: its end event follows
 
+    def _say_started(self) -> None:
+        """`started` on stderr, once: on a terminal only (a script's stderr stays CMD's own;
+        --json has the id), and for `ccsup wrap` only after a wait that was shown."""
+        if self._said_started:
+            return
+        self._said_started = True
+        waited = self._waiting is not None and time.monotonic() - self._waiting[1] >= WAIT_NOTICE
+        if not self.quiet and sys.stderr.isatty() and (waited or not self.quiet_start):
+            click.echo(f"ccsup: turn {self.turn_id}: started", err=True)
+
     def on_event(self, topic: str, body: dict) -> int | None:
         from ..client.subscription import is_terminal
 
@@ -573,6 +584,7 @@ class _TurnRunner:
         if self.as_json:
             emit_json({"topic": topic, "body": body})
         if kind in ("stdout", "stderr"):
+            self._say_started()  # its first output can come before `started`: the line first
             if self.merged is not None:
                 self.merged.pump()
             elif not self.as_json:
@@ -583,17 +595,8 @@ class _TurnRunner:
             self.granted = True
             if self.wait_line is not None:
                 self.wait_line.finish()
-            waited = (
-                self._waiting is not None and time.monotonic() - self._waiting[1] >= WAIT_NOTICE
-            )
-            if (
-                kind == "started"
-                and not self.quiet
-                and sys.stderr.isatty()
-                and (waited or not self.quiet_start)
-            ):
-                # on a terminal only: a script's stderr stays CMD's own (--json has the id)
-                click.echo(f"ccsup: turn {self.turn_id}: started", err=True)
+            if kind == "started":
+                self._say_started()
             if kind == "started" and self.raw is not None:
                 self.raw.enter()
                 self._send_size()  # it may have changed while the turn waited

@@ -316,11 +316,11 @@ class _OtherSite(http.server.BaseHTTPRequestHandler):
 def test_a_page_from_another_origin_cannot_cancel(daemon, state_dir, web, browser):
     d = start_supervisor(daemon, state_dir, "codex = 1")
     w = web(d.config)
-    with d.client() as client:
+    with d.client() as client, client.subscribe(["turn."]) as started:
         turn_id = hold(client, "codex", "s1", "alpha")
-        # Its guard's work recorded (a pid in the slot), so `started` is already published: guards
-        # start pipelined, and a slot is held from the moment its turn's cgroup is named.
-        wait_until(lambda: (slot_of(client, turn_id) or {}).get("pid"), what="the guard recorded")
+        # Its `started` published, so nothing more of it comes unless the cancel got through.
+        while (event := started.recv(15)) is None or event[0] != f"turn.{turn_id}.started":
+            assert event is not None, "no started within 15 s"
         cancel = f"{w.url}api/turn/{turn_id}/cancel"
         # Same host, another port: same-site to the browser, another origin.
         _OtherSite.page = f"""<!doctype html><body>
