@@ -14,7 +14,8 @@ import pytest
 from adoption_soak import run_soak
 from conftest import remove_supervisor_cgroups
 
-SECONDS = 25.0
+# Short in the suite; tests/bench/bench_adoption_soak.py runs the long one (5 minutes).
+SECONDS = float(os.environ.get("CCSUP_SOAK_SECONDS") or 12.0)
 CAP = 2
 
 
