@@ -48,7 +48,7 @@ class SupervisorLost(CcsupError):
     """The supervisor of a followed turn died and none answered again in time (adopt_within and a
     margin): the turn's end is not known (found by the client; never a reply)."""
 
-    exit_code = 71  # `ccsup run`'s too (supervisor.cli.run_exit)
+    exit_code = 71  # `ccsup run`'s too (supervisor.cli.run.exits)
 
 
 class UnknownTurn(CcsupError):

@@ -3,7 +3,7 @@
 Exit codes: 0 ok, 1 failure, 2 usage or configuration (click's own usage errors and ccsup's
 UsageError family, a supervisor's `bad_request` reply included), 3 no supervisor running on the
 state directory. `ccsup run` exits with its command's status instead (128+N for a signal), 125
-when the turn's guard was lost, and supervisor.cli.run_exit's codes (124, 75, 130, 69, 65). Only CcsupError is
+when the turn's guard was lost, and supervisor.cli.run.exits's codes (124, 75, 130, 69, 65). Only CcsupError is
 caught at the top ("ccsup: <message>" on stderr, its `exit_code`); anything else is a bug and
 shows its traceback.
 
@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "restart": ("restart", "restart"),
     "status": ("status", "status"),
     "ps": ("ps", "ps"),
-    "run": ("run", "run"),
+    "run": ("run.command", "run"),
     "cancel": ("cancel", "cancel"),
     "events": ("events", "events"),
     "logs": ("logs", "logs"),
@@ -121,10 +121,10 @@ def _set_global(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 def _error_prefix() -> str:
-    """`ccsup:` before an error, in red on a terminal (supervisor.cli.colour's rule)."""
+    """`ccsup:` before an error, in red on a terminal (supervisor.cli.views.colour's rule)."""
     import sys
 
-    from .colour import enabled
+    from .views.colour import enabled
 
     return click.style("ccsup:", fg="red", bold=True) if enabled(sys.stderr) else "ccsup:"
 

@@ -47,7 +47,7 @@ def _outcome(place, turn_id: str, result: dict) -> str:
     """The finished turn's outcome from the history (`exit 0`, `signal 9`, `cancelled`), else
     its terminal state."""
     from ..history import db as history
-    from .records import outcome_text
+    from .views.records import outcome_text
 
     try:
         story = history.show(place.state_dir(), turn_id)

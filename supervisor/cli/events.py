@@ -1,6 +1,6 @@
 """`ccsup events [PREFIX] [--all] [--json]`: follow the bus until Ctrl-C.
 
-One line an event for people (supervisor.cli.event_lines: local time, the topic with a short
+One line an event for people (supervisor.cli.views.event_lines: local time, the topic with a short
 turn id, the fields that matter); `--json` prints each event whole, `{"topic", "body"}` a line,
 for scripts. The guards' own hints (`guard.<turn>.*`: unchecked, and repeated by the
 supervisor's `turn.<id>.*`) are shown only with `--all`, or when PREFIX asks for them.
@@ -26,7 +26,7 @@ def events(ctx: click.Context, prefix: str, show_all: bool, as_json: bool) -> No
       ccsup events turn.          every turn's events
       ccsup events key.codex.     pauses and resumes of codex
       ccsup events --json | jq -c 'select(.topic | endswith(".exited"))'"""
-    from .event_lines import format_event
+    from .views.event_lines import format_event
 
     hints = show_all or prefix.startswith("guard")
 

@@ -17,7 +17,7 @@ import click
 from ..errors import CcsupError
 from ..history import db as turn_history
 from .options import DURATION, complete_keys, optional_key_option
-from .records import format_history, format_leftover_counts
+from .views.records import format_history, format_leftover_counts
 from .where import where
 
 
@@ -91,10 +91,10 @@ def history(
     if as_json:
         click.echo(json.dumps(records, ensure_ascii=False))
         return
-    from .formats import terminal_width
+    from .views.formats import terminal_width
 
     lines = format_history(records, terminal_width())
-    from . import colour
+    from .views import colour
 
     if colour.enabled():  # exit 0 green, failures red
         lines = colour.paint_column(lines, "OUTCOME", colour.outcome_colour)
@@ -112,7 +112,7 @@ def _leftovers(state_dir: Path, key: str | None, since: float | None, as_json: b
     if as_json:
         click.echo(json.dumps(counts, ensure_ascii=False))
         return
-    from .formats import terminal_width
+    from .views.formats import terminal_width
 
     for line in format_leftover_counts(counts, terminal_width()):
         click.echo(line)

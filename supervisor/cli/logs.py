@@ -33,7 +33,7 @@ from .where import where
 
 if TYPE_CHECKING:
     from ..client.control import Client
-    from .log_lines import Line, LineReader
+    from .views.log_lines import Line, LineReader
 
 STREAM_LABELS = {"stdout": "out", "stderr": "err"}
 
@@ -87,7 +87,7 @@ class Printer:
         self.out = sys.stdout.buffer
 
     def show(self, readers: list[LineReader], *, final: bool = False) -> None:
-        from .log_lines import merge, render
+        from .views.log_lines import merge, render
 
         batches: list[list[Line]] = []
         for reader in readers:
@@ -105,7 +105,7 @@ class Printer:
 
 
 def _readers(client: Client, turn_id: str, streams: list[str], prefix: str = "") -> list:
-    from .log_lines import LineReader
+    from .views.log_lines import LineReader
 
     return [
         LineReader(client.paths.output_log(turn_id, s), prefix + STREAM_LABELS[s]) for s in streams

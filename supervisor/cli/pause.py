@@ -17,8 +17,8 @@ import time
 import click
 
 from ..errors import UsageError
-from .keys import clock_time, known_key
 from .options import DURATION, complete_keys, key_option
+from .views.keys import clock_time, known_key
 from .where import emit_json, where
 
 
@@ -78,7 +78,7 @@ def pause(ctx, key: str, for_, until, reason, force: bool, as_json: bool) -> Non
         return
     click.echo(f"{key} paused until {clock_time(answer.get('until'))}")
     if answer.get("capped"):
-        from .formats import format_age
+        from .views.formats import format_age
 
         limit = answer.get("max_pause")
         click.echo(

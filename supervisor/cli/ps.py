@@ -1,6 +1,6 @@
 """`ccsup ps [--key K]... [--json]`: slots by key, then the waiters in order; `--key` keeps only
 the keys it names or matches (a shell glob), in the table and in --json alike. The table is made
-here (`format_ps`, pure), from supervisor.cli.formats' cells and supervisor.cli.keys' words."""
+here (`format_ps`, pure), from supervisor.cli.views.formats' cells and supervisor.cli.views.keys' words."""
 
 from __future__ import annotations
 
@@ -44,14 +44,14 @@ def ps(ctx: click.Context, keys: list[str] | None, as_json: bool) -> None:
     if as_json:
         emit_json(result)
         return
-    from .formats import terminal_width  # not for --json
+    from .views.formats import terminal_width  # not for --json
 
     lines = format_ps(result, time.time(), terminal_width())
     if "cluster" in result:  # [cluster]: the cluster keys on every machine
-        from .cluster_formats import format_cluster_ps
+        from .views.cluster import format_cluster_ps
 
         lines += format_cluster_ps(result["cluster"], time.time())
-    from . import colour
+    from .views import colour
 
     if colour.enabled():  # state words and why a waiter waits
         for column in ("STATE", "WHY"):
@@ -62,7 +62,7 @@ def ps(ctx: click.Context, keys: list[str] | None, as_json: bool) -> None:
 
 def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
     from ..wire.requester import describe
-    from .formats import (  # not for --json
+    from .views.formats import (  # not for --json
         age,
         fit,
         format_command,
@@ -71,7 +71,7 @@ def format_ps(ps: dict, now: float, width: int | None = None) -> list[str]:
         format_table,
         mem_now,
     )
-    from .keys import format_keys, format_why
+    from .views.keys import format_keys, format_why
 
     slots = ps.get("slots", [])
     waits = ps.get("waits", [])

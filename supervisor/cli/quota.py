@@ -19,8 +19,8 @@ import time
 import click
 
 from ..errors import UsageError
-from .keys import format_window
 from .options import complete_keys, key_option
+from .views.keys import format_window
 from .where import emit_json, where
 
 

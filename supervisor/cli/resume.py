@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
-from .keys import clock_time
 from .options import complete_keys, key_option
+from .views.keys import clock_time
 from .where import emit_json, where
 
 

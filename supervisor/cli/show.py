@@ -14,7 +14,7 @@ import click
 from ..errors import CcsupError, UnknownTurn
 from ..history import db as history
 from .options import complete_ids, turn_id_argument
-from .records import format_story
+from .views.records import format_story
 from .where import where
 
 

@@ -13,7 +13,7 @@ import time
 import click
 
 from ..errors import NotRunning
-from .formats import age
+from .views.formats import age
 from .where import emit_json, where
 
 
@@ -83,14 +83,14 @@ def status(ctx: click.Context, as_json: bool) -> None:
             click.echo(f"limits  {key}.{name}: not enforced: {why}")
     for line in format_memory(result.get("memory")):  # [memory]: budget, prediction, pressure
         click.echo(f"memory  {line}")
-    from .keys import format_in_force, format_keys
+    from .views.keys import format_in_force, format_keys
 
     for line in format_in_force(result):  # caps and where each comes from, rates, max_pause
         click.echo(line)
     for line in format_keys(result):  # paused keys and rate windows
         click.echo(f"keys    {line}")
     if "cluster" in result:  # [cluster]: health, this machine's lease and its deadline
-        from .cluster_formats import format_cluster_status
+        from .views.cluster import format_cluster_status
 
         for line in format_cluster_status(result["cluster"]):
             click.echo(line)
@@ -101,7 +101,7 @@ def format_memory(memory: dict | None) -> list[str]:
     pressure, the keys' predictions, and which parts are off on this machine."""
     if not memory:
         return []
-    from .formats import format_size
+    from .views.formats import format_size
 
     lines = []
     budget = memory.get("budget")

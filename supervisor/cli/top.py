@@ -34,7 +34,7 @@ from .where import where
 
 if TYPE_CHECKING:
     from ..client.control import Client
-    from .top_view import Row
+    from .views.top import Row
 
 ASK_MAX = 40  # characters a prompt's answer takes
 STATUS_EVERY = 2.0  # seconds between two `status` reads, at a `ps` read (the header's pid, age)
@@ -60,7 +60,7 @@ class Sampler:
 
     def sample(self, slots: list[dict]) -> dict:
         from ..web import usage
-        from .top_view import Usage
+        from .views.top import Usage
 
         now = time.monotonic()
         found = usage.sample(usage.works_of(slots))
@@ -79,7 +79,7 @@ class Sampler:
 
 class Top:
     def __init__(self, client: Client, state_dir: Any, argv_prefix: list[str]):
-        from .top_view import Model
+        from .views.top import Model
 
         self.client = client
         self.state_dir = state_dir
@@ -114,7 +114,7 @@ class Top:
     # -- drawing
 
     def draw(self, screen: Any, styles: dict[str, int]) -> None:
-        from .top_view import render
+        from .views.top import render
 
         height, width = screen.getmaxyx()
         lines = render(self.model, time.time(), width - 1, height, self.message)

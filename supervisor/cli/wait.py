@@ -5,7 +5,7 @@ What a model runs after the hook queued its command ("queued as <id>, position N
 follows the turn by id (supervisor.agents.turns), so running it again, or twice at once, is safe.
 The output is the turn's whole stdout and stderr logs, printed once it has ended (byte for byte).
 
-Exit codes: the command's own (128+N for a signal N), supervisor.cli.run_exit's 124 (its runtime
+Exit codes: the command's own (128+N for a signal N), supervisor.cli.run.exits's 124 (its runtime
 limit), 69 (cancelled), 65 (rejected), 125 (guard lost); 75 when --timeout ran out first (the turn
 goes on: run `ccsup wait ID` again); 1 for an unknown id (supervisor.errors.UnknownTurn, as
 show, logs and cancel); 3 with no supervisor running and the
@@ -32,7 +32,7 @@ FOREVER = 366 * 24 * 3600.0
 
 
 def ended_status(view: dict) -> int:
-    from .run_exit import EXIT_CANCELLED, EXIT_LOST, EXIT_REJECTED, EXIT_TIMEOUT
+    from .run.exits import EXIT_CANCELLED, EXIT_LOST, EXIT_REJECTED, EXIT_TIMEOUT
 
     outcome = view.get("outcome")
     if outcome == "rejected":
@@ -62,7 +62,7 @@ def wait(ctx: click.Context, turn_id: str, timeout: float | None, as_json: bool)
 
     from ..agents import turns
     from ..client.ride_through import RETURN_MARGIN
-    from .run_exit import EXIT_WAIT_TIMEOUT
+    from .run.exits import EXIT_WAIT_TIMEOUT
 
     down_wait = where(ctx).config().adopt_within + RETURN_MARGIN
     with where(ctx).client() as client:

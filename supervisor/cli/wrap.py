@@ -59,7 +59,7 @@ def wrap(ctx: click.Context, key: str | None, harness: str, args: tuple[str, ...
       ccsup wrap claude
       ccsup wrap codex --model gpt-5
       alias claude='ccsup wrap claude'"""
-    from .run import run
+    from .run.command import run
 
     settings = where(ctx).config().wrap
     label = session_label(harness)

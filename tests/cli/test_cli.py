@@ -22,10 +22,10 @@ from conftest import ROOT, wait_until
 from guardd import procs
 from supervisor import __version__
 from supervisor.cli import main
-from supervisor.cli.formats import format_age
 from supervisor.cli.output import OutputFollower
 from supervisor.cli.ps import format_ps
-from supervisor.cli.run import turn_exit_status
+from supervisor.cli.run.command import turn_exit_status
+from supervisor.cli.views.formats import format_age
 from supervisor.instance import lock_held
 
 CCSUP = [sys.executable, "-m", "supervisor"]

@@ -10,7 +10,7 @@ import subprocess
 
 from cli_daemon import CCSUP, FAST, ccsup
 
-from supervisor.cli.colour import paint_column, state_colour
+from supervisor.cli.views.colour import paint_column, state_colour
 
 ESC = "\x1b["
 

@@ -12,7 +12,7 @@ import time
 from cli_daemon import CCSUP, ccsup, cli_daemon_fixture  # noqa: F401 (the cli_daemon fixture)
 from conftest import wait_until
 
-from supervisor.cli.event_lines import format_event
+from supervisor.cli.views.event_lines import format_event
 
 TURN = "5436214ab0d0487196ac0c362dc4f29a"
 

@@ -16,7 +16,7 @@ from cli_daemon import CCSUP, ccsup, cli_daemon_fixture  # noqa: F401 (the cli_d
 from conftest import wait_until
 from tmux_pane import Pane
 
-from supervisor.cli.top_view import Model, render
+from supervisor.cli.views.top import Model, render
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -181,7 +181,7 @@ def test_escape_withdraws_a_prompt_and_a_wide_top_names_the_holders(cli_daemon, 
 
 
 def test_a_paused_key_that_never_ran_shows_its_cap_in_top():
-    from supervisor.cli.top_view import key_rows
+    from supervisor.cli.views.top import key_rows
 
     paused = {"key": "fresh", "until": 2_000_000_000.0, "reason": None}
     ps = {"slots": [], "waits": [], "keys": [{"key": "fresh", "paused": paused, "cap": 3}]}
@@ -190,7 +190,7 @@ def test_a_paused_key_that_never_ran_shows_its_cap_in_top():
 
 
 def test_a_key_with_provider_windows_shows_its_fullest_in_top():
-    from supervisor.cli.top_view import key_rows
+    from supervisor.cli.views.top import key_rows
 
     windows = [
         {"window": "7d", "used": 0.4, "resets_at": 2_000_000_000.0, "source": "cli", "seen_at": 1},

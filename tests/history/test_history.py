@@ -360,7 +360,7 @@ def test_version_4_columns_come_from_their_events(tmp_path):
 def test_a_terminal_s_table_keeps_the_command_and_one_row_per_turn():
     """160 columns: the COMMAND column stays (short ids and times, usage columns given up for
     it); a command with a newline stays on its row, the newline shown as \\n."""
-    from supervisor.cli.records import format_history
+    from supervisor.cli.views.records import format_history
 
     now = time.time()
     record = {

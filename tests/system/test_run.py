@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import wait_until
 
-from supervisor.cli.run_exit import EXIT_CODES_HELP, run_exit_status
+from supervisor.cli.run.exits import EXIT_CODES_HELP, run_exit_status
 
 CCSUP = [sys.executable, "-m", "supervisor"]
 

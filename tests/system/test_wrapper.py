@@ -85,8 +85,8 @@ def test_the_command_and_its_cwd_are_in_ps_records_history_and_show(env, state_d
 
 
 def test_ps_cuts_the_command_to_the_terminal_and_json_keeps_it_whole(env, state_dir):
-    from supervisor.cli.formats import fit
     from supervisor.cli.ps import format_ps
+    from supervisor.cli.views.formats import fit
 
     long_arg = "x" * 500
     go = state_dir / "go"

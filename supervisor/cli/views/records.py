@@ -6,8 +6,8 @@ import shlex
 import time
 from collections.abc import Callable
 
-from ..history import db as history
-from ..wire.requester import describe
+from ...history import db as history
+from ...wire.requester import describe
 from .formats import fit, format_age, format_command, format_table
 
 USAGE_COLUMNS = (  # the exited event's usage figures shown as columns, when any turn has them

@@ -57,7 +57,7 @@ class StdinForwarder:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        from ..errors import CcsupError
+        from ...errors import CcsupError
 
         try:
             with self.make_client() as client:
@@ -80,7 +80,7 @@ class StdinForwarder:
     def _send_when_room(self, client, data: bytes, *, eof: bool) -> dict:
         """Send, waiting while the supervisor answers `busy` (the turn's stdin is full: another
         client sends to it too), so nothing read here is dropped."""
-        from ..client.control import RemoteError
+        from ...client.control import RemoteError
 
         while True:
             try:
@@ -92,9 +92,9 @@ class StdinForwarder:
 
     def _send(self, client, data: bytes, *, eof: bool) -> dict:
         """Send once; again on the next supervisor when this one went away (ride_within)."""
-        from ..client.control import RemoteError
-        from ..client.ride_through import await_return
-        from ..errors import CcsupError
+        from ...client.control import RemoteError
+        from ...client.ride_through import await_return
+        from ...errors import CcsupError
 
         while True:
             try:

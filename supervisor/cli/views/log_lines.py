@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 from pathlib import Path
 
-from ..output.line_times import ENTRY, stamp
+from ...output.line_times import ENTRY, stamp
 
 MAX_LINE = 1 << 20
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..wire.requester import describe
+from ...wire.requester import describe
 from .formats import age, format_table
 
 SHOWN = 10  # this machine's waiters named on the line of a key

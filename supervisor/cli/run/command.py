@@ -4,8 +4,8 @@ Without --key: $CCSUP_KEY, else `default`. The turn gets this process's environm
 `env_replace`; the supervisor keeps it only in its 0600 queue while the turn waits) and cwd, as
 any wrapper (timeout, nice, flock) passes them; --clean-env gives the supervisor's environment
 with only --env added. Its stdin is forwarded to the turn once it started, end
-of input included (supervisor.cli.stdin_forward). Exit codes a script can tell apart are
-supervisor.cli.run_exit's (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled by someone else, 65
+of input included (supervisor.cli.run.stdin_forward). Exit codes a script can tell apart are
+supervisor.cli.run.exits's (124 timeout, 75 wait timeout, 130 Ctrl-C, 69 cancelled by someone else, 65
 rejected, 125 guard lost, 71 supervisor lost). Ctrl-C cancels the turn and waits for its end; a
 second Ctrl-C stops waiting (exit 130).
 
@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..paths import ipc_path
-from .options import DURATION, complete_keys, key_option
-from .output import MergedOutput, OutputFollower
-from .where import emit_json, where
+from ...paths import ipc_path
+from ..options import DURATION, complete_keys, key_option
+from ..output import MergedOutput, OutputFollower
+from ..where import emit_json, where
 
 if TYPE_CHECKING:
-    from ..client.control import Client
-    from ..client.ride_through import TurnRider
+    from ...client.control import Client
+    from ...client.ride_through import TurnRider
     from .terminal import RawTerminal
 
 WAIT_NOTICE = 0.25  # seconds a turn waits before `ccsup run` says so
@@ -62,22 +62,22 @@ def env_option(
 
 def turn_exit_status(exited: dict | None) -> int:
     """`ccsup run`'s status from a turn's `exited` event: CMD's code, 128+signal, 125 guard lost."""
-    from .run_exit import command_status
+    from .exits import command_status
 
     return command_status(exited)
 
 
 def run_key_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    """--key, else $CCSUP_KEY, else `default` (supervisor.cli.run_exit.default_key)."""
+    """--key, else $CCSUP_KEY, else `default` (supervisor.cli.run.exits.default_key)."""
     if value is None:
-        from .run_exit import default_key
+        from .exits import default_key
 
         value = default_key(os.environ)
     return key_option(ctx, param, value)
 
 
 def _run_epilog() -> str:
-    from .run_exit import EXIT_CODES_HELP  # pure and tiny: no start-up cost
+    from .exits import EXIT_CODES_HELP  # pure and tiny: no start-up cost
 
     return EXIT_CODES_HELP
 
@@ -208,7 +208,7 @@ def run(
     if want_tty and not os.isatty(0):
         raise click.UsageError(tty_needed_message())
     mode = stdin_mode(want_tty=want_tty, interactive=interactive)
-    from ..wire.args import exec_size_problem
+    from ...wire.args import exec_size_problem
 
     too_big = exec_size_problem(list(cmd), env if clean_env else {**os.environ, **env})
     if too_big is not None:  # E2BIG, said before asking: the supervisor would refuse it too
@@ -222,7 +222,7 @@ def run(
     if harness:
         holder["harness"] = harness
     if pass_env:
-        from ..agents.turns import passed_env
+        from ...agents.turns import passed_env
 
         env = {**passed_env(), **env}
     turn_id = uuid.uuid4().hex
@@ -230,10 +230,10 @@ def run(
         sub.expect_turn(turn_id)  # live before the request: a lost end is inferred, not awaited
         runner = _TurnRunner(client, turn_id, key, as_json, quiet=quiet, notices=notices)
         runner.quiet_start = quiet_start
-        from ..client.ride_through import TurnRider
+        from ...client.ride_through import TurnRider
 
         runner.rider = TurnRider(client, turn_id)  # rides through a supervisor's restart
-        if mode != "null":  # supervisor.cli.stdin_forward, once started
+        if mode != "null":  # supervisor.cli.run.stdin_forward, once started
             runner.forward_stdin = where(ctx).client
         if mode == "tty":
             runner.raw = RawTerminal()
@@ -291,8 +291,8 @@ class _rejected_exits:
         pass
 
     def __exit__(self, kind, error, tb) -> None:
-        from ..client.control import RemoteError
-        from .run_exit import EXIT_REJECTED
+        from ...client.control import RemoteError
+        from .exits import EXIT_REJECTED
 
         if isinstance(error, RemoteError) and error.code in ("bad_request", "conflict", "stopping"):
             click.echo(f"ccsup: turn {self.turn_id} rejected: {error.message}", err=True)
@@ -339,7 +339,7 @@ class _TurnRunner:
         self.exited: dict | None = None
         self.stop_reason: str | None = None  # of its `stopping` event
         self.interrupted = False  # Ctrl-C cancelled it from here
-        # a Client factory: forward our stdin once the turn started (supervisor.cli.stdin_forward)
+        # a Client factory: forward our stdin once the turn started (supervisor.cli.run.stdin_forward)
         self.forward_stdin: Callable[..., Client] | None = None
         self.raw: RawTerminal | None = None  # -t: the user's terminal, raw while the turn runs
         self.rider: TurnRider | None = None  # supervisor.client.ride_through
@@ -389,14 +389,14 @@ class _TurnRunner:
         )
         why = self._why()
         if why and why.get("reason") != "key_full" and "slot of the key" not in why["detail"]:
-            from .keys import clock_time
+            from ..views.keys import clock_time
 
             until = f" (until {clock_time(why['until'])})" if why.get("until") else ""
             click.echo(f"ccsup: {self.key}: {why['detail']}{until}", err=True)
 
     def _why(self) -> dict | None:
         """Why this turn waits, as ps says (a pause, a rate window, the machine cap...)."""
-        from ..errors import CcsupError
+        from ...errors import CcsupError
 
         try:
             waits = self.client.ps().get("waits", [])
@@ -406,7 +406,7 @@ class _TurnRunner:
         return mine[0] if mine and isinstance(mine[0], dict) else None
 
     def follow(self, sub, interrupts: list[int]) -> int:
-        from ..client.control import RemoteError
+        from ...client.control import RemoteError
 
         cancel_sent = False
         quiet_since = time.monotonic()
@@ -469,7 +469,7 @@ class _TurnRunner:
 
     def _event(self, topic: str, body: dict) -> int | None:
         """on_event, after the events missed before a terminal one that followed a restart."""
-        from ..client.subscription import is_terminal
+        from ...client.subscription import is_terminal
 
         if self.rider is not None:
             if is_terminal(topic):
@@ -482,7 +482,7 @@ class _TurnRunner:
         """The supervisor is gone: wait for one to answer (one line on stderr each way), then a
         live subscription to the turn on it; else the exit status (71: none came back; 130:
         Ctrl-C while waiting), with the turn's output in its logs printed first."""
-        from ..errors import SupervisorLost
+        from ...errors import SupervisorLost
 
         assert self.rider is not None
         rider, state_dir = self.rider, self.client.state_dir
@@ -554,7 +554,7 @@ class _TurnRunner:
 
     def _send_size(self) -> None:
         """The terminal's new size to the turn's pty (`send` with `winsize`), after a SIGWINCH."""
-        from ..errors import CcsupError
+        from ...errors import CcsupError
         from .terminal import window_size
 
         assert self.raw is not None
@@ -578,7 +578,7 @@ class _TurnRunner:
             click.echo(f"ccsup: turn {self.turn_id}: started", err=True)
 
     def on_event(self, topic: str, body: dict) -> int | None:
-        from ..client.subscription import is_terminal
+        from ...client.subscription import is_terminal
 
         kind = topic.rsplit(".", 1)[-1]
         if self.as_json:
@@ -627,7 +627,7 @@ class _TurnRunner:
         error = (self.exited or {}).get("error")
         if isinstance(error, str) and not self.as_json:  # CMD did not start: as a shell says it
             click.echo(f"ccsup: {error}", err=True)
-        from .run_exit import LOST_WITH_SUPERVISOR, ended_line, lost_line, run_exit_status
+        from .exits import LOST_WITH_SUPERVISOR, ended_line, lost_line, run_exit_status
 
         if kind == "released":
             if self.exited is None and not self.as_json:

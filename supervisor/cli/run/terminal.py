@@ -9,7 +9,7 @@ With -t the turn's stdin, stdout and stderr are a pty the guard's CMD takes as i
 terminal (guardd.child). Here, once the turn has started, the user's terminal is put in raw mode
 (no echo, no line editing, no signals from keys: ^C and ^Z travel as bytes to the pty, whose line
 discipline signals CMD's foreground group), its input is forwarded as it is typed
-(supervisor.cli.stdin_forward), and each SIGWINCH sends the new size (`send` with `winsize`;
+(supervisor.cli.run.stdin_forward), and each SIGWINCH sends the new size (`send` with `winsize`;
 the handler only notes it, the follow loop sends it). The terminal's settings are restored on
 every way out: the end of the turn, an error, SIGTERM or SIGHUP (made exceptions here so the
 restore runs), and at exit as a last resort (atexit). SIGKILL cannot be caught: `stty sane`

@@ -62,7 +62,7 @@ HOLDER_WIDTH = 18
 
 def _holder_cell(entry: dict) -> str:
     """A HOLDER cell: the holder's session/agent, else the requester's pid (as `ps` says it)."""
-    from ..wire.requester import describe
+    from ...wire.requester import describe
 
     return f"{_cut(describe(entry.get('holder'), entry.get('requester')), HOLDER_WIDTH - 2):<{HOLDER_WIDTH}}"
 

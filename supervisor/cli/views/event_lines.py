@@ -35,7 +35,7 @@ def _text(value: str) -> str:
 
 
 def _value(name: str, value: object) -> str | None:
-    from ..wire.requester import describe
+    from ...wire.requester import describe
 
     if value is None or value == {} or value == []:
         return None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import SupervisorLost
+from ...errors import SupervisorLost
 
 DEFAULT_KEY = "default"
 EXIT_TIMEOUT = 124
