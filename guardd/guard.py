@@ -724,7 +724,7 @@ class Guard:
         if self.recorder is not None:
             try:
                 # Not fsynced: only a power loss loses it, and then nothing it names still runs
-                # (the slot record of an earlier boot is free: supervisor.slot_record's boot rule).
+                # (the slot record of an earlier boot is free: supervisor.slots.record's boot rule).
                 self.recorder.write(self.to_record(), last=last)
             except OSError as e:
                 # Containment matters more than the record: keep going, loudly.

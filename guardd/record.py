@@ -114,7 +114,7 @@ class Rewriter:
     and the two files are swapped with renameat2(RENAME_EXCHANGE). A reader opening the record
     sees the old version or the new one, as with write_json. One still reading a version when it
     is overwritten, two writes later, can read a mix of the two, as a lock-free reader of a slot
-    record can (supervisor.slot_record): most likely one that does not parse (RecordError, read
+    record can (supervisor.slots.record): most likely one that does not parse (RecordError, read
     as "being replaced": the next look finds it), and every field of one that parses was written
     by the guard. The first version is renamed into place (there is nothing to swap with). The
     one written with `last` goes over the record itself, in place (one pwrite of at most a page,

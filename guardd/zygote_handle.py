@@ -1,7 +1,7 @@
 """The supervisor's handle on its guard zygote: start it, ask it for guards, collect statuses.
 
 The zygote, its wire and the design note are in guardd.zygote; this is the other end of the
-socket, used by supervisor.spawn from the daemon's event loop (not thread-safe). It knows the
+socket, used by supervisor.guards.launcher from the daemon's event loop (not thread-safe). It knows the
 zygote's process and socket; nothing of turns or slots.
 
 State: guardd's own `.pyc` files (`compile_package`, before each zygote's start). Written as

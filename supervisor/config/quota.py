@@ -1,5 +1,5 @@
 """`[quota]`: when a key's provider window holds its grants, and which harnesses' own signals are
-read (supervisor.admission.quota keeps the windows; supervisor.quota reads the signals).
+read (supervisor.admission.quota keeps the windows; supervisor.admission.quota_readers and quota_signals read the signals).
 
 ```toml
 [quota]

@@ -12,7 +12,7 @@ even by SIGKILL, and keeps it for a stopped holder, so no liveness guess is ever
 holder itself. Lock files are never deleted (unlinking a held lock file would let a second holder
 lock a new file at the same path); after locking, the holder checks that the file it locked is
 still the one at the path. The record says who holds the slot and what work runs under it; it is
-written (in place, see slot_record) only by whoever holds the lock. The lock is the
+written (in place, see write_slot_record) only by whoever holds the lock. The lock is the
 truth about holding; the record is the truth about work. When the lock is free but the record is
 not released, the recorded work decides: alive (guard process by identity, or any recorded group,
 including those in the guard's own record) means *orphaned*: counted against the cap, never handed
@@ -47,10 +47,10 @@ The state question:
   unreleased: free at once when it had no work, orphaned while recorded work lives. Killed after
   naming the turn's cgroup and before its guard ran (`Slot.name_cgroup`), orphaned while anything
   runs in that cgroup, free otherwise (the guard execs CMD only there and only while the
-  supervisor lives). A crash inside a write leaves the old record or the new one (slot_record).
+  supervisor lives). A crash inside a write leaves the old record or the new one (supervisor.slots.record).
 - After a reboot (or power loss): a record of an earlier boot whose lock is free is free, whatever
   its work says; so is a record file that cannot be parsed but was last changed before this boot
-  (slot_record's boot rule). Old records without a boot id are judged by their work.
+  (supervisor.slots.record's boot rule). Old records without a boot id are judged by their work.
 - Empty, corrupt or newer-version records of this boot, a directory that cannot be read, or a
   guard record named by the work that cannot be read: *unreadable*. So are planted files (issue
   27, B4): a record or guard record that is a symlink, a FIFO or over guardd.record's size bound

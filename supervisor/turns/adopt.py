@@ -101,7 +101,7 @@ REPUBLISH_MARGIN = 2.0  # seconds of output before the gap published again after
 @dataclass
 class Adoption:
     """What adoption did at start (for `status` and the log); the guards that wait and were not
-    adopted are counted from their records (supervisor.daemon.guard_waiting)."""
+    adopted are counted from their records (supervisor.guards.waiting)."""
 
     adopted: int = 0
     not_adopted: int = 0

@@ -1,5 +1,5 @@
 """A queued agent's `ccsup wait` and MCP `wait` ride through a SIGKILL of the supervisor and a
-start 2 s later (issue 31, item 3): each returns the command's exit status and its whole output,
+start 2 s later: each returns the command's exit status and its whole output,
 as `ccsup run` does (tests/system/test_ride_through.py), never "no supervisor is running".
 
 The scenario: a cap of 1, a holder that runs until a file appears, and the agent's command queued

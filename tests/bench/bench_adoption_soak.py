@@ -1,5 +1,5 @@
 """The adoption soak, long: the supervisor SIGKILLed at random moments for 5 minutes and started
-again each time (issue 24, "Done when"; the driver is tests/helpers/adoption_soak.py).
+again each time (the driver is tests/helpers/adoption_soak.py).
 
     .venv/bin/python tests/bench/bench_adoption_soak.py [--seconds 300] [--seed N] [--cap 3]
         [--workers 6] [--dir /tmp] [--keep]

@@ -8,7 +8,7 @@ Prints one JSON line of medians in milliseconds over `--runs` runs each, all mea
 - `version_ms`: `ccsup --version` (the installed console script);
 - `status_ms`, `ps_ms`: `ccsup --config C --state-dir D status` and `... ps --json` against a real
   daemon with 10 keys x cap 10 = 100 slots, started with `python -m supervisor ... start` (detached)
-  in a temporary state directory and stopped with `ccsup stop` afterwards (issue 4's goal:
+  in a temporary state directory and stopped with `ccsup stop` afterwards (the goal:
   `ps_ms` < 150).
 The runs of each command alternate (a round of every command, then the next round), so that a
 burst of load on the shared machine falls on all of them alike. The temporary XDG directories keep

@@ -1,4 +1,4 @@
-"""What a waiting turn that carries `env` costs when it leaves, with many such waiters (issue 27, B10).
+"""What a waiting turn that carries `env` costs when it leaves, with many such waiters.
 
     .venv/bin/python tests/bench/bench_env_waiters.py [--sizes 1000,3000] [--leaving 200]
         [--before SOURCE_TREE]

@@ -1,4 +1,4 @@
-"""MCP at size (issue 31, item 6): N concurrent `run` calls on one `ccsup mcp` session, every one
+"""MCP at size: N concurrent `run` calls on one `ccsup mcp` session, every one
 on a key whose only slot is held, so each waits the whole bound and answers "queued".
 
     .venv/bin/python tests/bench/bench_mcp.py [--calls 200] [--bound 25] [--before SOURCE_TREE]

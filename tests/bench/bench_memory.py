@@ -1,4 +1,4 @@
-"""The supervisor's memory under two loads that grew it without bound (issue 27, B7), each run
+"""The supervisor's memory under two loads that grew it without bound, each run
 against the same supervisor with its bounds lifted (the behaviour before), in the same run:
 
 - `subscriber`: a subscriber to `turn.` suspended (SIGSTOP, as Ctrl-Z) while a turn writes

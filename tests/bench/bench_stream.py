@@ -9,7 +9,7 @@ is the same `sh -c` as a plain subprocess, its stdout to /dev/null, timed just b
 Figures (medians over the rounds): `run_s` (wall, until `ccsup run` exits with the turn's code),
 `plain_s`, `ratio` = run_s / plain_s, `supervisor_cpu_s` (the daemon's own utime + stime over
 the rounds, divided by them: what the stream cost its event loop), and `run_cpu_s` (the `ccsup
-run` process's). The file is written so that an older tree can run it too (issue 24: the output
+run` process's). The file is written so that an older tree can run it too (the output
 benches within 10 % of before): copy it into that tree's tests/bench/ and run it with its venv;
 `--adopt-within` is then left out of the config (an older build has no such key).
 

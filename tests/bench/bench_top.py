@@ -1,4 +1,4 @@
-"""`ccsup top`'s own CPU while N turns run (issue 26: goal under 2 % of a core at 100 turns).
+"""`ccsup top`'s own CPU while N turns run (goal under 2 % of a core at 100 turns).
 
     .venv/bin/python tests/bench/bench_top.py [--turns 100] [--seconds 30] [--churn]
 

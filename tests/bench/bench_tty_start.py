@@ -1,4 +1,4 @@
-"""What `ccsup run -t` adds to a turn's start (issue 26, item 3).
+"""What `ccsup run -t` adds to a turn's start.
 
     .venv/bin/python tests/bench/bench_tty_start.py [--n 30]
 

@@ -555,7 +555,7 @@ def test_ps_json_shape(daemon):
     done = ccsup("ps", "--json", state_dir=state_dir, timeout=10)
     assert done.returncode == 0, done.stderr
     ps = json.loads(done.stdout)
-    # keys: paused and rate-held (issue 12); slot_keys: each key's slots by state (issue 27, B6)
+    # keys: paused and rate-held; slot_keys: each key's slots by state
     assert set(ps) == {"slots", "slot_keys", "waits", "keys"}
     assert ps["waits"] == [] and ps["keys"] == []
     assert ps["slots"] == []  # nothing is taken: free slots are counted, not listed
@@ -650,7 +650,7 @@ def test_ps_shows_a_running_turn_and_a_waiter(daemon):
         ]
         assert "POS  ID" in table
         first.send_signal(signal.SIGINT)  # Ctrl-C: cancel, then wait until released
-        assert first.wait(15) == 130  # as a shell reports Ctrl-C (issue 12)
+        assert first.wait(15) == 130  # as a shell reports Ctrl-C
         assert second.wait(15) == 0
     finally:
         for p in (first, second):
@@ -679,7 +679,7 @@ def test_stop_returns_only_when_everything_is_gone_and_the_lock_is_free(daemon):
         assert done.stdout.decode() == (
             f"ccsup stopped (state {state_dir}): 1 running turn(s) ended (t 1)\n"
         )
-        assert run.wait(10) == 69  # stopped by someone else: EX_UNAVAILABLE (issue 12)
+        assert run.wait(10) == 69  # stopped by someone else: EX_UNAVAILABLE
     finally:
         if run.poll() is None:
             run.kill()

@@ -1,4 +1,4 @@
-"""Colour at a terminal (issue 26, item 10): state words in ps, outcomes in history and the
+"""Colour at a terminal: state words in ps, outcomes in history and the
 `ccsup:` of an error are coloured when stdout (stderr) is a terminal, never with NO_COLOR or
 in a pipe. The terminal is a real pseudo-terminal (pty)."""
 

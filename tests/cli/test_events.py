@@ -1,4 +1,4 @@
-"""`ccsup events` for people (issue 26, item 6): a line an event (local time, short id, the
+"""`ccsup events` for people: a line an event (local time, short id, the
 fields that matter), `--json` for scripts, the guards' hints only with `--all`."""
 
 from __future__ import annotations

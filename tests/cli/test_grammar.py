@@ -1,4 +1,4 @@
-"""One grammar (issue 26, item 8): every time option takes the same durations, --state-dir and
+"""One grammar: every time option takes the same durations, --state-dir and
 --config work before or after the subcommand, and `ps` takes `--key` (repeatable, globs)."""
 
 from __future__ import annotations

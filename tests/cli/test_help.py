@@ -1,4 +1,4 @@
-"""Help for people (issue 26, item 10): `ccsup --help` lists the commands in groups, every
+"""Help for people: `ccsup --help` lists the commands in groups, every
 command's `--help` shows an example, and the man page made from the click commands covers every
 command and renders."""
 

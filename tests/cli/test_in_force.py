@@ -1,4 +1,4 @@
-"""What is in force, said plainly (issue 26, item 7): `status` lists each key's cap with its
+"""What is in force, said plainly: `status` lists each key's cap with its
 source, the rates and max_pause; `pause` of an unknown key is refused unless --force; a pause cut
 by max_pause says so; `reload` prints what changed; `cancel` of a finished turn says it had
 already finished. Real supervisors, started by `ccsup start`."""

@@ -1,4 +1,4 @@
-"""`ccsup logs` for people (issue 26, item 6): both streams merged with a marker, one with
+"""`ccsup logs` for people: both streams merged with a marker, one with
 --stdout/--stderr, -n/--tail, -f with -t, --key, and a waiting turn that says it waits. Real
 supervisors started by `ccsup start`; each turn steps only when the test lets it (a file)."""
 

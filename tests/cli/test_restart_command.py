@@ -1,4 +1,4 @@
-"""`ccsup restart` (issue 24, item 4), the planned hand-over: the running supervisor saves
+"""`ccsup restart`, the planned hand-over: the running supervisor saves
 everything and exits without ending a turn (`quit {"handover": true}`, SIGUSR2), and a new one,
 started as `ccsup start` would, adopts the turns. Real supervisors, guards and commands; every
 process is found and checked by pid (and start time)."""

@@ -1,4 +1,4 @@
-"""`ccsup start` and its state directory (issue 26, item 10): a state directory that cannot be
+"""`ccsup start` and its state directory: a state directory that cannot be
 written is named as such (exit 2), and a start whose supervisor is up but not answering yet (it
 is restoring a queue) waits for it instead of failing after the first 1 s status request."""
 

@@ -1,4 +1,4 @@
-"""`ccsup status` counts the guards that wait for adoption, while any do (issue 24, item 7).
+"""`ccsup status` counts the guards that wait for adoption, while any do.
 
 Real guards: `ccsup-guard --adopt-within` started by a stand-in supervisor (a child of the test)
 that is then SIGKILLed, so each guard keeps its turn's work running and says in its record that

@@ -1,4 +1,4 @@
-"""`ccsup stop` (issue 26, item 10): it says what it ended, and `--drain` grants nothing new,
+"""`ccsup stop`: it says what it ended, and `--drain` grants nothing new,
 takes no new turn, lets the running turns finish on their own, then stops (cancelling the
 turns still waiting). Real supervisors; the running turn ends when the test lets it."""
 

@@ -1,4 +1,4 @@
-"""`ccsup top` (issue 26, item 9), driven in tmux at 80x24 as a user would: it shows a new waiter
+"""`ccsup top`, driven in tmux at 80x24 as a user would: it shows a new waiter
 without a key press (the bus drives it), cancels the selected waiter with `c` and `y`, and quits
 with `q`. The screen is read with `tmux capture-pane`; every wait is for what the screen or the
 supervisor shows, never a fixed sleep."""

@@ -1,4 +1,4 @@
-"""A waiting `ccsup run` on a terminal keeps one line current (issue 26, item 10): position,
+"""A waiting `ccsup run` on a terminal keeps one line current: position,
 why and since when, rewritten in place as the seconds go by, ended once the turn starts. In a
 real terminal (tmux); off a terminal, run's plain lines are unchanged (tests/system/test_run.py)."""
 

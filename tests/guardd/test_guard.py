@@ -300,7 +300,7 @@ def test_cmd_gets_the_turn_in_its_environment_and_the_record_is_exact(tmp_path):
         "guard",
         "turn",
         "argv",
-        "cwd",  # the turn's working directory, where the guard was started (issue 26)
+        "cwd",  # the turn's working directory, where the guard was started
         "own_group",
         "groups",
         "state",

@@ -1,4 +1,4 @@
-"""The adoption soak (issue 24, "Done when"): a supervisor SIGKILLed at random moments, while
+"""The adoption soak (its "Done when"): a supervisor SIGKILLed at random moments, while
 turns are requested, granted, started and exiting, and started again; then counted from outside.
 Used by tests/system/test_adoption_soak.py (short) and tests/bench/bench_adoption_soak.py (5 min).
 

@@ -2,7 +2,7 @@
 at its first run (RuntimeError "injected failure of <name>"); each later run appends the duty's
 name to the file RUNS, then does the duty's work. Prunes come every 0.2 s instead of 5 min.
 
-For the test that each periodic duty survives an exception (issue 27, B3): a real supervisor,
+For the test that each periodic duty survives an exception: a real supervisor,
 with a fault put in where no outside fault reaches each duty.
 """
 

@@ -2,7 +2,7 @@
 it has published `turn.<id>.started` of a turn not yet named in the file MARKS (the id is added
 first, so each turn is killed for once, and a supervisor started again goes on).
 
-For the test that a turn is adoptable from the first instant after `started` (issue 32, item 1):
+For the test that a turn is adoptable from the first instant after `started`:
 a kill from outside comes only after a client has read the event, by when the guard has usually
 caught up; this one comes before anything else the supervisor does.
 """

@@ -1,7 +1,7 @@
 """`python no_zygote.py [ccsup arguments...]`: ccsup whose guard zygote can never start (its launch
 raises OSError), so that every guard is started directly, as our child with no zygote above it.
 
-For the test that a directly started guard's strays never escape (issue 27, B1): the supervisor,
+For the test that a directly started guard's strays never escape: the supervisor,
 a child subreaper, ends them before the guard's exit is handed on (supervisor.guards.strays).
 """
 

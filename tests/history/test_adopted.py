@@ -1,4 +1,4 @@
-"""An adopted turn shows (issue 24, item 7): `turn.<id>.adopted` in the history (adopted_at,
+"""An adopted turn shows: `turn.<id>.adopted` in the history (adopted_at,
 adoption_gap_s; schema version 3, a version-2 file read as it is and migrated), in `ccsup show`
 and `ccsup history --json`, and in ccsup_turns_adopted_total.
 

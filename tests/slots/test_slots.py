@@ -922,7 +922,7 @@ def test_the_holders_own_views_read_nothing_and_match_what_others_read(state_dir
     reserved.release()
 
 
-# ---- sizes (issue 27, B6 and B9) ----------------------------------------------------------------
+# ---- sizes ----------------------------------------------------------------
 
 
 def test_keys_unused_for_a_week_are_forgotten_by_ps_unless_configured_or_taken(state_dir):

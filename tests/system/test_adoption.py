@@ -1,4 +1,4 @@
-"""Running turns outlive their supervisor (issue 24): a supervisor SIGKILLed (a crash, the OOM
+"""Running turns outlive their supervisor: a supervisor SIGKILLed (a crash, the OOM
 killer) and started again adopts the turns it was running (supervisor.turns.adopt). Real
 supervisors, guards and commands; the faults are real SIGKILLs."""
 

@@ -1,4 +1,4 @@
-"""An adopted turn shows (issue 24, item 7), end to end: a real supervisor runs a turn, is
+"""An adopted turn shows, end to end: a real supervisor runs a turn, is
 SIGKILLed, and while none runs `ccsup status` counts the turn waiting for adoption (exit 3); the
 next supervisor adopts it, and then `ccsup status`, `ccsup show`, `ccsup history --json`,
 `ccsup_turns_adopted_total`, `ps` and the page's `/api/state` all say it was adopted, when and

@@ -1,4 +1,4 @@
-"""The adoption soak, short (issue 24, "Done when"; 5 minutes in tests/bench/bench_adoption_soak.py):
+"""The adoption soak, short (5 minutes in tests/bench/bench_adoption_soak.py):
 the supervisor SIGKILLed at random moments while turns are requested, granted, started and
 exiting, and started again; nothing lost, run twice or granted twice, no output byte lost or
 repeated, no end missing from the history or misdated, the cap never exceeded. The driver is tests/helpers/adoption_soak.py; the seed is

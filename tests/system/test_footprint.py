@@ -1,4 +1,4 @@
-"""What the supervisor's process holds at start (issue 13: its RSS with 500 turns at most 45 MiB).
+"""What the supervisor's process holds at start (its RSS with 500 turns at most 45 MiB).
 
 Each check names a module or library the supervisor left out and how much RSS it took: one that
 comes back (an eager import somewhere) fails here rather than only in tests/bench/bench_scale.py.

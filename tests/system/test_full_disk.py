@@ -1,7 +1,7 @@
 """A full disk under the state directory: nothing acknowledged is lost, nothing finished runs again.
 
-Issue 27, B2 (a new key's first slot record meets ENOSPC) and B5 (requests on a full disk, then a
-crash). The state directory is a small tmpfs of its own, filled up for real.
+A new key's first slot record meets ENOSPC; requests on a full disk, then a
+crash. The state directory is a small tmpfs of its own, filled up for real.
 """
 
 from __future__ import annotations

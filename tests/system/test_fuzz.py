@@ -180,7 +180,7 @@ SEND_BAD = {
     "eof": ["yes", 1, 0, None, [], "true", 1.0],
 }
 REAP_BAD = {"key": BAD_KEYS + WRONG_TYPES}
-PAUSE_BAD = {  # issue 12: one of for/until, each a finite number (for > 0)
+PAUSE_BAD = {  # one of for/until, each a finite number (for > 0)
     "id": BAD_IDS + [5, 1.5, True, [], {}],
     "key": BAD_KEYS + [None, *WRONG_TYPES],
     "for": [0, -1, NAN, "1s", True, [], {}, None, 1e12],

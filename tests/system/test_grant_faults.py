@@ -1,6 +1,6 @@
 """A slot gate that fails for one key strands nothing of the others, and the tick survives it.
 
-Issue 27, B2 and B3, on a real supervisor with a real fault: a slot's lock file replaced by a
+On a real supervisor with a real fault: a slot's lock file replaced by a
 symlink (every open of it fails with ELOOP), or a full disk under a new key's first record.
 """
 

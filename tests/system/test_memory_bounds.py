@@ -1,4 +1,4 @@
-"""The supervisor's memory stays bounded whatever a client or a turn does (issue 27, B7): a
+"""The supervisor's memory stays bounded whatever a client or a turn does: a
 suspended subscriber while a turn writes 150 MB, and sends to a turn that does not read its stdin.
 The longer runs, against the unbounded behaviour, are tests/bench/bench_memory.py."""
 

@@ -1,5 +1,5 @@
 """[memory]: real turns admitted by the memory they will use, the whole tree's peak measured, and
-the pressure brake (issue 34's "done when"). Memory here is real: each test holds at most about
+the pressure brake. Memory here is real: each test holds at most about
 2.5 GiB at once, for a few seconds."""
 
 from __future__ import annotations

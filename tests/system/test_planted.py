@@ -1,4 +1,4 @@
-"""One bad entry or planted file never keeps the supervisor from starting (issue 27, B4).
+"""One bad entry or planted file never keeps the supervisor from starting.
 
 Each test puts what a hostile local user, a crash or a careless script could leave in a state
 directory, starts a real supervisor on it, and checks that it answers, says what it refused, and

@@ -1,4 +1,4 @@
-"""Clients ride through a supervisor's death (issue 24, item 5): `ccsup run` and Client.run_turn
+"""Clients ride through a supervisor's death: `ccsup run` and Client.run_turn
 wait for a supervisor to answer again, follow the turn there, give every byte of its output once
 and in order, and exit with its status; with none back in time, `ccsup run` exits 71 and
 run_turn raises SupervisorLost.

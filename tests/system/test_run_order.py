@@ -1,4 +1,4 @@
-"""What an agent sees of `ccsup run` (issue 31, item 7): its harness reads the command's stdout
+"""What an agent sees of `ccsup run`: its harness reads the command's stdout
 and stderr through pipes, often one pipe for both (2>&1). The merged output keeps the order the
 command wrote in (as the guard's reads of the two pipes timed it, the logs' .idx files), and a
 supervisor's death and return are not announced inside it (only on a terminal, or --notices)."""

@@ -1,4 +1,4 @@
-"""Size is part of correctness (issue 27, B6 and B9): `ps` answers whatever its size, and a large
+"""Size is part of correctness: `ps` answers whatever its size, and a large
 cap costs what is in use, not what the cap allows. Real daemons, real sockets, real files."""
 
 from __future__ import annotations

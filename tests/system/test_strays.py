@@ -1,4 +1,4 @@
-"""Without cgroups, a lost guard's strays never escape (issue 27, B1): a descendant that left the
+"""Without cgroups, a lost guard's strays never escape: a descendant that left the
 turn's group and session and dropped its marker, whose guard then died before its next scan, is
 reparented to the guard zygote, ended there, and the slot is released only once it is gone. A guard
 started directly (no zygote), or one whose zygote the turn SIGKILLs too, leaves its strays to the

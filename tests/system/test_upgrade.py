@@ -1,4 +1,4 @@
-"""Upgrades from the release before (issue 24, item 6): the commit issue 24 starts from, installed
+"""Upgrades from the release before: the commit before adoption, installed
 into a venv of its own (tests/helpers/old_release.py), runs a supervisor with turns finished,
 running and waiting and a reservation held; it is SIGKILLed (or stopped), and this tree's
 supervisor starts on the same state directory.
@@ -30,7 +30,7 @@ from old_release import OldRelease, venv_of
 from guardd import procs
 from supervisor.history import db as history_db
 
-OLD_COMMIT = "7b3474a"  # where issue 24 starts from: the release before adoption
+OLD_COMMIT = "7b3474a"  # the release before adoption
 
 # Old and new read the same config: nothing in it that the old release does not know. A grace
 # long enough that the new supervisor starts while the old guard still ends its TERM-proof turn.

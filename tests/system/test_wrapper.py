@@ -1,4 +1,4 @@
-"""`ccsup run` as a wrapper people know (issue 26): the command is part of the turn, the caller's
+"""`ccsup run` as a wrapper people know: the command is part of the turn, the caller's
 environment and cwd by default, stdin that fits the command, ids people can type."""
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ async def test_the_slot_record_names_the_supervisor_with_the_requesters_labels(h
     assert h.gate.holders == [Holder(os.getpid(), 1, session="s", agent="a")]
 
 
-# -- a gate that fails for one key (issue 27, B2) ------------------------------------------------
+# -- a gate that fails for one key ------------------------------------------------
 
 
 def _errors(h) -> list[dict]:

@@ -176,7 +176,7 @@ async def test_restore_names_each_malformed_entry_and_keeps_the_rest(h):
     assert [w.id for w in m.queue.all()] == ["good"]
 
 
-# -- a full disk (issue 27, B5) --------------------------------------------------------------------
+# -- a full disk --------------------------------------------------------------------
 
 
 class _NoSpace:
@@ -273,7 +273,7 @@ async def test_a_restored_waiter_keeps_its_whole_environment_and_stdin_mode(h):
     )
 
 
-# A waiting turn and a running one as the release before issue 24 wrote them (commit 7b3474a's
+# A waiting turn and a running one as the release before adoption wrote them (commit 7b3474a's
 # Turn.to_json: no env_replace, stdin, winsize; a running entry with only its id and key).
 OLD_WAITING = ("id", "key", "argv", "cwd", "env", "holder", "requested_at", "wait_deadline")
 OLD_WAITING_ALSO = ("reservation", "timeout")

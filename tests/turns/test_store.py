@@ -206,7 +206,7 @@ def test_a_writer_killed_by_sigkill_loses_nothing_it_acknowledged(tmp_path):
     )
 
 
-# -- a full disk (issue 27, B5): an append is whole or not at all ----------------------------------
+# -- a full disk: an append is whole or not at all ----------------------------------
 
 
 def test_a_journal_append_a_full_disk_cuts_short_is_undone_and_written_whole_later():

@@ -1,4 +1,4 @@
-"""The page marks adopted turns (issue 24, item 7): a holder's `adopted_at` and `adoption_gap_s`
+"""The page marks adopted turns: a holder's `adopted_at` and `adoption_gap_s`
 (the badge in the running list) come from `ps` when it says them, else from the turn's
 `turn.<id>.adopted` event on the bus; a turn's bar carries them too, from the bus or the history
 (its page shows "adopted ... after a gap of ...")."""

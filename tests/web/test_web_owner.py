@@ -1,4 +1,4 @@
-"""The page without a token is its owner's alone (issue 27, B8): another local uid, on loopback,
+"""The page without a token is its owner's alone: another local uid, on loopback,
 gets 403 for the page, a turn's output and cancel; the owner gets all three.
 
 The other uid is real: curl run as uid 65534 (setpriv), as the issue's attack was."""

@@ -506,7 +506,7 @@ def test_pause_and_resume_buttons_and_the_queues_one_word_why(daemon, state_dir,
 
 
 def test_an_adopted_turn_has_a_badge_in_the_running_list(daemon, state_dir, web, browser):
-    """Issue 24: a supervisor SIGKILLed and started again adopts the running turn; the page
+    """a supervisor SIGKILLed and started again adopts the running turn; the page
     marks it "adopted", with when and the gap on hover, and not the turn that started after."""
     d = daemon(caps="codex = 2", adopt_within="30s")
     w = web(d.config)

@@ -1,4 +1,4 @@
-"""The epoch tells a restart from a gap (issue 24, item 5): a subscription fed events by hand
+"""The epoch tells a restart from a gap: a subscription fed events by hand
 (no sockets) counts a hole in `seq` or a turn's `turn_seq` within one supervisor run as lost, and
 the first event of a new run (a new epoch, every count from 1 again) as nothing lost."""
 

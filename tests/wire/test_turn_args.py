@@ -1,4 +1,4 @@
-"""A turn request's `env_replace`, `stdin` and `winsize` (issue 26): checked, named when wrong."""
+"""A turn request's `env_replace`, `stdin` and `winsize`: checked, named when wrong."""
 
 from __future__ import annotations
 
