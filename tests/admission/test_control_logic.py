@@ -20,7 +20,7 @@ from supervisor.wire.args import parse_pause, parse_resume
 def attach(h: Harness, **settings) -> KeyControl:
     """Replace the harness's manager by one with admission, as supervisor.daemon.main makes it.
     The quota readers are off (their thread answers an ended turn a moment later, which a fake
-    clock does not wait for): tests/system/test_quota_readers.py has them."""
+    clock does not wait for): tests/admission/test_quota_readers.py has them."""
     settings.setdefault("quota_read", frozenset())
     keyctl = KeyControl(
         AdmissionSettings(**settings),

@@ -1,6 +1,6 @@
 """A queued agent's `ccsup wait` and MCP `wait` ride through a SIGKILL of the supervisor and a
 start 2 s later: each returns the command's exit status and its whole output,
-as `ccsup run` does (tests/system/test_ride_through.py), never "no supervisor is running".
+as `ccsup run` does (tests/client/test_ride_through.py), never "no supervisor is running".
 
 The scenario: a cap of 1, a holder that runs until a file appears, and the agent's command queued
 behind it (it prints numbered lines to stdout and stderr, then exits 7). The waiter is started

@@ -7,7 +7,7 @@ child that calls setsid() again (group B) and forks one `sleep` in B; both inter
 both groups are leaderless and every sleep is reparented (to the guard, a subreaper). 3 processes
 and 2 groups a subtree, the worst case for group liveness (no leader to look up). After each
 subtree has started, one line `<i>` goes to stdout (flushed), so a test can act while it forks;
-then `done` and the driver sleeps. Used by tests/system/test_bigtree.py and tests/bench/bench_bigtree.py.
+then `done` and the driver sleeps. Used by tests/guards/test_bigtree.py and tests/bench/bench_bigtree.py.
 """
 
 from __future__ import annotations

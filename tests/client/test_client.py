@@ -347,7 +347,7 @@ def test_run_turn_yields_events_until_terminal(state_dir, fake):
 
 
 def test_run_turn_ends_with_supervisor_lost_when_supervisor_goes_for_good(state_dir, fake):
-    # It waits for a supervisor to come back (tests/system/test_ride_through.py), then gives up.
+    # It waits for a supervisor to come back (tests/client/test_ride_through.py), then gives up.
     f = fake(lambda cmd, args: {"id": args.get("id"), "state": "queued", "position": 0})
     with Client(state_dir) as client:
         events = client.run_turn("codex", ["true"])
