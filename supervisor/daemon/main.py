@@ -71,7 +71,7 @@ from ..turns.states import State
 from ..wire import args as command_args
 from ..wire import protocol
 from ..wire.protocol import ProtocolError, Request
-from . import in_force, memtrim
+from . import in_force, memtrim, requests
 
 if TYPE_CHECKING:
     from .otel import SpanExporter
@@ -206,13 +206,13 @@ class Daemon:
         # Guards forked by a warm zygote (pipelined), else directly.
         self.launcher = Launcher(strays=self.strays)
         # Admission (pauses, start rates, runtime limits, fairness): the manager's policy and queue.
-        self.keyctl = KeyControl(
+        self.keyctl: KeyControl = KeyControl(
             admission_settings(config), paths.root, publish=self.server.publish, clock=time.time
         )
         self.cgroups = containment.start_cgroups(config)
         # [cluster]: a cluster slot before the local one, for the keys it names (cluster_wiring).
         self.cluster = cluster = cluster_wiring(config, paths.root, self.server.publish)
-        self.manager = Manager(
+        self.manager: Manager = Manager(
             paths=self.paths,
             gate=cluster.slot_gate(self.gate) if cluster else self.gate,
             publish=cluster.publish if cluster else self.server.publish,
@@ -240,7 +240,7 @@ class Daemon:
         self.server.observers.append(self.history.observe)
         self.launcher.on_truncated = self._log_truncated
         self.launcher.log_limit = self._log_limits().turn_max_bytes
-        self.metrics = metrics.Metrics(
+        self.metrics: metrics.Metrics = metrics.Metrics(
             ps=lambda: views.ps(self.manager), memory=lambda: self.room.view()
         )
         self.server.observers.append(self.metrics.observe)
@@ -612,9 +612,9 @@ class Daemon:
     # -- the control socket ----------------------------------------------------------------------
 
     async def handle_request(self, request: Request) -> dict:
-        handler = getattr(self, f"cmd_{request.cmd}")
+        """A control request, routed by the one table (supervisor.daemon.requests)."""
         try:
-            return await handler(request.args)
+            return await requests.answer(self, request.cmd, request.args)
         except ProtocolError:
             raise
         except CcsupError as e:  # a bad config on reload is a usage error: the CLI exits 2
@@ -625,7 +625,7 @@ class Daemon:
                 "failed", f"internal error answering {request.cmd}: {type(e).__name__}; see the log"
             ) from None
 
-    async def cmd_status(self, args: dict) -> dict:
+    async def status(self) -> dict:
         result = views.status(self.manager)
         if self.cluster:
             result["cluster"] = await self.cluster.status()
@@ -682,19 +682,7 @@ class Daemon:
             "max_pause": settings.max_pause,
         }
 
-    async def cmd_turn(self, args: dict) -> dict:
-        return self.manager.request_turn(command_args.parse_turn(args))
-
-    async def cmd_reserve(self, args: dict) -> dict:
-        return self.manager.reserve(command_args.parse_reserve(args))
-
-    async def cmd_cancel(self, args: dict) -> dict:
-        return self.manager.cancel(command_args.parse_cancel(args))
-
-    async def cmd_send(self, args: dict) -> dict:
-        return self.manager.send(command_args.parse_send(args))
-
-    async def cmd_ps(self, args: dict) -> dict:
+    async def ps(self) -> dict:
         result = views.ps(self.manager)
         # What each running turn used so far: read from its guard record, in a worker thread.
         running = {t.id: t.guard.record_path for t in self.manager.turns.values() if t.guard}
@@ -706,24 +694,8 @@ class Daemon:
             result["cluster"] = await self.cluster.view()
         return result
 
-    async def cmd_reap(self, args: dict) -> dict:
-        return {"reaped": await self.reap_orphans(command_args.parse_reap(args))}
-
-    async def cmd_metrics(self, args: dict) -> dict:
-        return {"text": self.metrics.exposition().decode()}
-
-    async def cmd_reload(self, args: dict) -> dict:
-        return self.reload()
-
-    async def cmd_pause(self, args: dict) -> dict:
-        return self.keyctl.pause(command_args.parse_pause(args), by="control")
-
-    async def cmd_resume(self, args: dict) -> dict:
-        return self.keyctl.resume(command_args.parse_resume(args))
-
-    async def cmd_quota(self, args: dict) -> dict:
-        parsed = command_args.parse_quota(args)
-        return self.quota(parsed, source=parsed.source)
+    async def reap(self, key: str | None) -> dict:
+        return {"reaped": await self.reap_orphans(key)}
 
     def quota(self, args: command_args.QuotaArgs, *, source: str) -> dict:
         """`ccsup quota`, `request.quota`: show, take a reading of, or clear a key's windows."""
@@ -785,7 +757,8 @@ class Daemon:
             known |= set(self.config.cluster.caps)
         return key in known
 
-    async def cmd_quit(self, args: dict) -> dict:
+    def quit_request(self, args: dict) -> dict:
+        """`quit`: stop, `drain` (stop --drain) or `handover` (restart)."""
         what = command_args.parse_quit(args)
         if what == "handover":
             return self.hand_over(force=command_args.quit_force(args))
@@ -852,16 +825,7 @@ class Daemon:
         req_id = body.get("id")
         try:
             protocol.check_id(req_id)
-            if kind == "turn":
-                self.manager.request_turn(command_args.parse_turn(body))
-            elif kind == "cancel":
-                self.manager.cancel(command_args.parse_cancel(body), reason="cancelled")
-            elif kind == "pause":
-                self.keyctl.pause(command_args.parse_pause(body), by="bus")
-            elif kind == "quota":
-                self.quota(command_args.parse_quota(body, bus=True), source="bus")
-            else:
-                self.manager.reserve(command_args.parse_reserve(body))
+            requests.take(self, kind, body)
         except (ProtocolError, CcsupError) as e:
             if isinstance(req_id, str) and protocol.TURN_ID.match(req_id):
                 self.manager.reject(req_id, e.message)
