@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
     from ..client.control import Client
 
-START_WAIT = 10.0  # seconds `ccsup start` waits for a detached supervisor to answer
+START_WAIT = 30.0  # seconds `ccsup start` waits for a detached supervisor to answer (a loaded
+# machine: a start seen past 10 s at a load of 20 on 2 cores)
 RESTORE_WAIT = 900.0  # ... and in all, while it is up but restoring its queue (see below)
 STDERR_FILE = "ccsup.stderr"
 

@@ -509,8 +509,12 @@ def test_a_turns_env_reaches_its_process_and_is_written_nowhere(daemon, event_lo
         assert exited["code"] == 0  # the turn saw a 32-character SECRET_TOKEN
         log.wait_for("turn.secret.released")
         needle = secret.encode()
-        found = [str(path) for path in every_file(state_dir) if needle in read_if_there(path)]
-        assert found == []
+
+        def found() -> list[str]:
+            return [str(path) for path in every_file(state_dir) if needle in read_if_there(path)]
+
+        # Its env file goes once the journal says it left the wait, by the file thread: soon.
+        wait_until(lambda: found() == [], timeout=10, what="no file holding the secret")
         with log._cond:
             events = [(topic, body) for topic, body, _ in log.events]
         assert len(events) > 10 and [t for t, b in events if secret in json.dumps(b)] == []

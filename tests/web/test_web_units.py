@@ -252,7 +252,7 @@ def test_pauses_and_rates_come_from_ps_and_a_pause_event_only_asks_for_ps_again(
 
 def test_size_the_model_stays_bounded_and_fast_at_100x():
     live = Live(clock=lambda: 10.0)
-    started = time.perf_counter()
+    started = time.process_time()  # this process's CPU: a busy machine does not add to it
     for i in range(MAX_TURNS + 500):
         ev(live, f"turn.t{i}.queued", 1.0 + i, id=f"t{i}", key="codex")
         ev(live, f"turn.t{i}.released", 2.0 + i, id=f"t{i}", key="codex")
@@ -263,7 +263,7 @@ def test_size_the_model_stays_bounded_and_fast_at_100x():
     live.apply_ps({"slots": slots, "waits": waits})
     state = live.state()
     bars = live.bars(since=0)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert len(live.turns) <= MAX_TURNS + 1
     assert len(live.turns["t0x"].events) == MAX_EVENTS
     assert len(state["waits"]) == 1000 and len(state["keys"]) == 1001
