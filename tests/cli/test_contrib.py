@@ -26,6 +26,7 @@ NODE = shutil.which("node")
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.xdist_group("harness")  # node, CPU-hungry: one at a time with the real harnesses
 def test_node_sidecar_tests_pass_against_a_real_supervisor():
     if NODE is None:
         pytest.skip("node is not installed: the Node sidecar's tests cannot run")
