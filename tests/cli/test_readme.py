@@ -24,7 +24,8 @@ def test_readme_starts_with_run_and_test_commands_and_ci_runs_the_test_one():
     assert len(commands) == 2, commands
     run, test = commands
     assert run.endswith("ccsup start")
-    assert test.endswith("pytest")  # the whole suite, one test at a time (-n N runs N at once)
+    # the whole suite, four tests at a time (pytest-xdist; `-n 0` runs one at a time)
+    assert test.endswith("pytest -n 4")
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test in ci
 
