@@ -42,6 +42,9 @@ class WaitReason(enum.Enum):
     QUOTA = "quota"  # a provider window of the key is at or past [quota] hold_at, or rejected
     MEMORY = "memory"  # the key's predicted peak does not fit in the [memory] budget's room
     PRESSURE = "pressure"  # PSI memory `some avg10` is at or above [memory] pressure
+    REQUESTER = (
+        "requester"  # granted before a crash, its guard never started: held for its requester
+    )
 
 
 # The slot gate's `last_refusal` words.

@@ -53,6 +53,7 @@ GROUP_EVENTS_AT_ONCE = 200  # turn.<id>.group events published in one go (~20 us
 
 class Phase(enum.Enum):
     WAITING = "waiting"  # queued: holds nothing
+    AWAITING = "awaiting"  # granted before a crash, guard never started: held for its requester
     HELD = "held"  # a reservation holding its slot
     STARTING = "starting"  # granted; its guard not started yet
     RUNNING = "running"
@@ -77,6 +78,7 @@ class What(enum.Enum):
 class Action(enum.Enum):
     NOTHING = "nothing"
     DEQUEUE = "dequeue"  # cancelled while waiting: takes nothing
+    END_HELD = "end_held"  # a held turn not asked again: its story ends (exited, gone, released)
     RELEASE_RESERVATION = "release_reservation"
     STOP_WHEN_STARTED = "stop_when_started"
     START = "start"
@@ -95,6 +97,8 @@ P, W, A = Phase, What, Action
 ACTIONS: dict[tuple[Phase, What], Action] = {
     (P.WAITING, W.CANCEL): A.DEQUEUE,
     (P.WAITING, W.WAIT_TIMEOUT): A.DEQUEUE,
+    (P.AWAITING, W.CANCEL): A.END_HELD,  # its requester gone, not asked again in time, a cancel
+    (P.AWAITING, W.WAIT_TIMEOUT): A.NOTHING,  # it was granted once: no wait limit applies
     (P.HELD, W.CANCEL): A.RELEASE_RESERVATION,
     (P.HELD, W.EXPIRED): A.RELEASE_RESERVATION,
     (P.HELD, W.WAIT_TIMEOUT): A.NOTHING,  # granted before its timer fired
@@ -135,7 +139,8 @@ del P, W, A
 def phase_of(item: Item) -> Phase:
     state = item.state
     if state is State.QUEUED:
-        return Phase.WAITING
+        held = isinstance(item, Turn) and item.held_until is not None
+        return Phase.AWAITING if held else Phase.WAITING
     if isinstance(item, Reservation):
         return Phase.HELD if state is State.GRANTED else Phase.GONE
     return {
@@ -147,6 +152,12 @@ def phase_of(item: Item) -> Phase:
 
 
 START_FAILURES = ("not_found", "not_executable")
+
+# Why a held turn (supervisor.turns.rerun) was not run, by the reason its end was asked with.
+NOT_ASKED_AGAIN = {
+    "requester_gone": "its requester is gone",
+    "not_asked_again": "its requester did not ask for it again in time",
+}
 
 
 def start_failure(reason: object) -> tuple[str, str] | None:
@@ -206,6 +217,7 @@ class Endings:
         self._slot_groups_at: dict[str, float] = {}  # turn -> when its slot record got groups
         self._run: dict[Action, Callable[..., None]] = {
             Action.DEQUEUE: self._dequeue,
+            Action.END_HELD: self._end_held,
             Action.RELEASE_RESERVATION: self._release_reservation,
             Action.STOP_WHEN_STARTED: self._stop_when_started,
             Action.START: self._start,
@@ -251,6 +263,25 @@ class Endings:
     def _dequeue(self, item: Item, *, reason: str | None, **_: Any) -> None:
         self.ledger.queue.remove(item.id)
         self.ledger.apply(item, Event.CANCELLED, reason=reason)
+
+    def _end_held(self, turn: Turn, *, reason: str | None, **_: Any) -> None:
+        """A turn held for its requester (supervisor.turns.rerun) that is not asked again: its
+        story ends as a lost one's (`exited` with `supervisor_restarted` and a `detail` saying
+        why, `gone`, `released`: its `granted` was told by the supervisor that died); a cancel or
+        a shutdown is its stop reason. It held no slot; its key's next waiter may go now."""
+        self.ledger.queue.remove(turn.id)
+        self.ledger.cancel_timer(turn.id)
+        turn.held_until = None
+        self.ledger.apply(turn, Event.GRANTED, replay=True)  # told by the supervisor that died
+        words = NOT_ASKED_AGAIN.get(reason or "")
+        if words is None:
+            turn.stop_reason = reason
+        detail = f"its guard had not started when its supervisor died, and {words or reason}"
+        turn.exit = {"code": None, "signal": None, "reason": "supervisor_restarted"}
+        turn.exited_at = self.ledger.clock()
+        self.ledger.apply(turn, Event.EXITED, **turn.exit, detail=detail)
+        self._release(turn)
+        self.on_capacity()
 
     def _release_reservation(
         self, reservation: Reservation, *, reason: str | None, **_: Any

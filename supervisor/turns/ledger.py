@@ -200,6 +200,11 @@ class Ledger:
         self._saved()
         return True
 
+    def changed(self, item_id: str) -> None:
+        """The item's entry changed without an event (a held turn asked again,
+        supervisor.turns.rerun): saved with the next save."""
+        self._dirty.add(item_id)
+
     def save_first(self, item_id: str, entry: store.Entry) -> None:
         """Persist a new request's entry before anything of it is changed or published; OSError
         (nothing changed, in the files or here) when it cannot be: the request is refused."""
@@ -249,8 +254,9 @@ class Ledger:
         """What queue.json holds for this id now: (section, item), or None when nothing."""
         turn = self.turns.get(item_id)
         if turn is not None:
-            if turn.state is State.QUEUED:
+            if turn.state is State.QUEUED and turn.held_until is None:
                 return "waiting", turn.to_json(self.deadlines.get(turn.id))
+            # granted (a held turn too: its env is not on file until it is asked again)
             return "running", turn.running_entry()
         reservation = self.reservations.get(item_id)
         if reservation is not None:

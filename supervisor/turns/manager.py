@@ -63,7 +63,7 @@ from ..guards import handle as spawn
 from ..paths import StatePaths
 from ..wire.args import ReserveArgs, SendArgs, TurnArgs
 from ..wire.protocol import ProtocolError
-from . import pools, store
+from . import pools, rerun, store
 from .adopt import Adoption
 from .endings import Endings, What
 from .finished import FinishedIds
@@ -116,6 +116,10 @@ class _GateFailed(Exception):
 # Above `ccsup run`'s own hold-back (1 MiB + a 64 KiB chunk) and a whole 1 MiB frame.
 STDIN_MAX_PENDING = 4 << 20
 RETRY_INTERVAL = 0.25  # how often waiters retry slots that other processes may have freed
+HELD_DETAIL = (
+    "granted before its supervisor died, its guard not started: held until its requester asks "
+    "for it again"
+)
 
 
 @dataclass
@@ -210,6 +214,11 @@ class Manager:
 
     def request_turn(self, args: TurnArgs) -> dict[str, Any]:
         turn_id = args.id or uuid.uuid4().hex
+        again = self.turns.get(turn_id)
+        if again is not None and again.held_until is not None and again.key == args.key:
+            rerun.take_again(self, again, args)  # its requester asks again (supervisor.turns.rerun)
+            self.grant_waiters()
+            return self._answer(again)
         known = self._known(turn_id, args.key)
         if known is not None:
             return known
@@ -547,6 +556,9 @@ class Manager:
         item = self.ledger.get(head) if head is not None else None
         assert item is not None, head
         now = self.clock()
+        if isinstance(item, Turn) and item.held_until is not None:  # supervisor.turns.rerun
+            self.refused[key] = Refusal("requester", item.held_until, HELD_DETAIL)
+            return False
         refusal = self.admission.refusal(item, now)
         if refusal is not None:
             self.refused[key] = refusal  # what ps can say of the key's waiters

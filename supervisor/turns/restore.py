@@ -8,7 +8,9 @@ states a live one can, by the same steps.
 
 - Finished ids are remembered (supervisor.turns.finished); an id finished there is never restored.
 - Turns the old supervisor was running: adopted first when their guards wait for it
-  (supervisor.turns.adopt); the others replayed to running; once no slot shows their work any
+  (supervisor.turns.adopt); then those granted whose command never ran are held at their key's
+  head for their requesters to ask again (supervisor.turns.rerun); the others replayed to
+  running; once no slot shows their work any
   more (`settle_lost`, called again by the daemon at each reap pass while any is left), their
   story ends with `exited` (CMD's own status when its guard recorded that it ended by itself,
   else reason `supervisor_restarted`), `gone`, `released`.
@@ -37,7 +39,7 @@ from ..holder import Holder
 from ..slots.gate import SlotView
 from ..wire.args import TurnArgs, parse_holder, parse_key, parse_turn
 from ..wire.protocol import ProtocolError, check_id
-from . import adopt
+from . import adopt, rerun
 from .endings import What
 from .requesters import GONE
 from .states import Event, Item, Reservation, State, Turn
@@ -70,7 +72,14 @@ def restore(manager: Manager, data: dict[str, Any], slot_views: list[SlotView]) 
             manager, running, slot_views
         )
         problems += adoption_problems
+        # Then: granted, never started, held for their requesters (supervisor.turns.rerun).
+        held = {entry["id"] for entry in rerun.held_ones(manager, lost, slot_views)}
         for entry in lost:
+            if entry["id"] in held:
+                problem = rerun.hold(manager, entry)
+                if problem is None:
+                    continue
+                problems.append(problem)
             ledger.lost_running.append({"id": entry["id"], "key": entry["key"]})
         settle_lost(manager, slot_views)
         for entry in data["reservations"]:

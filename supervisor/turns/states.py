@@ -158,6 +158,9 @@ class Turn:
     offsets: dict[str, int] | None = None
     # Asked for a pool (`key` is the pool's name): the member it was granted on (supervisor.turns.pools)
     member: str | None = None
+    # Granted by a supervisor that died before its guard started (supervisor.turns.rerun): held
+    # at its key's head until its requester asks again by the same id, at most until then (epoch)
+    held_until: float | None = None
 
     def advance(self, event: Event) -> State:
         self.state = next_state(self.state, event)

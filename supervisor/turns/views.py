@@ -54,6 +54,9 @@ def ps(manager: Manager) -> dict[str, Any]:
                 "argv": item.argv if isinstance(item, Turn) else None,
                 "cwd": item.cwd if isinstance(item, Turn) else None,
                 "why": _why(manager, waiter.key, position),
+                # granted before a crash, never started: until when it waits for its requester
+                # to ask again by its id (supervisor.turns.rerun)
+                "held_until": item.held_until if isinstance(item, Turn) else None,
             }
         )
     return {"slots": slots, "slot_keys": tallies, "waits": waits, "keys": _keys(manager)}

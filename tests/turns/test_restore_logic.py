@@ -29,6 +29,8 @@ async def test_restore_brings_waiters_back_in_order_without_announcing_them_agai
     h.clock.advance(1)
     h.reserve("rq")
     saved = h.saved()
+    # busy's guard ran (its record says so: it is not held for a rerun, supervisor.turns.rerun)
+    h.starter.guards["busy"].write_record()
     h.gate.held.clear()  # the old supervisor died with its locks
     h.starter.guards.clear()
     m = h.new_manager()

@@ -25,6 +25,7 @@ def test_every_phase_says_what_a_cancel_does_and_an_illegal_pair_raises(tmp_path
     assert {phase for phase, what in ACTIONS if what is What.CANCEL} == set(Phase)
     assert {phase for phase, what in ACTIONS if what is What.GUARD_ENDED} == set(Phase) - {
         Phase.WAITING,
+        Phase.AWAITING,
         Phase.HELD,
         Phase.STARTING,
     }
