@@ -339,7 +339,8 @@ class Client:
         supervisor dies, it waits up to the `adopt_within` its `status` gave (+ 5 s) for one to
         answer, resubscribes, and yields the lifecycle events it missed from the history (output
         events published meanwhile are not repeated: a TurnOutput with `fill` takes them from the
-        logs by offset). When none came back in time: the end its guard recorded (`exited` and
+        logs by offset). A turn granted whose guard had not started at the crash is held for it:
+        it sends the same request again (same id) and the turn runs there. When none came back in time: the end its guard recorded (`exited` and
         `released` marked `"inferred": true`), or, for a turn still queued, waiting on;
         SupervisorLost (exit code 71) when neither is known.
         """
@@ -348,10 +349,18 @@ class Client:
 
         turn_id = kw.pop("id", None) or uuid.uuid4().hex
         rider = TurnRider(self, turn_id)
+        rider.ask_again = lambda: self.turn(key, argv, id=turn_id, **kw)  # held after a crash
         sub = self.subscribe([f"turn.{turn_id}."])
         try:
             sub.expect_turn(turn_id)
-            self.turn(key, argv, id=turn_id, **kw)
+            _, again = rider.ask_through()  # asked again when its supervisor died answering
+            if again is not None:
+                sub.close()
+                sub = again
+                for missed in rider.catch_up():
+                    yield missed
+                    if is_terminal(missed[0]):
+                        return
             while True:
                 event = sub.recv(IDLE)
                 if event is None:

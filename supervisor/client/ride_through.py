@@ -12,8 +12,10 @@ supervisor disappears: `ccsup run` and Client.run_turn use a `TurnRider`.
   still has to start and answer), the lock is held again and `status` answers; else SupervisorLost
   (`ccsup run` exits 71). The margin also lets a supervisor restarted at once (systemd's
   Restart=) tell the end of a turn whose guard did not wait (`adopt_within = "0s"`).
-- Catching up: a fresh subscription (live before anything is asked), then `ps`. A turn still
-  there (a slot or a wait) tells the rest of its story on the bus; one that is not has ended, and
+- Catching up: a fresh subscription (live before anything is asked), then `ps`. A turn held for
+  its requester (granted before the crash, its guard never started: `held_until` on its wait,
+  supervisor.turns.rerun) is asked for again, the same request by the same id (`ask_again`). A
+  turn still there (a slot or a wait) tells the rest of its story on the bus; one that is not has ended, and
   its end is in the history file (supervisor.history.db, written by the supervisor as it
   publishes, so it is waited for a moment). Events of kinds not yet seen are taken from the
   history (a new supervisor's first events, `adopted` or `exited` at its start, go out before a
@@ -46,7 +48,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from ..errors import CcsupError, SupervisorLost
+from ..errors import CcsupError, NotRunning, SupervisorLost
 from ..paths import ipc_path
 from ..wire import protocol
 
@@ -234,6 +236,11 @@ class TurnRider:
         self.watch = Watch(client, status if status is not None else client.status())
         self.seen: set[str] = set()  # the kinds of this turn's events seen (or taken from history)
         self.restarts = 0  # supervisors come back while following
+        # Sends this turn's request again, as first sent (same id, argv, env, stdin): when the
+        # supervisor that answers holds the turn for its requester (`ps`'s `held_until`: it was
+        # granted before a crash and its guard never started), catch_up asks it again.
+        self.ask_again: Callable[[], object] | None = None
+        self.asked_again = 0
 
     def saw(self, topic: str) -> None:
         if topic.startswith(f"turn.{self.turn_id}."):
@@ -250,6 +257,38 @@ class TurnRider:
             self.watch = Watch(self.client, status)
             self.restarts += 1
         return status
+
+    def ask_through(
+        self, *, interrupted: Callable[[], bool] = lambda: False
+    ) -> tuple[object, Subscription | None]:
+        """Send the turn's request (`ask_again`); when its supervisor dies before it answers,
+        wait for one to answer again, subscribe there, and send it again by the same id (a
+        request is idempotent by id: one the dead supervisor saved is answered, or taken if it
+        holds the turn granted-not-started; one it never saved is queued once). Returns the
+        answer and the new live subscription (None when the first supervisor answered: the
+        caller's still serves); SupervisorLost when none came back in time. An error reply (a
+        refusal) is raised as it is."""
+        assert self.ask_again is not None
+        sub: Subscription | None = None
+        try:
+            while True:
+                try:
+                    return self.ask_again(), sub
+                except CcsupError as e:
+                    unanswered = isinstance(e, NotRunning) or type(e) is CcsupError
+                    if not unanswered or not self.watch.gone():
+                        raise  # a reply (a refusal), or a supervisor that is still there
+                if sub is not None:
+                    sub.close()
+                    sub = None
+                while sub is None:
+                    if self.await_return(interrupted=interrupted) is None:
+                        raise self.lost()
+                    sub = self.resubscribe()
+        except BaseException:
+            if sub is not None:
+                sub.close()
+            raise
 
     def lost(self) -> SupervisorLost:
         return SupervisorLost(
@@ -296,7 +335,13 @@ class TurnRider:
         if ps is None:
             return []
         slots = [s for s in ps.get("slots", []) if s.get("turn") == self.turn_id]
-        present = bool(slots) or any(w.get("id") == self.turn_id for w in ps.get("waits", []))
+        waits = [w for w in ps.get("waits", []) if w.get("id") == self.turn_id]
+        present = bool(slots) or bool(waits)
+        if any(w.get("held_until") for w in waits) and self.ask_again is not None:
+            # held for us: the same request again, by its id (the supervisor takes it as the
+            # held turn's); a supervisor gone again meanwhile holds it again for the next look
+            if self._asked_again(self.ask_again) is not None:
+                self.asked_again += 1
         deadline = time.monotonic() + HISTORY_WAIT
         events: list[tuple[str, dict]] = []
         if present:

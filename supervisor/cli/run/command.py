@@ -11,8 +11,10 @@ second Ctrl-C stops waiting (exit 130).
 
 A supervisor that dies while the turn runs is ridden through (supervisor.client.ride_through):
 `ccsup run` waits up to its adopt_within (+ 5 s) for one to answer, follows the turn there and
-prints its output from the logs by offset, each byte once; 71 when none came back. One line on
-stderr says it is gone and one that it answers again, on a terminal or with --notices.
+prints its output from the logs by offset, each byte once; 71 when none came back. A turn granted
+whose guard had not started at the crash is asked for again (the same request, by its id) and
+runs there. One line on stderr says it is gone and one that it answers again, on a terminal or
+with --notices.
 
 Output to pipes (a harness, a script): both streams in the order the command wrote them, as its
 guard's reads timed them (MergedOutput: the logs and their .idx files, about 50 ms behind); to a
@@ -237,8 +239,9 @@ def run(
             runner.forward_stdin = where(ctx).client
         if mode == "tty":
             runner.raw = RawTerminal()
-        with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
-            reply = client.turn_limited(
+
+        def ask() -> dict:
+            return client.turn_limited(
                 key,
                 list(cmd),
                 timeout=timeout,
@@ -252,9 +255,25 @@ def run(
                 stdin=mode,
                 winsize=window_size() if mode == "tty" else None,
             )
-            if reply.get("state") == "queued":
-                runner.waiting(reply.get("position"))
-            code = _followed(runner, sub, interrupts)
+
+        # the same request again, when a restarted supervisor holds the turn for us: it was
+        # granted before the crash and its guard never started (supervisor.turns.rerun)
+        runner.rider.ask_again = ask
+        with _sigint_queued() as interrupts, _rejected_exits(ctx, turn_id):
+            # asked again by its id when its supervisor died before it answered (ride_through)
+            reply, again = runner.rider.ask_through(interrupted=lambda: bool(interrupts))
+            try:
+                if isinstance(reply, dict) and reply.get("state") == "queued":
+                    runner.waiting(reply.get("position"))
+                code = None
+                for missed in runner.rider.catch_up() if again is not None else ():
+                    if (code := runner._event(*missed)) is not None:
+                        break
+                if code is None:
+                    code = _followed(runner, again or sub, interrupts)
+            finally:
+                if again is not None:
+                    again.close()
     ctx.exit(code)
 
 
@@ -644,7 +663,9 @@ class _TurnRunner:
                     ):  # its terminal, the old supervisor's, hung up
                         lost = "supervisor_restarted"
                 if isinstance(lost, str) and lost in LOST_WITH_SUPERVISOR:  # said, not only 125
-                    click.echo(lost_line(self.turn_id, lost, tty=self.raw is not None), err=True)
+                    line = lost_line(self.turn_id, lost, tty=self.raw is not None)
+                    detail = self.exited.get("detail")  # a turn held for us and not run: why
+                    click.echo(f"{line} ({detail})" if isinstance(detail, str) else line, err=True)
         elif not self.as_json:
             click.echo(
                 ended_line(self.turn_id, kind, body.get("reason")),
