@@ -1,4 +1,9 @@
-"""Is a supervisor running on a state directory? Answered from its lock, without touching it.
+"""The single-instance lock: a supervisor holds `<state>/supervisor.lock` for its life
+(`take_instance_lock`), and whether one runs is answered from it, without touching it.
+
+`take_instance_lock`: flock'd for the daemon's life, its pid written in it; the kernel frees it
+when the daemon dies, even by SIGKILL, so a stale lock never blocks a restart; a second daemon
+finds it taken and says who runs (or waits for it, for `ccsup restart`'s take-over).
 
 Design note. The question is answered before any request, without the daemon: its lock
 (<state>/supervisor.lock) is looked up in /proc/locks by inode. Taking the lock, even for a moment
@@ -20,11 +25,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from guardd import procs
 
-from .errors import CcsupError
+from .errors import AlreadyRunning, CcsupError, os_failure
+from .paths import StatePaths
 
 
 def not_running_message(state_dir: Path, start: str = "ccsup start") -> str:
@@ -68,3 +75,48 @@ def lock_held(lock_path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def take_instance_lock(paths: StatePaths, wait: float = 0.0) -> int:
+    """Hold <state>/supervisor.lock for the daemon's life; AlreadyRunning when someone else does
+    (still, after `wait` seconds: `ccsup restart`'s new supervisor, started while the old one
+    hands over, takes the lock the moment the old one exits)."""
+    try:
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise os_failure("open", paths.lock, e) from None
+    deadline = time.monotonic() + wait
+    before = _lock_owner(fd) if wait > 0 else None
+    held_before = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                held_before = True
+                time.sleep(0.002)  # before the event loop: nothing else runs here yet
+                continue
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise AlreadyRunning(
+                f"a supervisor is already running on {paths.root} (pid {owner})"
+            ) from None
+    # The lock is let go of before the process that held it has exited, and with it its slots'
+    # locks: a supervisor taking over waits for that exit, so the slots it then reads are the
+    # dead one's (orphaned, to adopt), never still held.
+    while held_before and before is not None and procs.process_running(before):
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.002)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _lock_owner(fd: int) -> procs.Identity | None:
+    """The running process the lock file names (the supervisor that holds it), if any."""
+    try:
+        return procs.identity_of(int(os.pread(fd, 32, 0).decode("ascii").strip()))
+    except (OSError, ValueError):
+        return None

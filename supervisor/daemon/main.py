@@ -1,9 +1,10 @@
-"""The daemon: wiring, the single-instance lock, signals, the periodic reaper, and shutdown.
+"""The daemon: its wiring, signals, the periodic duties, and shutdown.
 
-One asyncio process per state directory. `<state>/supervisor.lock` is flock'd for the daemon's
-life: a second daemon finds it taken and says who runs; the kernel frees it when this one dies,
-even by SIGKILL, so a stale lock never blocks a restart. Signals are turned into the same calls as
-the control commands (SIGTERM/SIGINT = quit, SIGHUP = reload).
+One asyncio process per state directory, holding its single-instance lock for its life
+(supervisor.instance). Requests are routed by one table (supervisor.daemon.requests); systemd is
+told READY and STOPPING (supervisor.daemon.systemd); the log is supervisor.daemon.logfile's.
+Signals are turned into the same calls as the control commands (SIGTERM/SIGINT = quit, SIGHUP =
+reload).
 
 Start-up, in order: the sockets are bound (stale ipc socket files are replaced: we hold the
 instance lock, so nobody else uses them) and `supervisor.started` is published; the guard zygote
@@ -29,21 +30,17 @@ reaps whatever is left.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import inspect
 import logging
 import logging.handlers
 import os
 import shlex
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from guardd import procs
 
 from ..admission.control import KeyControl, admission_settings
 from ..admission.quota import ReadingError, Window, window_from_json
@@ -53,7 +50,7 @@ from ..caps import SlotState, cap_sources
 from ..cluster.wiring import ClusterWiring, cluster_wiring
 from ..config import EMBEDDED_SOURCE, Config, last_start, load
 from ..config.metrics import metrics_address
-from ..errors import AlreadyRunning, CcsupError, os_failure
+from ..errors import CcsupError
 from ..guards import containment, fdlimit
 from ..guards import waiting as guard_waiting
 from ..guards.launcher import Launcher
@@ -62,6 +59,7 @@ from ..history import db as history_db
 from ..history import metrics
 from ..history import writer as history_writer
 from ..holder import Holder
+from ..instance import take_instance_lock
 from ..output import retention
 from ..paths import StatePaths, ipc_path
 from ..slots.gate import SlotGate
@@ -71,7 +69,8 @@ from ..turns.states import State
 from ..wire import args as command_args
 from ..wire import protocol
 from ..wire.protocol import ProtocolError, Request
-from . import in_force, memtrim, requests
+from . import in_force, memtrim, requests, systemd
+from .logfile import setup_logging
 
 if TYPE_CHECKING:
     from .otel import SpanExporter
@@ -81,102 +80,6 @@ log = logging.getLogger("ccsup.daemon")
 
 HAND_OVER_SIGNAL = signal.SIGUSR2  # a hand-over, as `quit {"handover": true}` (contrib's unit)
 HAND_OVER_STARTS_WAIT = 5.0  # seconds a hand-over waits for guards the zygote has not answered
-
-
-def take_instance_lock(paths: StatePaths, wait: float = 0.0) -> int:
-    """Hold <state>/supervisor.lock for the daemon's life; AlreadyRunning when someone else does
-    (still, after `wait` seconds: `ccsup restart`'s new supervisor, started while the old one
-    hands over, takes the lock the moment the old one exits)."""
-    try:
-        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise os_failure("open", paths.lock, e) from None
-    deadline = time.monotonic() + wait
-    before = _lock_owner(fd) if wait > 0 else None
-    held_before = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() < deadline:
-                held_before = True
-                time.sleep(0.002)  # before the event loop: nothing else runs here yet
-                continue
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise AlreadyRunning(
-                f"a supervisor is already running on {paths.root} (pid {owner})"
-            ) from None
-    # The lock is let go of before the process that held it has exited, and with it its slots'
-    # locks: a supervisor taking over waits for that exit, so the slots it then reads are the
-    # dead one's (orphaned, to adopt), never still held.
-    while held_before and before is not None and procs.process_running(before):
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.002)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def _lock_owner(fd: int) -> procs.Identity | None:
-    """The running process the lock file names (the supervisor that holds it), if any."""
-    try:
-        return procs.identity_of(int(os.pread(fd, 32, 0).decode("ascii").strip()))
-    except (OSError, ValueError):
-        return None
-
-
-# systemd's notify socket, taken out of the environment at start so no turn inherits it.
-_notify_socket: str | None = None
-
-
-def sd_notify(message: str) -> None:
-    """Tell systemd (Type=notify) about our state; nothing when not under systemd."""
-    address = _notify_socket
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            sock.connect(address)
-            sock.sendall(message.encode())
-    except OSError as e:
-        log.warning("unable to notify systemd at %s: %s", address, e)
-
-
-def _private(path: str, flags: int) -> int:
-    """open()'s opener for the log: made 0600 whatever the umask, and narrowed if an older ccsup
-    left it wider (it names turns, keys and holders)."""
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
-    os.fchmod(fd, 0o600)
-    return fd
-
-
-class _PrivateLog(logging.handlers.RotatingFileHandler):
-    """`<state>/ccsup.log`, 0600 (and each file a rotation starts)."""
-
-    def _open(self):
-        return open(  # noqa: SIM115 -- the handler keeps it open, as logging's own _open does
-            self.baseFilename,
-            self.mode,
-            encoding=self.encoding,
-            errors=self.errors,
-            opener=_private,
-        )
-
-
-def setup_logging(paths: StatePaths, foreground: bool) -> None:
-    if foreground:
-        handler: logging.Handler = logging.StreamHandler(sys.stderr)
-    else:
-        handler = _PrivateLog(paths.log, maxBytes=5 << 20, backupCount=3)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("ccsup")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
 
 
 class Daemon:
@@ -297,7 +200,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._reload_from_signal)
         loop.add_signal_handler(HAND_OVER_SIGNAL, self._hand_over_from_signal)
         await self.reap_orphans()
-        sd_notify("READY=1")
+        systemd.notify("READY=1")
         web = _web_beside(self.config, self.paths.root, self.config_path)
         if web is not None:
             self.strays.own(web.pid)  # in a session of its own: ours, never a stray
@@ -308,7 +211,7 @@ class Daemon:
             asyncio.create_task(self._every(lambda: ROOM_REFRESH, ("memory_room",))),
         ]
         await self._stop.wait()
-        sd_notify("STOPPING=1")
+        systemd.notify("STOPPING=1")
         if self.handing_over:
             return await self._hand_over(periodic, web)
         self.server.publish("supervisor.stopping", {"pid": os.getpid()})
@@ -642,7 +545,7 @@ class Daemon:
                 else os.path.abspath(self.config.source)
             ),
             "caps": dict(self.caps_override),
-            "systemd": _notify_socket is not None,
+            "systemd": systemd.notify_socket is not None,
         }
         result.update(self.cgroups.describe())
         result["memory"] = memory = self.room.view()
@@ -856,10 +759,9 @@ def serve(
     ready_fd: int | None = None,
 ) -> int:
     """Run the daemon in this process until it is told to stop; returns the exit code.
-    lock_wait: seconds to wait for the state directory's lock (take_instance_lock); ready_fd:
+    lock_wait: seconds to wait for the state directory's lock (supervisor.instance.take_instance_lock); ready_fd:
     closed once this process is ready to take it (`ccsup restart` hands over only then)."""
-    global _notify_socket
-    _notify_socket = os.environ.pop("NOTIFY_SOCKET", None)
+    systemd.take_notify_socket()
     paths = StatePaths(Path(state_dir))
     paths.ensure()
     if ready_fd is not None:

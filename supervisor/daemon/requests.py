@@ -17,12 +17,28 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..admission.control import KeyControl
+from ..history.metrics import Metrics
+from ..turns.manager import Manager
 from ..wire import args as parse
 
-if TYPE_CHECKING:
-    from .main import Daemon
+
+class Daemon(Protocol):
+    """What the table asks of the daemon (supervisor.daemon.main.Daemon)."""
+
+    manager: Manager
+    keyctl: KeyControl
+    metrics: Metrics
+
+    async def status(self) -> dict: ...
+    async def ps(self) -> dict: ...
+    async def reap(self, key: str | None) -> dict: ...
+    def reload(self) -> dict: ...
+    def quit_request(self, args: dict) -> dict: ...
+    def quota(self, args: parse.QuotaArgs, *, source: str) -> dict: ...
+
 
 Source = str  # "control" or "bus"
 
