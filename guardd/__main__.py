@@ -14,7 +14,8 @@ reads into D/stdout.idx, D/stderr.idx), written by the guard itself (guardd.outp
 whoever started it; --log-limit N: both logs together stop growing at N bytes.
 --cgroup PATH: run CMD in that cgroup2 cgroup (created when missing; see guardd.cgroup).
 --tty: the guard's stdin is a terminal (a pty's slave, `ccsup run -t`): CMD gets a session of its
-own with it as its controlling terminal (guardd.child), rather than only a group of its own.
+own with it as its controlling terminal (guardd.child), rather than only a group of its own. With
+--log-dir, fd 2 is a master of that pty: the guard holds it and logs its output (guardd.pty).
 
 T is seconds (`0.5`) or a duration (`500ms`, `2s`, `1m`; guardd.durations). Defaults come from the environment:
 CCSUP_GUARD_DIR (no record without it or --record-dir), CCSUP_GUARD_GRACE_MS (5000),

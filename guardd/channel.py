@@ -19,7 +19,8 @@ stopping) and changes nothing. The ops:
   up before the answer came (the guard was stopped or starved past its timeout) closes instead,
   and the guard goes on waiting: it never watches a supervisor that does not know it adopted it.
   `stdin` true: a writer of CMD's stdin pipe is attached (SCM_RIGHTS), the adopter's to write the
-  turn's stdin with from now on (guardd.stdin); false (or absent): there is none (not a pipe, or
+  turn's stdin with from now on (guardd.stdin), or for a terminal turn a master of its pty, to
+  write its input into and size (guardd.pty); false (or absent): there is none (/dev/null, or
   closed already).
 - "close_stdin": the deliberate EOF of CMD's stdin. The guard closes the writer it holds (so the
   asker's own, closed next, is the last) and answers `{"v": 1, "ok": true}`, also when it held

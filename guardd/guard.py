@@ -23,7 +23,7 @@ Design note (why it is built this way).
   join a group of the guard's session): it is never recorded; its members that are ours are still
   signalled one by one.
 - With `--tty` (a turn with `stdin: "tty"`: the supervisor hands the guard a pty's slave as its
-  stdin, stdout and stderr, and keeps the master), CMD gets a session of its own, not only a group,
+  stdin, and with `--log-dir` a master on fd 2 that the guard holds and reads, guardd.pty), CMD gets a session of its own, not only a group,
   with the pty as its controlling terminal (guardd.child), since only a session leader can take
   one. The containment model is the same: the session's first group is the own group (pgid = CMD's
   pid), a job-control shell's other groups are recorded as any other, the subreaper and the cgroup
@@ -31,8 +31,10 @@ Design note (why it is built this way).
   foreground group and never the guard. The end is unchanged too; when CMD, the session's leader,
   exits, the kernel also hangs up (SIGHUP) the terminal's foreground group.
 - With `--adopt-within` the guard outlives its supervisor (guardd.channel): it writes CMD's output
-  itself (guardd.output) and holds a writer of CMD's stdin pipe (guardd.stdin), so neither breaks
-  while no supervisor runs.
+  itself (guardd.output) and holds a writer of CMD's stdin pipe (guardd.stdin) or its pty's master
+  (guardd.pty), so neither breaks while no supervisor runs.
+- Size: past 600 lines and still one concept, the loop and the steps of one turn's life it calls;
+  what stands apart is in modules of its own (child, output, stdin, pty, channel, scan, record).
 
 State. The record `<record-dir>/<guard pid>-<guard start>.json` is rewritten atomically at start
 and at every change (guardd.record.Rewriter: a spare beside it until the last write). A guard
@@ -64,6 +66,7 @@ from guardd import (
     linux,
     output,
     procs,
+    pty,
     record,
     scan,
     stdin,
@@ -179,6 +182,7 @@ class Guard:
         self.adopt_by = float("inf")  # on self.clock
         self.adopted_at: float | None = None
         self.stdin_writer: int | None = None  # CMD's stdin pipe, held across a gap (guardd.stdin)
+        self.pty_master: int | None = None  # a "tty" turn's pty, read into the log (guardd.pty)
         self.start_pipe: int | None = None  # closed once CMD runs and is on record (_open_logs)
         self._adopting: dict[int, int] = {}  # connection fd -> the adopter's pidfd, until its ack
 
@@ -235,8 +239,13 @@ class Guard:
             self.start_pipe = os.dup(1)
         except OSError:
             pass  # no stdout: nobody waits for its end
+        if self.opts.tty:
+            try:
+                self.pty_master = pty.take_master()
+            except OSError as e:
+                raise GuardFailure(f"unable to hold the terminal: {e.strerror or e}") from None
         try:
-            self.logs.open()
+            self.logs.open(self.pty_master)
         except OSError as e:
             why = f"unable to open the logs in {self.opts.log_dir}: {e.strerror}"
             raise GuardFailure(why) from None
@@ -258,7 +267,7 @@ class Guard:
 
     def _hold_stdin(self) -> None:
         if self.opts.tty:
-            return  # a pty: its master is the supervisor's (tty turns are not adopted)
+            return  # a pty: the master we hold is handed over instead (guardd.pty)
         try:
             self.stdin_writer = stdin.hold(0)
         except OSError as e:  # CMD then reads EOF if the supervisor dies, as without adopt_within
@@ -319,17 +328,19 @@ class Guard:
         self.channel.answer(fd, body)
 
     def _answer_adopt(self, fd: int, pidfd: int) -> None:
-        """Answer an adopt (with the stdin writer, if one is held); committed at its ack."""
+        """Answer an adopt (with the stdin writer, or the pty's master, if one is held); committed
+        at its ack."""
         assert self.channel is not None
+        handed = self.stdin_writer if self.stdin_writer is not None else self.pty_master
         waited = time.time() - self.waiting_since if self.waiting_since is not None else 0.0
         body = {
             "ok": True,
             "turn": self.turn,
             "guard": self.me.to_json(),
             "waited_s": waited,
-            "stdin": self.stdin_writer is not None,
+            "stdin": handed is not None,
         }
-        if self.channel.answer(fd, body, pass_fd=self.stdin_writer, keep=True):
+        if self.channel.answer(fd, body, pass_fd=handed, keep=True):
             self.poller.register(fd, select.POLLIN)  # its ack comes on it
             self._adopting[fd] = pidfd
         else:

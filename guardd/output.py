@@ -12,8 +12,9 @@ log files directly (no copy at all), because then nothing could stop a log at it
 guard holding a copy of the supervisor's pipe ends, because output would then block after 64 KiB
 while no supervisor reads (Docker's live-restore does that).
 
-The pipes' write ends are the guard's own stdout and stderr (fds 1 and 2), so CMD inherits them
-as it always did, and the guard's own lines ("ccsup-guard: ...") reach the stderr log too. The
+A "tty" turn's output is its pty's, read from the master the guard holds (guardd.pty) into
+the stdout log. Otherwise the pipes' write ends are the guard's own stdout and stderr (fds 1 and
+2), so CMD inherits them as it always did, and the guard's own lines ("ccsup-guard: ...") reach the stderr log too. The
 guard holds them itself, so its read ends never see EOF: the loop reads what is there when poll
 says so, and everything left when CMD's outcome is known (`drain`, before the record that holds
 the exit: a supervisor that reads the exit and then the log has every byte CMD wrote).
@@ -59,13 +60,18 @@ class Logs:
         self._indexes: list[int | None] = [None, None]  # made at the first read (-1: cannot be)
         self.offsets: list[int] = []
 
-    def open(self) -> None:
+    def open(self, pty_master: int | None = None) -> None:
         """Open the logs and put the pipes on fds 1 and 2 (CMD inherits them); before CMD starts.
-        OSError when a log cannot be opened."""
+        pty_master (a "tty" turn, guardd.pty): no pipes, the master's bytes are the stdout log
+        (the pty merges the streams; the stderr log stays empty). OSError when a log cannot be
+        opened."""
         for stream in STREAMS:
             fd = _open_append(os.path.join(self.dir, f"{stream}.log"))
             self._logs.append(fd)
             self.offsets.append(os.fstat(fd).st_size)
+        if pty_master is not None:
+            self.fds[pty_master] = 0
+            return
         for n in range(len(STREAMS)):
             r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             os.set_blocking(w, True)  # CMD's end as a pipe always is
@@ -79,6 +85,8 @@ class Logs:
         try:
             data = os.read(fd, _READ)
         except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:  # EIO: a pty with no slave left (guardd.pty): nothing more will come
             return False
         if not data:
             return False

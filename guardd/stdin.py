@@ -19,7 +19,7 @@ The writer is the pipe reopened through `/proc/self/fd/0` (Linux opens a pipe's 
 FIFO: a new writer of the very pipe). Rejected: the supervisor passing its write end along (a
 fourth fd in both the direct start and the zygote's wire, and an fd number in the arguments),
 for the same result. Only a pipe (or FIFO) on fd 0 is held: "null" (/dev/null) needs nothing,
-and a "tty" turn's stdin is the pty's, whose master the supervisor holds (not adopted).
+and a "tty" turn's stdin is the pty's, whose master the guard holds and hands over (guardd.pty).
 
 State: one fd of the guard's, close-on-exec (CMD never gets it); nothing on disk. Gone with the
 guard, however it ends.

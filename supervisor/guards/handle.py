@@ -28,6 +28,8 @@ its eof closes it). A guard started with adopt_within (GuardSpec.holds_stdin) ho
 of it (guardd.stdin), so that CMD reads no EOF when we die: our deliberate EOF then tells the guard
 first (guardd.channel's close_stdin), then closes ours. A supervisor that adopts the guard is
 handed a writer of its own in the answer, and gives it to the turn's GuardProcess (`take_stdin`).
+A "tty" turn's stdin is a pty's master we only write and size (`resize`); the guard holds and
+reads another (guardd.pty), and hands one to a supervisor that adopts it, the same way.
 
 State: the logs are append-only and survive restarts; a turn id is never run twice, so a log is
 never mixed. Nothing here is persisted otherwise: a restarted supervisor finds guards by records
@@ -200,7 +202,7 @@ class GuardProcess:
         """Call back once the guard has started CMD and written its record (so a supervisor that
         dies from then on leaves a turn that can be adopted), or has failed to start it: the
         guard closes its start pipe then (guardd.guard), and it closes when the guard exits.
-        At once for a guard without one (a "tty" turn's, or one that writes no logs)."""
+        At once for a guard without one (one that writes no logs)."""
         if self._ready < 0:
             callback()
             return
@@ -332,7 +334,7 @@ class GuardProcess:
         self._followers.clear()
         if self._loop is not None:
             self._loop.remove_reader(self.pidfd)
-            for pipe in self._pipes.values():  # a "tty" turn's pty: read by us until now
+            for pipe in self._pipes.values():  # a guard that writes no logs: read by us until now
                 self._loop.remove_reader(pipe)
             if self._stdin >= 0:
                 self._loop.remove_writer(self._stdin)
@@ -437,7 +439,8 @@ class GuardProcess:
 
     def take_stdin(self, fd: int | None) -> None:
         """After adoption: the turn's stdin is `fd` from now on (guardd.channel.adopt's
-        `stdin_fd`, ours to close), a writer of the pipe the guard holds another of; None: the
+        `stdin_fd`, ours to close), a writer of the pipe the guard holds another of (a "tty"
+        turn's: a master of its pty, written and sized, never read here); None: the
         turn has no stdin left (closed deliberately before, or the guard held none), so a `send`
         is refused. What was queued for the stdin before is dropped (it went with whoever held
         it)."""
@@ -538,7 +541,7 @@ class GuardSpec:
     cgroup: str | None = None
     stdin: str = "pipe"  # the turn's stdin mode (open_stdio)
     winsize: tuple[int, int] | None = None  # a "tty" turn's terminal at its start: rows, cols
-    log_dir: Path | None = None  # the turn's logs, written by the guard (not for a "tty" turn)
+    log_dir: Path | None = None  # the turn's logs, written by the guard
     log_limit: int | None = None  # [logs] turn_max_bytes, both logs together
     adopt_within: float = 0.0  # [guard] adopt_within: how long the guard outlives us (guardd)
 
@@ -550,9 +553,9 @@ class GuardSpec:
 
     @property
     def guard_logs(self) -> bool:
-        """The guard writes the logs (guardd.output). A "tty" turn's output is the pty's, which
-        we read from its master (a pty is not a pipe the guard could put on fds 1-2)."""
-        return self.log_dir is not None and self.stdin != "tty"
+        """The guard writes the logs (guardd.output); a "tty" turn's from the pty's master it
+        holds (guardd.pty)."""
+        return self.log_dir is not None
 
 
 def guard_args(spec: GuardSpec) -> list[str]:
@@ -592,15 +595,20 @@ def open_stdio(
     - "tty": a pty (sized `winsize`, rows and cols): its three are the slave, our stdin and
       stdout the master (the pty's bytes, exactly as it gives them, are the stdout log) and our
       stderr a pipe already at its end (the pty merges the streams).
-    guard_logs (not with "tty"): the guard writes the logs itself (guardd.output) and puts its own
-    pipes on its fds 1 and 2: its stdout until then is the writer of its start pipe, whose reader
-    is the third value returned (else -1), its stderr /dev/null, ours -1 (see
-    GuardProcess.when_ready). Every descriptor is close-on-exec; each is ours to close once."""
+    guard_logs: the guard writes the logs itself (guardd.output) and puts its own pipes on its
+    fds 1 and 2: its stdout until then is the writer of its start pipe, whose reader is the third
+    value returned (else -1), its stderr /dev/null, ours -1 (see GuardProcess.when_ready). With
+    "tty" its stdin is the slave and its stderr a master, which it holds and reads (guardd.pty);
+    ours is a master we only write (the turn's input) and size, never read. Every descriptor is
+    close-on-exec; each is ours to close once."""
     if stdin == "tty":
         master, slave = os.openpty()  # glibc opens the slave O_NOCTTY: never our terminal
         try:
             if winsize is not None:
                 set_winsize(master, *winsize)
+            if guard_logs:
+                ready_r, ready_w = os.pipe()
+                return (slave, ready_w, os.dup(master)), (master, -1, -1), ready_r
             stderr_r, stderr_w = os.pipe()
             os.close(stderr_w)
             return (slave, os.dup(slave), os.dup(slave)), (os.dup(master), master, stderr_r), -1
