@@ -39,8 +39,8 @@ SHOWN = 10  # turns named at most when some were not adopted
 @click.option(
     "--force",
     is_flag=True,
-    help="End the turns on a terminal (-t: `ccsup run -t`, `ccsup wrap`), which are not adopted, "
-    "without asking.",
+    help="Without asking, end what the running supervisor cannot hand over: turns on a terminal "
+    "(-t) of a supervisor of an earlier release, which did not adopt them (this one does).",
 )
 @click.pass_context
 def restart(ctx: click.Context, timeout: float | None, force: bool) -> None:
@@ -49,8 +49,9 @@ def restart(ctx: click.Context, timeout: float | None, force: bool) -> None:
     The running supervisor saves everything and exits, leaving each turn's guard waiting to be
     adopted ([guard] adopt_within); a new one is started from the code installed now, with the
     same config, and adopts them. Returns once every turn is adopted. `ccsup stop` still ends
-    everything. Turns on a terminal (-t) are not adopted: restart asks before ending them (on a
-    terminal), else needs --force."""
+    everything. Turns on a terminal (-t) are adopted too; a supervisor of an earlier release,
+    which could not hand them over, is asked before they end (on a terminal), else needs
+    --force."""
     from .start import spawn_supervisor, wait_until_answering
 
     options = where(ctx)
@@ -80,7 +81,8 @@ def restart(ctx: click.Context, timeout: float | None, force: bool) -> None:
         # its imports) is spent while the old one hands over, not while nobody answers.
         child = spawn_supervisor(state_dir, started.get("config"), started.get("caps"), limit)
         try:
-            # refused: adopt_within is 0, stopping already, or terminal turns would end
+            # refused: adopt_within is 0, stopping already, or (an earlier release) terminal turns
+            # would end
             answer = client.quit(handover=True, force=force)
         except RemoteError as e:
             child.kill()
@@ -103,7 +105,8 @@ def restart(ctx: click.Context, timeout: float | None, force: bool) -> None:
     if answer.get("ending"):
         click.echo(
             f"ccsup: {answer['ending']} turn(s) end with the old supervisor: cluster-capped "
-            "turns and turns on a terminal (-t) are not adopted",
+            "turns are not adopted (nor, by a supervisor of an earlier release, turns on a "
+            "terminal)",
             err=True,
         )
     new_pid = wait_until_answering(options, child, state_dir, "adopting the turns")

@@ -34,7 +34,6 @@ import inspect
 import logging
 import logging.handlers
 import os
-import shlex
 import signal
 import sys
 import time
@@ -327,9 +326,8 @@ class Daemon:
     def hand_over(self, force: bool = True) -> dict:
         """`quit {"handover": true}` (`ccsup restart`, SIGUSR2): stop taking requests and exit
         without ending a turn; the next supervisor adopts them. Refused (ProtocolError) when
-        [guard] adopt_within is 0 (the turns would end) or a stop is already under way; without
-        `force`, also when turns on a terminal (-t) run: they would end (`conflict`, naming
-        them; `ccsup restart` asks, or takes --force)."""
+        [guard] adopt_within is 0 (the turns would end) or a stop is already under way. `force`
+        is accepted and changes nothing: turns on a terminal (-t) are adopted as any other."""
         adopt_within = self.config.adopt_within
         if adopt_within <= 0:
             raise ProtocolError(
@@ -344,22 +342,9 @@ class Daemon:
         running = [t for t in manager.turns.values() if t.state is not State.QUEUED]
         cluster = self.cluster
         # Not adopted, so they end with this supervisor: a cluster-capped turn (its lease is this
-        # supervisor's) and a "tty" turn (its pty's master is ours).
-        ending = [
-            t
-            for t in running
-            if t.stdin == "tty" or (cluster and cluster.gate.is_cluster_key(t.key))
-        ]
+        # supervisor's).
+        ending = [t for t in running if cluster and cluster.gate.is_cluster_key(t.key)]
         ending_ids = {t.id for t in ending}
-        ttys = [t for t in ending if t.stdin == "tty"]
-        if ttys and not force:
-            shown = "; ".join(f"{t.id} ({shlex.join(t.argv)[:60]})" for t in ttys[:5])
-            more = f" and {len(ttys) - 5} more" if len(ttys) > 5 else ""
-            raise ProtocolError(
-                "conflict",
-                f"{len(ttys)} turn(s) on a terminal (-t) would end, since such turns are not "
-                f"adopted: {shown}{more}; nothing was changed (`ccsup restart --force` ends them)",
-            )
         self.handing_over = True
         manager.begin_hand_over()
         asyncio.get_running_loop().call_soon(self.quit)
@@ -369,7 +354,7 @@ class Daemon:
             "pid": os.getpid(),
             "turns": len(running) - len(ending),  # to be adopted
             "ids": [t.id for t in running if t.id not in ending_ids],
-            "ending": len(ending),  # cluster-capped or "tty": they end with this supervisor
+            "ending": len(ending),  # cluster-capped: they end with this supervisor
             "waiting": len(manager.queue),  # restored by the next supervisor, in order
             "adopt_within": adopt_within,
         }

@@ -35,8 +35,9 @@ it lives (supervisor.slots.record.newer_guard_alive); the turn's story ends as a
 this: its guards end their turns with their supervisor (tests/system/test_upgrade.py). Not adopted:
 an entry of an older build (no channel: its guard ended its work with its supervisor), a record
 that is corrupt, of a newer version or of another guard (pid reuse), a guard that does not answer
-within CHANNEL_TIMEOUT, "tty" turns and cluster turns (started without adopt_within: a pty's
-master and a cluster lease die with their supervisor; docs/containment.md).
+within CHANNEL_TIMEOUT, and cluster turns (started without adopt_within: a cluster lease dies
+with its supervisor; docs/containment.md). A "tty" turn is adopted as any: its guard hands over a
+master of the pty it holds (guardd.pty) as a pipe turn's stdin, so input and resizing work again.
 
 State: nothing of its own. Run again (a supervisor killed while adopting): what it adopted watches
 it and is waited for by the guard again; the next supervisor adopts it anew.
@@ -184,7 +185,7 @@ def _waiting_record(ident: procs.Identity, path: str, turn_id: str) -> dict[str,
         raise _NotAdopted(None)
     link = record.get("channel")
     if not isinstance(link, dict):
-        raise _NotAdopted(None)  # started without adopt_within (an older build, tty, cluster)
+        raise _NotAdopted(None)  # started without adopt_within (an older build, a cluster turn)
     if link.get("v") != channel.CHANNEL_VERSION or not isinstance(link.get("path"), str):
         raise _NotAdopted(
             f"its guard speaks channel version {link.get('v')!r}, not {channel.CHANNEL_VERSION}; "
@@ -295,7 +296,7 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
         holder,
         requested_at=_number(entry.get("requested_at"), time.time()),
         timeout=_number(entry.get("timeout"), None),
-        stdin="null" if entry.get("stdin") == "null" else "pipe",
+        stdin=entry["stdin"] if entry.get("stdin") in ("null", "tty") else "pipe",
     )
     turn.slot = slot
     turn.member = asked.member
@@ -342,7 +343,8 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
 
 
 def _stdin_fd(answer: dict[str, Any]) -> int:
-    """The turn's stdin, when the guard handed it over (a "pipe" turn); -1 otherwise."""
+    """The turn's stdin, when the guard handed it over (a "pipe" turn's writer, a "tty" turn's
+    pty master); -1 otherwise."""
     fd = answer.get("stdin_fd")
     return fd if isinstance(fd, int) and fd >= 0 else -1
 

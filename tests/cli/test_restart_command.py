@@ -305,68 +305,112 @@ def test_restart_with_200_running_turns_adopts_them_all_and_ends_none(supervisor
         go.touch()
 
 
-def test_restart_asks_before_ending_a_terminal_turn_and_its_client_says_why(supervisor, tmp_path):
-    """A `-t` turn is not adopted: restart refuses without a terminal (naming it, nothing
-    changed), asks on one (no: nothing changed), ends it with --force, and the turn's `ccsup run
-    -t` says why it ended instead of only exiting 125."""
+# A program on a terminal: a counter on one line, each key, window size and SIGINT (^C) it gets
+# on a line of its own; "q" ends it with status 7.
+KEYS_AND_SIZES = r"""
+import os, select, signal, sys, tty
+tty.setcbreak(0)
+said = []  # the handlers only note; the loop writes (a write in a handler could re-enter one)
+signal.signal(signal.SIGWINCH, lambda *_: said.append("size"))
+signal.signal(signal.SIGINT, lambda *_: said.append("sigint"))
+i = interrupts = 0
+while True:
+    if select.select([0], [], [], 0.1)[0]:
+        key = os.read(0, 1).decode()
+        if key == "q":
+            sys.exit(7)
+        sys.stdout.write(f"\nkey {key}\n")
+    while said:
+        if said.pop(0) == "size":
+            cols, rows = os.get_terminal_size(0)
+            sys.stdout.write(f"\nsize {rows}x{cols}\n")
+        else:
+            interrupts += 1
+            sys.stdout.write(f"\nsigint {interrupts}\n")
+    i += 1
+    sys.stdout.write(f"\rcount {i} ")
+    sys.stdout.flush()
+"""
+
+
+def _count(screen: str) -> int:
+    """The counter's value on the screen (its last line that shows one), -1 when none does."""
+    shown = [line.split()[1] for line in screen.splitlines() if line.startswith("count ")]
+    return int(shown[-1]) if shown and shown[-1].isdigit() else -1
+
+
+@pytest.mark.timeout(120)
+def test_a_terminal_turn_rides_through_a_sigkill_and_a_restart_with_its_keys_and_size(
+    supervisor, tmp_path
+):
+    """`ccsup run -t` in tmux of a program that counts and reads keys: the supervisor is
+    SIGKILLed and started again, then `ccsup restart`ed. After each, the screen goes on, a key and
+    a resize reach the program, and the program's exit status is the client's (7)."""
+    import sys
     import uuid
 
     from tmux_pane import Pane
 
-    state_dir = supervisor("20s")
+    state_dir = supervisor("30s")
     env = {
         **os.environ,
         "CCSUP_STATE_DIR": str(state_dir),
         "CCSUP_CONFIG": str(state_dir / "ccsup.toml"),
     }
-    env.pop("NO_COLOR", None)
+    program = tmp_path / "keys.py"
+    program.write_text(KEYS_AND_SIZES)
     rc_file, said = tmp_path / "rc", tmp_path / "said"
-    run = " ".join(CCSUP) + " run -t -- bash -c 'echo ready; read x; exit 7'"
+    run = " ".join(CCSUP) + f" run --notices -t --key t -- {sys.executable} {program}"
     pane = Pane(
-        f"ccsup-rt-{uuid.uuid4().hex[:8]}",
+        f"ccsup-tt-{uuid.uuid4().hex[:8]}",
         f"{run} 2> {said}; echo $? > {rc_file}; sleep 600",
         env,
-        width=200,
+        width=120,
     )
-    asked = None
+
+    def screen_shows(text: str, what: str) -> None:
+        wait_until(lambda: text in pane.screen(), 30, 0.05, f"{what}: {pane.screen()!r}")
+
+    def still_works(step: int, key: str, rows: int, cols: int, what: str) -> None:
+        """The counter goes on past what it showed, then a key, ^C and a new size reach it."""
+        shown = _count(pane.screen())
+        wait_until(
+            lambda: _count(pane.screen()) > shown + 2, 30, 0.05, f"the counter to go on ({what})"
+        )
+        pane.keys(key)
+        screen_shows(f"key {key}", f"the key {key} ({what})")
+        pane.keys("C-c")
+        screen_shows(f"sigint {step}", f"^C as SIGINT ({what})")
+        pane.resize(cols, rows)
+        screen_shows(f"size {rows}x{cols}", f"the size {rows}x{cols} ({what})")
+
     try:
-        wait_until(lambda: "ready" in pane.screen(), 20, 0.05, "the terminal turn to start")
+        screen_shows("count ", "the terminal turn to start")
+        still_works(1, "a", 20, 100, "before")
         with Client(state_dir) as client:
             (held,) = [s for s in client.ps()["slots"] if s["state"] == "held"]
             old_pid = client.status()["pid"]
-        refused = ccsup("restart", state_dir=state_dir, stdin=subprocess.DEVNULL)
-        assert refused.returncode == 1, refused.stderr
-        assert "1 turn(s) on a terminal (-t) would end" in refused.stderr
-        assert held["turn"] in refused.stderr and "--force" in refused.stderr
-        # asked on a terminal, answered no: nothing changed either
-        asked = Pane(
-            f"ccsup-ra-{uuid.uuid4().hex[:8]}",
-            " ".join(CCSUP) + f" restart; echo restart=$? > {tmp_path / 'asked'}; sleep 600",
-            {**env, "XDG_CONFIG_HOME": str(state_dir / "no-config")},
-            width=200,
-        )
-        wait_until(lambda: "End them and restart?" in asked.screen(), 20, 0.05, "the question")
-        asked.keys("n", "Enter")
-        wait_until((tmp_path / "asked").exists, 20, 0.05, "restart to answer")
-        assert (tmp_path / "asked").read_text().strip() == "restart=1"
-        with Client(state_dir) as client:
-            assert client.status()["pid"] == old_pid
-            assert [s["turn"] for s in client.ps()["slots"] if s["state"] == "held"] == [
-                held["turn"]
-            ]
-        forced = ccsup("restart", "--force", state_dir=state_dir, stdin=subprocess.DEVNULL)
-        assert forced.returncode == 0, forced.stderr
+        guard = held["pid"]
+        os.kill(old_pid, signal.SIGKILL)
+        wait_until(lambda: "is gone; waiting up to" in said.read_text(), 30, 0.05, "run to wait")
+        started = ccsup("start", state_dir=state_dir)
+        assert started.returncode == 0, started.stderr
         with Client(state_dir) as client:
             supervisor.note(client.status()["pid"])
-        wait_until(rc_file.exists, 40, 0.05, f"the client to exit: {pane.screen()}")
-        # 125 (no status: ended with its supervisor), or 129 when the guard saw CMD end at the
-        # SIGHUP of its terminal (the old supervisor's pty) first: a race, said the same way
-        assert rc_file.read_text().strip() in ("125", "129")
-        assert (
-            f"ccsup: turn {held['turn']} ended: its supervisor ended while it ran, and a turn on "
-            "a terminal (-t) is not adopted"
-        ) in said.read_text()
+            assert client.status()["adopted"] == 1
+        wait_until(lambda: "a supervisor answers again" in said.read_text(), 30, 0.05, "back")
+        still_works(2, "b", 22, 90, "after the SIGKILL and a start")
+        restarted = ccsup("restart", state_dir=state_dir, stdin=subprocess.DEVNULL)
+        assert restarted.returncode == 0, restarted.stderr
+        assert "adopted 1 of 1 turns" in restarted.stdout
+        with Client(state_dir) as client:
+            supervisor.note(client.status()["pid"])
+            (slot,) = [s for s in client.ps()["slots"] if s["state"] == "held"]
+        assert (slot["turn"], slot["pid"]) == (held["turn"], guard)  # the same guard all along
+        wait_until(lambda: said.read_text().count("a supervisor answers again") == 2, 30, 0.05)
+        still_works(3, "c", 18, 110, "after the restart")
+        pane.keys("q")
+        wait_until(rc_file.exists, 30, 0.05, f"the client to exit: {pane.screen()!r}")
+        assert rc_file.read_text().strip() == "7", said.read_text()
     finally:
         pane.close()
-        if asked is not None:
-            asked.close()

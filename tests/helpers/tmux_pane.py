@@ -48,6 +48,23 @@ class Pane:
     def keys(self, *keys: str) -> None:
         subprocess.run(["tmux", *self.socket, "send-keys", "-t", self.name, *keys], check=True)
 
+    def resize(self, width: int, height: int) -> None:
+        """Resize the pane's window (the program in it gets SIGWINCH)."""
+        subprocess.run(
+            [
+                "tmux",
+                *self.socket,
+                "resize-window",
+                "-t",
+                self.name,
+                "-x",
+                str(width),
+                "-y",
+                str(height),
+            ],
+            check=True,
+        )
+
     def alive(self) -> bool:
         done = subprocess.run(
             ["tmux", *self.socket, "has-session", "-t", self.name], capture_output=True

@@ -497,7 +497,7 @@ class _TurnRunner:
             self.rider.saw(topic)
         return self.on_event(topic, body)
 
-    def _ride_through(self, interrupts: list[int]):
+    def _ride_through(self, interrupts: list[int], raw: bool = False):
         """The supervisor is gone: wait for one to answer (one line on stderr each way), then a
         live subscription to the turn on it; else the exit status (71: none came back; 130:
         Ctrl-C while waiting), with the turn's output in its logs printed first."""
@@ -508,8 +508,9 @@ class _TurnRunner:
         gone_pid = rider.watch.pid
         if self.wait_line is not None:
             self.wait_line.finish()
+        raw = raw or (self.raw is not None and self.raw.saved is not None)
         if self.raw is not None:
-            self.raw.restore()  # a tty turn is not adopted (its pty died with its supervisor)
+            self.raw.restore()  # our lines read as lines meanwhile; raw again once it is back
         if self.notices:
             click.echo(
                 f"ccsup: the supervisor on {state_dir} (pid {gone_pid}) is gone; waiting up to "
@@ -550,7 +551,12 @@ class _TurnRunner:
                 err=True,
             )
         sub = rider.resubscribe()
-        return sub if sub is not None else self._ride_through(interrupts)  # gone again at once
+        if sub is None:
+            return self._ride_through(interrupts, raw)  # gone again at once
+        if raw and self.raw is not None:  # its guard kept the pty: raw again, and its size sent
+            self.raw.enter()  # (it may have changed meanwhile, its SIGWINCH sent to nobody)
+            self._send_size()
+        return sub
 
     def _copy_logs(self) -> None:
         """Print what the turn's logs hold past what was printed, and go on following."""
@@ -657,13 +663,8 @@ class _TurnRunner:
                 click.echo(ended_line(self.turn_id, "stopped", self.stop_reason), err=True)
             elif not self.as_json and self.exited is not None:
                 lost = self.exited.get("reason")
-                if self.raw is not None and self.rider is not None and self.rider.restarts:
-                    if (
-                        self.exited.get("signal") == 1
-                    ):  # its terminal, the old supervisor's, hung up
-                        lost = "supervisor_restarted"
                 if isinstance(lost, str) and lost in LOST_WITH_SUPERVISOR:  # said, not only 125
-                    line = lost_line(self.turn_id, lost, tty=self.raw is not None)
+                    line = lost_line(self.turn_id, lost)
                     detail = self.exited.get("detail")  # a turn held for us and not run: why
                     click.echo(f"{line} ({detail})" if isinstance(detail, str) else line, err=True)
         elif not self.as_json:

@@ -72,17 +72,10 @@ def ended_line(turn_id: str, kind: str, reason: str | None) -> str:
 LOST_WITH_SUPERVISOR = ("supervisor_restarted", "not_adopted")
 
 
-def lost_line(turn_id: str, reason: str, *, tty: bool) -> str:
+def lost_line(turn_id: str, reason: str) -> str:
     """`ccsup run`'s last line for a turn that ended with its supervisor (its status is then
-    125): why, and for a terminal turn, that such turns are not adopted."""
-    said = _REASONS.get(reason, reason)
-    if tty:
-        return (
-            f"ccsup: turn {turn_id} ended: {said}, and a turn on a terminal (-t) is not adopted "
-            "by the next supervisor (its terminal was the old supervisor's): `ccsup restart` or "
-            "a crash of the supervisor ends it"
-        )
-    return f"ccsup: turn {turn_id} ended: {said}"
+    125): why."""
+    return f"ccsup: turn {turn_id} ended: {_REASONS.get(reason, reason)}"
 
 
 def default_key(env: Mapping[str, str]) -> str:
