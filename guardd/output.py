@@ -59,6 +59,7 @@ class Logs:
         self._logs: list[int] = []
         self._indexes: list[int | None] = [None, None]  # made at the first read (-1: cannot be)
         self.offsets: list[int] = []
+        self.pty_master = -1  # a "tty" turn's (open)
 
     def open(self, pty_master: int | None = None) -> None:
         """Open the logs and put the pipes on fds 1 and 2 (CMD inherits them); before CMD starts.
@@ -71,6 +72,7 @@ class Logs:
             self.offsets.append(os.fstat(fd).st_size)
         if pty_master is not None:
             self.fds[pty_master] = 0
+            self.pty_master = pty_master
             return
         for n in range(len(STREAMS)):
             r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -80,17 +82,29 @@ class Logs:
             self.fds[r] = n
 
     def read(self, fd: int) -> bool:
-        """One read of that pipe, logged; False when it had nothing."""
+        """One read of that pipe, logged; False when it had nothing. A pty's master gives at most
+        its line discipline's buffer (4 KiB) a read: it is read until it has no more, up to as
+        much as a pipe gives, and logged as one read (one write of the log, one event on the bus:
+        4 KiB events flooded a slow subscriber's queue)."""
         n = self.fds[fd]
-        try:
-            data = os.read(fd, _READ)
-        except (BlockingIOError, InterruptedError):
+        pieces: list[bytes] = []
+        size = 0
+        while size < _READ:
+            try:
+                data = os.read(fd, _READ - size)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # EIO: a pty with no slave left (guardd.pty): nothing more will come
+                break
+            if not data:
+                break
+            pieces.append(data)
+            size += len(data)
+            if fd != self.pty_master:
+                break  # a pipe gives what it holds, up to _READ, in one read
+        if not pieces:
             return False
-        except OSError:  # EIO: a pty with no slave left (guardd.pty): nothing more will come
-            return False
-        if not data:
-            return False
-        self._log(n, data)
+        self._log(n, pieces[0] if len(pieces) == 1 else b"".join(pieces))
         return True
 
     def drain(self) -> None:
