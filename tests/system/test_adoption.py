@@ -279,7 +279,11 @@ def test_a_guard_that_cannot_be_spoken_to_is_not_adopted_nor_killed_blindly(
             status = client.status()
             assert status["adopted"] == 0 and status["waiting_adoption"] == 1, status
             client.turn("codex", ["sh", "-c", "echo next"], id="n1")
-            assert client.ps()["slots"][0]["state"] == "orphaned"  # still counted
+            # still counted: orphaned, or held again for the lost turn once the restarted
+            # supervisor has taken its slot back (which comes first depends on the machine's load)
+            slot = client.ps()["slots"][0]
+            assert slot["state"] == "orphaned" or (slot["state"], slot["turn"]) == ("held", "v1")
+            assert [w["id"] for w in client.ps()["waits"]] == ["n1"]
         assert procs.process_running(guard)  # left to finish, not killed blindly
     finally:
         os.kill(guard.pid, signal.SIGCONT)
@@ -344,7 +348,13 @@ def test_a_guard_of_a_newer_version_is_counted_left_to_finish_and_reaped_once_it
             assert client.call("reap")["reaped"] == []
             assert procs.process_running(guard)  # nor killed blindly
             slot = client.ps()["slots"][0]
-            assert slot["state"] == "unreadable" and "is version 2" in slot["error"], slot
+            # still counted: unreadable (its record is of a newer version), or held again for the
+            # lost turn once the restarted supervisor has taken its slot back (load decides which)
+            if slot["state"] == "unreadable":
+                assert "is version 2" in slot["error"], slot
+            else:
+                assert (slot["state"], slot["turn"]) == ("held", "v2"), slot
+            assert [w["id"] for w in client.ps()["waits"]] == ["n1"]
         assert _log(state_dir, "n1") == b""  # still counted: the next waits
     finally:
         os.kill(guard.pid, signal.SIGCONT)
