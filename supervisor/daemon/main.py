@@ -227,13 +227,22 @@ class Daemon:
             await page.stop(web)
             self.strays.disown(web.pid)
         self.server.publish("supervisor.stopped", {"pid": os.getpid()})
-        # The last events get 50 ms to leave before the sockets close, spent closing the rest.
+        await self._close(handing_over=False)
+        log.info("stopped")
+        return 0
+
+    async def _close(self, *, handing_over: bool) -> None:
+        """Close every part, the sockets last: the last events get 50 ms to leave, spent closing
+        the rest (the manager's file thread makes queue.json's last fsyncs). A hand-over keeps
+        the turns' cgroups and leaves what runs below us to the next supervisor."""
+        loop = asyncio.get_running_loop()
         sockets_close_at = loop.time() + 0.05
         self.manager.close()
         self.keyctl.close()
         self.launcher.close()
-        self.strays.close()  # every turn is gone: what is left below us has no one to count it
-        self.cgroups.close()
+        if not handing_over:
+            self.strays.close()  # every turn is gone: what is left below us has no one to count it
+            self.cgroups.close()
         self.history.close()
         if self.otel is not None:
             self.otel.close()
@@ -241,8 +250,6 @@ class Daemon:
             self.metrics_server.close()
         await asyncio.sleep(max(0.0, sockets_close_at - loop.time()))
         self.server.close()
-        log.info("stopped")
-        return 0
 
     async def _hand_over(self, periodic: list[asyncio.Task], web: object) -> int:
         """`ccsup restart`'s old half: exit without ending a turn. Every guard is let go of
@@ -271,17 +278,7 @@ class Daemon:
         self.server.publish(
             "supervisor.stopped", {"pid": os.getpid(), "handover": True, "turns": let_go}
         )
-        sockets_close_at = loop.time() + 0.05
-        manager.close()  # the file thread's last fsyncs: queue.json is on disk before we exit
-        self.keyctl.close()
-        self.launcher.close()
-        self.history.close()
-        if self.otel is not None:
-            self.otel.close()
-        if self.metrics_server is not None:
-            self.metrics_server.close()
-        await asyncio.sleep(max(0.0, sockets_close_at - loop.time()))
-        self.server.close()
+        await self._close(handing_over=True)  # queue.json is on disk before we exit
         log.info("handed over %d turn(s)", let_go)
         return 0
 
