@@ -43,7 +43,9 @@
 // answer `status` again. Then the bus subscription (reconnected by ZeroMQ) is made live again by a
 // hello, each turn gets `ccsup.supervisor_back` {id, pid, gap_s}, and `ps` says which ended
 // meanwhile: those get an inferred terminal event (as after a seq gap; their exit status is in
-// the history, `ccsup show --json ID`). Output goes on at its byte offsets: `TurnOutput` with a
+// the history, `ccsup show --json ID`); a turn of ours that `ps` shows held (`held_until`: granted
+// before the crash, its guard never started) is requested again, the same request by its id, and
+// runs there. Output goes on at its byte offsets: `TurnOutput` with a
 // `fill` from `readLog` takes what was published while nobody listened from the log, and skips
 // bytes it already gave. When no supervisor answered in time, every followed turn's iterator (and
 // `done()`) throws a CcsupError with code "supervisor_lost".
@@ -348,8 +350,21 @@ export class Sidecar {
     });
   }
 
+  /** Follow a turn this client requests, keeping its request to send again (`_catchUp`). */
+  _asking(id, body) {
+    const turn = this._follow(id);
+    turn._asked = body;
+    return turn;
+  }
+
   async _catchUp(turns) {
     const ps = await this.ps();
+    // Held for its requester (granted before a crash, its guard never started: `held_until`):
+    // the same request again, by its id, and it runs on this supervisor.
+    const held = new Set(ps.waits.filter((w) => w.held_until).map((w) => w.id));
+    for (const turn of turns) {
+      if (held.has(turn.id) && turn._asked && !turn.terminal) await this.call("turn", turn._asked);
+    }
     const present = new Set([...ps.slots.map((s) => s.turn), ...ps.waits.map((w) => w.id)]);
     const ended = turns.filter((t) => !t.terminal && !present.has(t.id));
     if (!ended.length) return;
@@ -501,7 +516,7 @@ export class Sidecar {
    */
   turn({ key, argv, id = newId(), cwd, env, inheritEnv = false, stdin, holder = this.holder, reservation, waitTimeout } = {}) {
     const body = compact({ id, key, argv, cwd, ...envFields(env, inheritEnv), stdin, holder, reservation, wait_timeout: waitTimeout });
-    return this._request("turn", body, this._follow(id));
+    return this._request("turn", body, this._asking(id, body));
   }
 
   /** Reserve a slot on the bus; its events are followed like a turn's (`turn.<id>.*`). */
@@ -594,7 +609,7 @@ export class Sidecar {
    */
   turnWithTimeout({ timeout, key, argv, id = newId(), cwd, env, inheritEnv = false, stdin, holder = this.holder, reservation, waitTimeout } = {}) {
     const body = compact({ id, key, argv, cwd, ...envFields(env, inheritEnv), stdin, holder, reservation, wait_timeout: waitTimeout, timeout });
-    return this._request("turn", body, this._follow(id));
+    return this._request("turn", body, this._asking(id, body));
   }
 
   /**

@@ -2,8 +2,8 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { join } from "node:path";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { Router, XPublisher } from "zeromq";
 import { Sidecar, TurnOutput, findStateDir, newId } from "../ccsup.js";
 import { startDaemon } from "./daemon.js";
@@ -397,5 +397,37 @@ test("with no supervisor back in time a followed turn fails with supervisor_lost
     try {
       own.stop(); // nothing runs: it says so, and the directory goes
     } catch {}
+  }
+});
+
+test("a turn granted whose guard had not started at a SIGKILL is requested again and runs", { timeout: 90000 }, async () => {
+  // tests/helpers/killed_at_granted.py: the supervisor SIGKILLs itself the moment it has published
+  // a turn's `granted` (not `blocker`'s), before that turn's guard is asked for.
+  const marks = join(mkdtempSync("/tmp/ccsup-node-marks-"), "killed");
+  writeFileSync(marks, "blocker\n");
+  const own = startDaemon("solo = 1", 'adopt_within = "30s"', { wrapper: "killed_at_granted.py", wrapperArgs: [marks] });
+  const client = await Sidecar.connect({ stateDir: own.stateDir });
+  try {
+    await client.turn({ key: "solo", argv: ["sh", "-c", "read x"], id: "blocker" });
+    const turn = await client.turn({ key: "solo", argv: ["sh", "-c", "seq 1 500; exit 3"], id: "again", stdin: "null" });
+    const output = new TurnOutput(turn.id, { fill: (s, a, b) => client.readLog(turn.id, s, a, b) });
+    const chunks = [];
+    const kinds = [];
+    for await (const event of turn) {
+      kinds.push(event.kind);
+      const got = output.feed(event);
+      if (got?.stream === "stdout") chunks.push(got.bytes);
+      if (event.kind === "queued") await client.call("cancel", { id: "blocker" }); // `again` is granted: the supervisor dies
+      if (event.kind === "supervisor_gone") own.start(); // (marks name `again` now: it lives)
+    }
+    const printed = Buffer.concat(chunks).toString();
+    assert.equal(printed, Array.from({ length: 500 }, (_, i) => `${i + 1}\n`).join(""));
+    assert.equal(turn.events.find((e) => e.kind === "exited").body.code, 3);
+    assert.deepEqual(kinds.filter((k) => ["started", "exited", "gone", "released"].includes(k)), ["started", "exited", "gone", "released"]);
+    assert.ok(kinds.indexOf("supervisor_back") < kinds.indexOf("started"), kinds.join(" "));
+  } finally {
+    client.close();
+    own.stop();
+    rmSync(dirname(marks), { recursive: true, force: true });
   }
 });
