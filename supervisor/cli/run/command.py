@@ -478,6 +478,20 @@ class _TurnRunner:
                     elif self.rider is None and time.monotonic() - quiet_since > 1.0:
                         self.client.check_running()  # NotRunning: no terminal event will come
                         quiet_since = time.monotonic()
+                    elif (
+                        self.rider is not None
+                        and time.monotonic() - quiet_since > 1.0
+                        and (sub.gaps or self._behind())
+                    ):
+                        # Events were lost (our queue overflowed while we wrote a burst out, or
+                        # were stopped): the turn's end may have been among them, and then
+                        # nothing follows it. The supervisor's `ps` and the history say; the
+                        # logs give the output (a look a second while quiet and behind).
+                        quiet_since = time.monotonic()
+                        for missed in self.rider.catch_up():
+                            if (done := self._event(*missed)) is not None:
+                                return done
+                        self._copy_logs()
                     continue
                 quiet_since = time.monotonic()
                 if (done := self._event(*event)) is not None:
@@ -566,6 +580,18 @@ class _TurnRunner:
             return self.merged.pump()
         for follower in self.outputs.values():
             follower.copy_from_file()
+
+    def _behind(self) -> bool:
+        """The turn's logs hold bytes that no event brought us: events were dropped for us."""
+        if self.as_json or self.merged is not None:
+            return False  # printed from the logs themselves: a hole shows in `seq` only
+        for follower in self.outputs.values():
+            try:
+                if follower.path.stat().st_size > follower.position:
+                    return True
+            except OSError:
+                pass
+        return False
 
     def _drain_logs(self) -> None:
         """Print what the turn's logs hold past what was printed (its guard wrote them)."""
