@@ -456,7 +456,9 @@ class Manager:
             turn.early_stdin += args.data
             turn.early_eof = args.eof
             return {"id": args.id, "written": len(args.data), "pending": len(turn.early_stdin)}
-        if turn.guard is None or turn.state is not State.RUNNING:
+        # Granted with its guard attached: CMD starts or runs (`started` waits for the guard's
+        # record), and the guard's stdin takes the bytes for it as at the hand-over above.
+        if turn.guard is None or turn.state not in (State.GRANTED, State.RUNNING):
             raise ProtocolError(
                 "failed", f"turn {args.id} is {turn.state.value}, not running: nothing to write to"
             )
@@ -477,7 +479,7 @@ class Manager:
                 "bad_request", f"turn {turn.id} has no terminal to resize (stdin: {turn.stdin})"
             )
         turn.winsize = winsize
-        if turn.guard is not None and turn.state is State.RUNNING:
+        if turn.guard is not None and turn.state in (State.GRANTED, State.RUNNING):
             try:
                 turn.guard.resize(*winsize)
             except OSError as e:

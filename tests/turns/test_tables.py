@@ -96,6 +96,21 @@ async def test_stdin_sent_while_the_guard_starts_reaches_it_first_in_order(h):
     assert (h.guard("t1").stdin, h.guard("t1").stdin_eof) == (b"ab", True)
 
 
+@scenario()
+async def test_stdin_sent_after_the_guard_started_but_before_started_reaches_it(h):
+    """`started` waits for the guard's record (its start pipe): a send in between goes to the
+    guard's stdin, as the Node sidecar's send right after its turn's answer does."""
+    from supervisor.wire.args import parse_send
+
+    h.starter.ready_later = True
+    h.turn("t1")
+    assert h.events("t1") == ["queued", "granted"]
+    assert h.manager.send(parse_send({"id": "t1", "data": "hi", "eof": True}))["written"] == 2
+    assert (h.guard("t1").stdin, h.guard("t1").stdin_eof) == (b"hi", True)
+    h.guard("t1").ready()
+    assert h.events("t1")[-1] == "started"
+
+
 def test_the_holder_type_round_trips_as_a_slot_record_and_a_request_gives_it():
     from supervisor.wire.args import parse_holder
 
