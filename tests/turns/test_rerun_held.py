@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +20,10 @@ from supervisor.caps import SlotState
 from supervisor.slots.record import SlotView
 from supervisor.turns.rerun import held_ones
 
-ENTRY = {"id": "t1", "key": "codex", "argv": ["true"], "holder": {}, "requested_at": 1.0}
+# A turn id of this run alone: the check looks at every process on the machine, and other tests
+# (a parallel run's) have turns named t1.
+T1 = f"t1-{uuid.uuid4().hex}"
+ENTRY = {"id": T1, "key": "codex", "argv": ["true"], "holder": {}, "requested_at": 1.0}
 
 
 def held(tmp_path: Path, views=(), entry=ENTRY) -> list[str]:
@@ -30,12 +34,12 @@ def held(tmp_path: Path, views=(), entry=ENTRY) -> list[str]:
 
 def guard_record(tmp_path: Path, **fields) -> None:
     (tmp_path / "guards").mkdir(exist_ok=True)
-    record = {"v": 1, "turn": "t1", "state": "running", "own_group": {"pgid": 5}, **fields}
+    record = {"v": 1, "turn": T1, "state": "running", "own_group": {"pgid": 5}, **fields}
     (tmp_path / "guards" / "5-1.json").write_text(json.dumps(record))
 
 
 def test_a_turn_of_which_nothing_is_known_is_held(tmp_path):
-    assert held(tmp_path) == ["t1"]
+    assert held(tmp_path) == [T1]
 
 
 @pytest.mark.parametrize(
@@ -47,13 +51,13 @@ def test_a_turn_of_which_nothing_is_known_is_held(tmp_path):
     ],
 )
 def test_a_turn_whose_slot_shows_work_or_a_guard_is_not_held(tmp_path, state, work):
-    view = SlotView("codex", 0, 1, state, turn="t1", record={"work": work})
+    view = SlotView("codex", 0, 1, state, turn=T1, record={"work": work})
     assert held(tmp_path, [view]) == []
 
 
 def test_a_free_slot_that_names_no_guard_keeps_it_held(tmp_path):
-    view = SlotView("codex", 0, 1, SlotState.FREE, turn="t1", record={"work": None})
-    assert held(tmp_path, [view]) == ["t1"]
+    view = SlotView("codex", 0, 1, SlotState.FREE, turn=T1, record={"work": None})
+    assert held(tmp_path, [view]) == [T1]
 
 
 @pytest.mark.parametrize(
@@ -71,7 +75,7 @@ def test_a_guard_record_of_the_turn_keeps_it_from_being_held(tmp_path, fields):
 
 def test_a_guard_record_that_says_cmd_was_not_run_keeps_it_held(tmp_path):
     guard_record(tmp_path, state="gone", reason="parent_gone", own_group=None, exit={"code": 125})
-    assert held(tmp_path) == ["t1"]
+    assert held(tmp_path) == [T1]
 
 
 def test_an_unreadable_guard_record_keeps_every_turn_from_being_held(tmp_path):
@@ -93,11 +97,11 @@ def test_a_live_process_of_the_turn_keeps_it_from_being_held(tmp_path, how):
     ready = tmp_path / "ready"
     script = f"open({str(ready)!r}, 'w').close(); import time; time.sleep(30)"
     if how == "title":
-        argv, env = [sys.executable, "-c", script, "ccsup-guard t1"], dict(os.environ)
+        argv, env = [sys.executable, "-c", script, f"ccsup-guard {T1}"], dict(os.environ)
     else:
         scope = record_dir_scope(tmp_path / "guards")
         argv = [sys.executable, "-c", script]
-        env = {**os.environ, TURN_ENV: "t1", SCOPE_ENV: str(scope)}
+        env = {**os.environ, TURN_ENV: T1, SCOPE_ENV: str(scope)}
     proc = subprocess.Popen(argv, env=env)
     try:
         wait_until(ready.exists, 20, what="the process's start")  # its argv and env in place
@@ -105,4 +109,4 @@ def test_a_live_process_of_the_turn_keeps_it_from_being_held(tmp_path, how):
     finally:
         proc.kill()
         proc.wait()
-    assert held(tmp_path) == ["t1"]
+    assert held(tmp_path) == [T1]
