@@ -13,6 +13,7 @@ import pytest
 from npm_harness import harness_bin
 
 from supervisor.agents.scripted import ScriptedProvider
+from supervisor.polling import wait_until
 
 
 def held_then_started_at_reset(client, log, key: str, turn_id: str) -> tuple[dict, float]:
@@ -221,7 +222,12 @@ def test_a_usage_limit_429_holds_the_key_until_the_reset_it_names(
             assert exited["code"] == 1, (exited, "".join(output)[-3000:])
             client.turn(harness, ["true"], id="t2")
             log.wait_for("turn.t1.released")
-            why = client.ps()["waits"][0]["why"]
+            # its last output is being read (checking_output) until the reader's verdict
+            why = wait_until(
+                lambda: (w := client.ps()["waits"][0]["why"])["reason"] != "checking_output" and w,
+                30,
+                what="the reader's verdict",
+            )
             shown = client.call("quota", action="show", key=harness)["keys"][0]
     finally:
         provider.close()
