@@ -81,11 +81,12 @@ def test_a_background_run_never_rewrites_the_line_the_user_types_on(cli_daemon, 
     try:
         wait_until(lambda: pane.screen().rstrip().endswith("$"), timeout=30, what="the prompt")
         pane.keys(f"{CCSUP[0]} -m supervisor run --key t -- echo done &", "Enter")
-        wait_until(
-            lambda: "waiting for a slot of t" in pane.screen(),
-            timeout=30,
-            what="the waiting notice",
-        )
+        try:
+            wait_until(lambda: "waiting for a slot of t" in pane.screen(), timeout=30)
+        except TimeoutError:
+            raise AssertionError(
+                f"no waiting notice in 30 s; the screen:\n{pane.screen()}"
+            ) from None
         pane.keys("echo typed-", "Enter")
         wait_until(lambda: "typed-" in pane.screen().split("echo typed-")[-1], what="the echo")
         # Three seconds of waiting: a live line would have redrawn itself (a second each).
