@@ -51,6 +51,12 @@ def test_waiting_turns_and_reservations_come_back_in_order_after_a_sigkill(
                 "codex", ["sh", "-c", f"echo w{n} >> {witness}"], id=f"w{n}", env={"TOKEN": "x"}
             )
         client.reserve("codex", holder=HOLDER, id="rq")
+        # busy's work on record (else, granted but not started, it is held for its requester
+        # after the restart: supervisor.turns.rerun)
+        wait_until(
+            lambda: any(s["turn"] == "busy" and s["pid"] for s in client.ps()["slots"]),
+            what="busy's work recorded",
+        )
     saved = queue_file(state_dir)
     assert [w["id"] for w in saved["waiting"]] == ["w0", "w1", "w2"]
     assert (state_dir / "queue.json").stat().st_mode & 0o777 == 0o600
