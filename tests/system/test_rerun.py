@@ -161,7 +161,9 @@ def test_run_turn_of_a_turn_granted_not_started_at_a_sigkill_runs_after_the_rest
                     got += chunk[1]
     finally:
         restart.join(60)
-    assert got == "".join(f"{i}\n" for i in range(1, LINES + 1)).encode()
+    assert got == "".join(f"{i}\n" for i in range(1, LINES + 1)).encode(), [
+        t for t, _ in events if not t.endswith("out")
+    ]
     kinds = [topic.rsplit(".", 1)[-1] for topic, _ in events if not topic.endswith(".stdout")]
     assert kinds[-4:] == ["started", "exited", "gone", "released"], kinds
     exited = next(body for topic, body in events if topic.endswith(".exited"))
