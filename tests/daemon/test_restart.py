@@ -109,6 +109,12 @@ def test_the_turns_a_dead_supervisor_was_running_end_with_one_terminal_event(
             ),
             what="the granted turn in queue.json",
         )
+        # its work on record (granted but not started, it would be held for its requester and
+        # run when asked again: supervisor.turns.rerun)
+        wait_until(
+            lambda: any(s["turn"] == "running" and s["pid"] for s in client.ps()["slots"]),
+            what="its work recorded",
+        )
     d.kill()
     d.start()
     with d.client() as client:

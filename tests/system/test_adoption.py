@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import MARKER, wait_until
 
 from guardd import procs
 
@@ -47,6 +47,8 @@ class TurnSampler:
 
     def __init__(self, turns: list[str]):
         self.markers = {f"CCSUP_TURN={t}".encode(): t for t in turns}
+        # this test's processes only: a parallel test's turns may have the same ids
+        self.ours = f"{MARKER}={os.environ[MARKER]}".encode()
         self.most = 0
         self.samples = 0
         self._stop = threading.Event()
@@ -62,6 +64,8 @@ class TurnSampler:
                 with open(f"/proc/{name}/environ", "rb") as f:
                     env = f.read().split(b"\0")
             except OSError:
+                continue
+            if self.ours not in env:
                 continue
             for var in env:
                 turn = self.markers.get(var)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from cli_daemon import ccsup
-from conftest import RunningDaemon, remove_supervisor_cgroups, wait_until
+from conftest import MARKER, RunningDaemon, remove_supervisor_cgroups, wait_until
 from old_release import OldRelease, venv_of
 
 from guardd import procs
@@ -70,7 +70,9 @@ def _released(state_dir: Path, turn: str) -> dict:
 
 
 def _turn_processes(turn: str) -> list[int]:
-    return [i.pid for i in procs.processes_with_env("CCSUP_TURN", turn)]
+    """This test's processes of the turn (a parallel test's turns may have the same id)."""
+    ours = {MARKER: os.environ[MARKER]}
+    return [i.pid for i in procs.processes_with_env("CCSUP_TURN", turn, also=ours)]
 
 
 class OldState:
