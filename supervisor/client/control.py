@@ -345,7 +345,7 @@ class Client:
         SupervisorLost (exit code 71) when neither is known.
         """
         from .ride_through import IDLE, TurnRider
-        from .subscription import is_terminal
+        from .subscription import TERMINAL, is_terminal
 
         turn_id = kw.pop("id", None) or uuid.uuid4().hex
         rider = TurnRider(self, turn_id)
@@ -353,11 +353,16 @@ class Client:
         sub = self.subscribe([f"turn.{turn_id}."])
         try:
             sub.expect_turn(turn_id)
-            _, again = rider.ask_through()  # asked again when its supervisor died answering
+            answer, again = rider.ask_through()  # asked again when its supervisor died answering
             if again is not None:
                 sub.close()
                 sub = again
+                # Ended before (answered so): its end is the history's. Else it runs now, and its
+                # output and end come on this subscription, live before it was asked again.
+                ended = isinstance(answer, dict) and answer.get("state") in TERMINAL
                 for missed in rider.catch_up():
+                    if is_terminal(missed[0]) and not ended:
+                        continue
                     yield missed
                     if is_terminal(missed[0]):
                         return

@@ -51,12 +51,9 @@ def test_waiting_turns_and_reservations_come_back_in_order_after_a_sigkill(
                 "codex", ["sh", "-c", f"echo w{n} >> {witness}"], id=f"w{n}", env={"TOKEN": "x"}
             )
         client.reserve("codex", holder=HOLDER, id="rq")
-        # busy's work on record (else, granted but not started, it is held for its requester
+        # busy's command runs (else, granted but not started, it is held for its requester
         # after the restart: supervisor.turns.rerun)
-        wait_until(
-            lambda: any(s["turn"] == "busy" and s["pid"] for s in client.ps()["slots"]),
-            what="busy's work recorded",
-        )
+        wait_until(lambda: (_guard_record(state_dir, "busy") or {}).get("own_group"), what="CMD")
     saved = queue_file(state_dir)
     assert [w["id"] for w in saved["waiting"]] == ["w0", "w1", "w2"]
     assert (state_dir / "queue.json").stat().st_mode & 0o777 == 0o600
@@ -109,12 +106,9 @@ def test_the_turns_a_dead_supervisor_was_running_end_with_one_terminal_event(
             ),
             what="the granted turn in queue.json",
         )
-        # its work on record (granted but not started, it would be held for its requester and
-        # run when asked again: supervisor.turns.rerun)
-        wait_until(
-            lambda: any(s["turn"] == "running" and s["pid"] for s in client.ps()["slots"]),
-            what="its work recorded",
-        )
+    # started: its command runs (granted but not started, it would be held for its requester
+    # and run when asked again: supervisor.turns.rerun)
+    wait_until(lambda: (_guard_record(state_dir, "running") or {}).get("own_group"), what="CMD")
     d.kill()
     d.start()
     with d.client() as client:
@@ -198,3 +192,15 @@ def test_a_corrupt_or_newer_queue_file_is_moved_aside_and_the_supervisor_starts(
     # the second time, the journal of the first run went aside with the snapshot it belongs to
     assert list(state_dir.glob("queue.journal.bad-*"))
     assert "is not valid JSON" in logged and "is version 99, newer than this ccsup knows" in logged
+
+
+def _guard_record(state_dir, turn_id: str) -> dict | None:
+    """The guard record of a turn (guardd.record), once its guard wrote one."""
+    for path in (state_dir / "guards").glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("turn") == turn_id:
+            return record
+    return None
