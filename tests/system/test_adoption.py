@@ -426,7 +426,7 @@ def test_a_command_that_ended_by_itself_after_the_restart_unadopted_ends_with_it
 def test_a_supervisor_killed_right_after_each_started_loses_no_turn_under_load(daemon, state_dir):
     """`started` is published only once the guard runs CMD and its record names its channel
     (GuardProcess.when_ready): a supervisor SIGKILLed the moment it has published it (by itself:
-    tests/helpers/killed_at_started.py), 20 times under two CPU hogs, leaves every turn to be
+    tests/helpers/killed_at.py started), 20 times under two CPU hogs, leaves every turn to be
     adopted and to run to its own end with its own status (before: about 1 in 3 ended
     `parent_gone`, its command never run)."""
     import sys
@@ -436,7 +436,7 @@ def test_a_supervisor_killed_right_after_each_started_loses_no_turn_under_load(d
     hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
     try:
         d = daemon(caps="codex = 2", adopt_within="30s", start=False)
-        d.program = [str(HELPERS / "killed_at_started.py"), str(state_dir / "killed")]
+        d.program = [str(HELPERS / "killed_at.py"), "started", str(state_dir / "killed")]
         d.start()
         marks = state_dir / "marks"
         for i in range(20):

@@ -4,7 +4,7 @@ its living requester (`ccsup run`, Client.run_turn) by the same id, it runs once
 requester gets its whole output and its own status; without a living requester, or one that does
 not ask again in time, it ends `supervisor_restarted` and says why.
 
-The moment is caught by the supervisor itself: tests/helpers/killed_at_granted.py SIGKILLs it
+The moment is caught by the supervisor itself: tests/helpers/killed_at.py granted SIGKILLs it
 the instant it has published a turn's `granted`, before the turn's guard is asked for (the grant
 is saved and published first). So the turn never started, every time, and nothing sleeps. Either
 the turn waits first (a blocker holds the key's one slot; its own grant is marked done
@@ -38,7 +38,7 @@ def killed_at_granted(daemon, state_dir, blocker: bool = True, **config):
     key's one slot (its stdin open: it waits) once this returns (without it, at the first)."""
     d = daemon(caps="codex = 1", start=False, **config)
     (state_dir / "killed").write_text("blocker\n" if blocker else "")
-    d.program = [str(HELPERS / "killed_at_granted.py"), str(state_dir / "killed")]
+    d.program = [str(HELPERS / "killed_at.py"), "granted", str(state_dir / "killed")]
     d.start()
     d.blocker = blocker
     if blocker:
