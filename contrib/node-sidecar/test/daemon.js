@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 const REPO = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 export const PYTHON = process.env.CCSUP_PYTHON || join(REPO, ".venv", "bin", "python");
 
-// `wrapper`: a Python script of tests/helpers that runs ccsup its own way (killed_at_granted.py,
+// `wrapper`: a Python script of tests/helpers that runs ccsup its own way (killed_at.py,
 // given `wrapperArgs` first): the supervisor runs in the foreground under it, detached, and is
 // waited for until `status` answers.
 export function startDaemon(caps, guardExtra = "", { wrapper, wrapperArgs = [] } = {}) {

@@ -401,11 +401,11 @@ test("with no supervisor back in time a followed turn fails with supervisor_lost
 });
 
 test("a turn granted whose guard had not started at a SIGKILL is requested again and runs", { timeout: 90000 }, async () => {
-  // tests/helpers/killed_at_granted.py: the supervisor SIGKILLs itself the moment it has published
+  // tests/helpers/killed_at.py granted: the supervisor SIGKILLs itself the moment it has published
   // a turn's `granted` (not `blocker`'s), before that turn's guard is asked for.
   const marks = join(mkdtempSync("/tmp/ccsup-node-marks-"), "killed");
   writeFileSync(marks, "blocker\n");
-  const own = startDaemon("solo = 1", 'adopt_within = "30s"', { wrapper: "killed_at_granted.py", wrapperArgs: [marks] });
+  const own = startDaemon("solo = 1", 'adopt_within = "30s"', { wrapper: "killed_at.py", wrapperArgs: ["granted", marks] });
   const client = await Sidecar.connect({ stateDir: own.stateDir });
   try {
     await client.turn({ key: "solo", argv: ["sh", "-c", "read x"], id: "blocker" });
