@@ -3,9 +3,11 @@ and their file, runtime deadlines, and `[pause_on.<key>]`.
 
 The decisions are supervisor.admission.policy's (pure); this module applies them in the running
 supervisor through the manager's seams: it is the manager's `Admission` (supervisor.turns.manager:
-`refusal(item, now)` for the head of each key, before the slot gate), it makes the manager's wait
-queue (`make_queue`: the fairness), and it observes the ledger's events as they are emitted
-(`attach`): a grant counts in the key's rate window before the next head is asked, and starts the
+`refusal(item, now)` for the head of each key, before the slot gate), made by the manager with the
+manager's `Turns` (the ledger, the settings, `grant_waiters` and `cancel`), so it has all it uses
+from its construction on; the wait queue is the ledger's, ordered by `[slots] fairness`
+(`ordering`), and `retune` ranks it again. It observes the ledger's events as they are emitted
+(it subscribes in its constructor): a grant counts in the key's rate window before the next head is asked, and starts the
 stderr watch and the quota readers (a turn's first output may come before its `started`);
 `started` sets the runtime deadline; `stderr` chunks go to the pause_on scanner; `exited`
 checks pause_on's exit codes; a finished item drops its timers. One timer wakes the grants when a
@@ -40,15 +42,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TypedDict, cast
 
 from ..config.admission import AdmissionSettings, PauseRule
-from ..filework import FileWorker
-from ..turns.fairness import Ordering, make_ordering, session_of
-from ..turns.manager import Refusal
+from ..turns.fairness import make_ordering
+from ..turns.manager import Refusal, Turns
 from ..turns.seams import LoopTimers, Timer, Timers
 from ..turns.states import Item, State, Turn
-from ..turns.waits import WaitQueue
 from ..wire.args import PauseArgs, ResumeArgs
 from ..wire.protocol import output_bytes
 from . import state as admission_state
@@ -61,9 +61,6 @@ from .quota_signals import Reading
 from .rates import RateTable, StartWindows
 from .room import MachineRoom
 from .runtime_limits import RuntimeLimits
-
-if TYPE_CHECKING:
-    from ..turns.manager import Manager
 
 # A started turn's command runs a few milliseconds after its guard started (exec, the program's
 # own start): its grant is counted from its start plus this, so the starts the commands themselves
@@ -95,11 +92,15 @@ class KeyControl:
         self,
         settings: AdmissionSettings,
         state_dir: Path,
+        turns: Turns,
         *,
         publish: Callable[[str, dict], None],
         clock: Callable[[], float],
         timers: Timers | None = None,
+        room: MachineRoom | None = None,
     ):
+        """`turns`: the manager (supervisor.turns.manager.Turns); `room`: `[memory]`'s machine
+        room (supervisor.admission.room), asked last, after the pauses and windows."""
         self.settings = settings
         self.path = admission_state.path_in(state_dir)
         self.publish = publish  # key.* events
@@ -107,13 +108,13 @@ class KeyControl:
         self.timers: Timers = (
             timers or LoopTimers()
         )  # a test gives its own (supervisor.turns.seams)
-        # Set by attach(manager): the manager's ledger and commands.
-        self.emit: Callable[[str, dict], None] = publish  # turn.<id>.*, in order with the ledger's
-        self.grant: Callable[[], None] = lambda: None
-        self.cancel: Callable[..., dict] = lambda item_id, reason: {}
-        self.lookup: Callable[[str], Item | None] = lambda item_id: None
-        self.queue: WaitQueue | None = None
-        self.files: FileWorker | None = None
+        self.turns = turns  # grant_waiters and cancel, at run time
+        ledger = turns.ledger
+        self.emit = ledger.emit  # turn.<id>.*, in order with the ledger's
+        self.lookup = ledger.get
+        self.queue = ledger.queue  # ordered by [slots] fairness; retune reorders it
+        self.files = ledger.files  # admission.json's fsyncs, off the event loop
+        self.room = room
         self.policy = Admission(
             PauseBook(settings.max_pause),
             StartWindows(RateTable(settings.rates)),
@@ -127,7 +128,6 @@ class KeyControl:
         self._scanner: StderrScanner | None = None
         self.readers: QuotaReaders | None = None  # the harnesses' own signals, made at first use
         self._homes: dict[str, Path] = {}  # granted turn -> its CODEX_HOME, until it starts
-        self.key_env: Callable[[str], Mapping[str, str]] = lambda key: {}  # set by attach
         self._checking: Counter[str] = Counter()  # key -> ended turns whose stderr is unscanned
         self._wake: Timer | None = None
         self._wake_at: float | None = None
@@ -136,34 +136,16 @@ class KeyControl:
         self._granted_at: dict[str, float] = {}  # rate-limited grants not yet started
         self._dirty = False  # admission.json is behind memory (see _save_soon)
         self._save_pending = False
-        self.room: MachineRoom | None = (
-            None  # [memory] (supervisor.admission.room), set by the daemon
-        )
+        ledger.observers.append(self._observe)
+        ledger.on_finished.append(lambda item: self._finished(item.id))
 
-    def ordering(self) -> Ordering:
-        return make_ordering(self.settings.fairness)
+    def grant(self) -> None:
+        """The manager's grant round: heads held here are asked again."""
+        self.turns.grant_waiters()
 
-    def make_queue(self) -> WaitQueue:
-        """The manager's wait queue, ordered by `[slots] fairness`."""
-        self.queue = WaitQueue(self.ordering(), session_of=self._session_of)
-        return self.queue
-
-    def attach(self, manager: Manager) -> None:
-        """Follow the manager's ledger and use its commands (call once, before any request)."""
-        self.emit = manager.ledger.emit
-        self.grant = manager.grant_waiters
-        self.cancel = manager.cancel
-        self.lookup = manager.ledger.get
-        self.files = manager.ledger.files  # admission.json's fsyncs, off the event loop
-        self.key_env = lambda key: manager.settings.key_env.get(key, {})  # [env."<key>"]
-        manager.ledger.observers.append(self._observe)
-        manager.ledger.on_finished.append(lambda item: self._finished(item.id))
-
-    def _session_of(self, item_id: str) -> str:
-        item = self.lookup(item_id)
-        if item is None:
-            return f"i:{item_id}"
-        return session_of(item.holder.session, item.holder.pid, item_id)
+    def key_env(self, key: str) -> Mapping[str, str]:
+        """`[env."<key>"]` as the manager has it now (a reload changes it)."""
+        return self.turns.settings.key_env.get(key, {})
 
     # -- the manager's Admission (supervisor.turns.manager) ------------------------------------------
 
@@ -184,7 +166,7 @@ class KeyControl:
         return Refusal(why.reason.value, why.until)
 
     def _observe(self, topic: str, body: dict) -> None:
-        """Every event the ledger emits (see attach): quick, and never emits itself."""
+        """Every event the ledger emits (subscribed in the constructor): quick, never emits itself."""
         parts = topic.split(".")
         if len(parts) != 3 or parts[0] != "turn":
             return
@@ -218,8 +200,7 @@ class KeyControl:
                 return  # a turn binding a held reservation: that grant was counted already
             member = body.get("member")  # a pool's turn counts in its member's rate window
             self.granted(member if isinstance(member, str) else item.key, item.id)
-            if self.queue is not None:
-                self.queue.ordering.granted(item.id)
+            self.queue.ordering.granted(item.id)
         elif isinstance(item, Turn) and kind == "started":
             self.turn_started(item)
         elif isinstance(item, Turn) and kind == "adopted":
@@ -234,8 +215,7 @@ class KeyControl:
             self.readers.turn_ended(item_id)  # one that ended with no exit (a lost guard)
         if self._scanner is not None:
             self._scanner.forget(item_id)  # one granted that never ran to an exit
-        if self.queue is not None:
-            self.queue.ordering.removed(item_id)
+        self.queue.ordering.removed(item_id)
         self.turn_finished(item_id)
 
     # -- commands --------------------------------------------------------------------------------
@@ -299,7 +279,7 @@ class KeyControl:
     def retune(self, settings: AdmissionSettings) -> None:
         """A reload: new rates, limits, rules, fairness and max_pause (live pauses keep their
         ends; the waiters are ranked again, in their current order, by a new fairness)."""
-        if settings.fairness != self.settings.fairness and self.queue is not None:
+        if settings.fairness != self.settings.fairness:
             self.queue.reorder(make_ordering(settings.fairness))
         self.settings = settings
         self.policy.pauses.max_pause = settings.max_pause
@@ -565,10 +545,9 @@ class KeyControl:
                 pauses=self.policy.pauses.to_json(),
                 starts=self.policy.starts.to_json(),
                 quota=self.policy.quota.to_json(),
-                sync=self.files is None,
+                sync=False,
             )
-            if self.files is not None:
-                self.files.sync_soon(self.path)
+            self.files.sync_soon(self.path)
         except OSError as e:
             log.error("unable to save %s: %s (kept in memory)", self.path, e.strerror)
 
@@ -638,7 +617,7 @@ class KeyControl:
         self._deadlines.pop(turn.id, None)
         if turn.state is State.RUNNING:
             log.info("turn %s ran past its limit: stopping it", turn.id)
-            self.cancel(turn.id, reason="timeout")
+            self.turns.cancel(turn.id, reason="timeout")
 
     def turn_exited(self, turn: Turn) -> None:
         if self._scanner is not None and self._scanner.finish(turn.id):

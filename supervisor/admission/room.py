@@ -30,7 +30,8 @@ another file to read in place of /proc/pressure/memory.
 
 State: in memory only. The peaks come back from the history at each start (a history that cannot
 be read: predictions from the estimates alone, said once in the log); the running turns and their
-figures from the ledger's events and the next refresh. Knows guard records through
+figures from the ledger's events (followed from the room's construction: it is given the
+manager's `Turns`, supervisor.turns.manager) and the next refresh. Knows guard records through
 supervisor.guards.containment; nothing of slots or sockets.
 """
 
@@ -41,15 +42,13 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config.memory import AUTO, MemorySettings, estimate_for
 from ..guards import containment
+from ..turns.manager import Turns
 from ..turns.states import Item, Turn
 from .policy import WaitReason, Why
-
-if TYPE_CHECKING:
-    from ..turns.manager import Manager
 
 PEAKS = 20  # a key's prediction is the p90 of this many last peaks
 PERCENTILE = 0.90
@@ -112,6 +111,7 @@ class MachineRoom:
     def __init__(
         self,
         settings: MemorySettings,
+        turns: Turns | None = None,
         *,
         publish: Callable[[str, dict], None] = lambda topic, body: None,
         meminfo: Callable[[], dict[str, int]] = read_meminfo,
@@ -134,17 +134,21 @@ class MachineRoom:
         self.pressured = False
         self._psi_at = float("-inf")
         self.alone: str | None = None  # a head granted alone (it can never fit with others)
-        self.grant: Callable[[], None] = lambda: None
-        self.lookup: Callable[[str], Item | None] = lambda item_id: None
+        # The manager (supervisor.turns.manager.Turns): its ledger's events and finished items
+        # are followed from here on, and grants asked of it. None: a room alone (tests), which
+        # sees no events and asks for no grants.
+        self.turns = turns
+        if turns is not None:
+            turns.ledger.observers.append(self._observe)
+            turns.ledger.on_finished.append(lambda item: self.finished(item.id))
 
-    # -- wiring ----------------------------------------------------------------------------------
+    def grant(self) -> None:
+        """The manager's grant round (a head held for room is asked again)."""
+        if self.turns is not None:
+            self.turns.grant_waiters()
 
-    def attach(self, manager: Manager) -> None:
-        """Follow the ledger's events and finished items; grant through the manager."""
-        self.grant = manager.grant_waiters
-        self.lookup = manager.ledger.get
-        manager.ledger.observers.append(self._observe)
-        manager.ledger.on_finished.append(lambda item: self.finished(item.id))
+    def lookup(self, item_id: str) -> Item | None:
+        return self.turns.ledger.get(item_id) if self.turns is not None else None
 
     def load(self, peaks: Mapping[str, list[int]]) -> None:
         """The history's last peaks of each key (oldest first), taken at start."""

@@ -63,7 +63,8 @@ from ..output import retention
 from ..paths import StatePaths, ipc_path
 from ..slots.gate import SlotGate
 from ..turns import restore, store, views
-from ..turns.manager import RETRY_INTERVAL, Manager, Settings
+from ..turns.fairness import make_ordering
+from ..turns.manager import RETRY_INTERVAL, Manager, Settings, Turns
 from ..turns.states import State
 from ..wire import args as command_args
 from ..wire import protocol
@@ -107,13 +108,12 @@ class Daemon:
         self.strays = StrayWatch()
         # Guards forked by a warm zygote (pipelined), else directly.
         self.launcher = Launcher(strays=self.strays)
-        # Admission (pauses, start rates, runtime limits, fairness): the manager's policy and queue.
-        self.keyctl: KeyControl = KeyControl(
-            admission_settings(config), paths.root, publish=self.server.publish, clock=time.time
-        )
         self.cgroups = containment.start_cgroups(config)
         # [cluster]: a cluster slot before the local one, for the keys it names (cluster_wiring).
         self.cluster = cluster = cluster_wiring(config, paths.root, self.server.publish)
+        # Made by _make_admission while the manager is made (admission is given the manager whole).
+        self.keyctl: KeyControl
+        self.room: MachineRoom
         self.manager: Manager = Manager(
             paths=self.paths,
             gate=cluster.slot_gate(self.gate) if cluster else self.gate,
@@ -124,17 +124,14 @@ class Daemon:
                 if cluster
                 else self.launcher.start_guard
             ),
-            admission=self.keyctl,
-            queue=self.keyctl.make_queue(),
+            # Admission (pauses, start rates, runtime limits, [memory]): made by the manager, given
+            # the manager (_make_admission); the wait queue's order is [slots] fairness.
+            admission=self._make_admission,
+            ordering=make_ordering(admission_settings(config).fairness),
             # a pool's member held for quota is passed over ([quota] hold_at: supervisor.turns.pools)
             quota_room=lambda key, now: self.keyctl.quota_room(key),
             cgroups=self.cgroups,
         )
-        self.keyctl.attach(self.manager)
-        # [memory]: admission by the machine's room and the pressure brake (the last hold asked).
-        self.room = MachineRoom(config.memory, publish=self.server.publish)
-        self.keyctl.room = self.room
-        self.room.attach(self.manager)
         self._stop = asyncio.Event()
         self.handing_over = False  # `ccsup restart`: exit without ending a turn (_hand_over)
         self._reaping: asyncio.Task | None = None
@@ -160,6 +157,21 @@ class Daemon:
         self.duties = self._periodic_duties()
         for name in self.duties:
             self.metrics.periodic_errors.inc((name,), 0)
+
+    def _make_admission(self, turns: Turns) -> KeyControl:
+        """The manager's admission, called by the manager as it is made: the key control, with
+        `[memory]`'s machine room (the last hold asked) in it; both follow the manager's ledger
+        from here on."""
+        self.room = MachineRoom(self.config.memory, turns, publish=self.server.publish)
+        self.keyctl = KeyControl(
+            admission_settings(self.config),
+            self.paths.root,
+            turns,
+            publish=self.server.publish,
+            clock=time.time,
+            room=self.room,
+        )
+        return self.keyctl
 
     def _settings(self, config: Config) -> Settings:
         return Settings(

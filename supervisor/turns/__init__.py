@@ -9,5 +9,6 @@ OpenTelemetry attributes a turn's environment carries (`telemetry`).
 
 Knows turns, waits and reservations; asks slots and guards through `seams`. Imports slots, guards,
 output, wire, config and the ground floor; never admission, cluster, history, the daemon, the CLI
-or the page (admission implements `manager.Admission`; the daemon wires it in).
+or the page (admission implements `manager.Admission`, made by the manager with the function the
+daemon gives it, and given the manager as `manager.Turns`).
 """

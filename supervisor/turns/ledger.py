@@ -38,10 +38,11 @@ from typing import Any
 
 from ..filework import FileWorker
 from . import store
+from .fairness import Ordering, session_of
 from .finished import FinishedIds
 from .seams import Timer, Timers
 from .states import Event, Item, Reservation, State, Turn
-from .waits import Queue, WaitQueue
+from .waits import WaitQueue
 
 log = logging.getLogger("ccsup.ledger")
 
@@ -62,7 +63,7 @@ class Ledger:
         finished: FinishedIds,
         timers: Timers,
         clock: Callable[[], float],
-        queue: Queue | None = None,
+        ordering: Ordering | None = None,
         files: FileWorker | None = None,
     ):
         self.queue_path = queue_path
@@ -72,7 +73,8 @@ class Ledger:
         self.finished = finished
         self.timers = timers
         self.clock = clock
-        self.queue: Queue = queue if queue is not None else WaitQueue()
+        # Ordered by `ordering` ([slots] fairness; default FIFO), sessions named from the items.
+        self.queue = WaitQueue(ordering, session_of=self.session_of)
         self.turns: dict[str, Turn] = {}
         self.reservations: dict[str, Reservation] = {}
         self.holders: dict[tuple[str | None, str | None, str], str] = {}  # -> reservation id
@@ -96,6 +98,13 @@ class Ledger:
 
     def get(self, item_id: str) -> Item | None:
         return self.turns.get(item_id) or self.reservations.get(item_id)
+
+    def session_of(self, item_id: str) -> str:
+        """The session a waiter counts in (supervisor.turns.fairness), from its holder."""
+        item = self.get(item_id)
+        if item is None:
+            return f"i:{item_id}"
+        return session_of(item.holder.session, item.holder.pid, item_id)
 
     def add(self, item: Item) -> None:
         if isinstance(item, Reservation):

@@ -39,6 +39,12 @@ The default admits everything: the cap (the slot gate) is then the only limit. P
 windows and other policies implement this protocol; nothing else in the grant path changes.
 
 Knows nothing: a policy gets the waiting item and the time, and answers.
+
+Wiring in one direction: the manager makes its admission (`admission=`, a function given the
+manager as `Turns`: the ledger, the settings, `grant_waiters` and `cancel`) at the end of its own
+construction, so a policy that follows the ledger's events and asks for grants or cancels at run
+time has all of it when it is made, and nothing is set on either side afterwards. The wait queue's
+order (`ordering=`, supervisor.turns.fairness) is the ledger's to apply.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from ..wire.protocol import ProtocolError
 from . import pools, rerun, store
 from .adopt import Adoption
 from .endings import Endings, What
+from .fairness import Ordering
 from .finished import FinishedIds
 from .gone import Probe
 from .ledger import Ledger, Publish
@@ -89,6 +96,18 @@ class Admission(Protocol):
     def refusal(self, item: Item, now: float, key: str | None = None) -> Refusal | None:
         """`key`: the key the item would be granted on when it is not its own (a pool's member)."""
         ...
+
+
+class Turns(Protocol):
+    """What an admission asks of the turn logic, the manager being one: the ledger (its events as
+    they are emitted, its items, its file worker), the settings (a key's `[env]`), and two
+    commands at run time."""
+
+    ledger: Ledger
+    settings: Settings
+
+    def grant_waiters(self) -> None: ...
+    def cancel(self, item_id: str, reason: str = "cancelled") -> dict[str, Any]: ...
 
 
 class AdmitAll:
@@ -149,8 +168,8 @@ class Manager:
         timers: Timers | None = None,
         requesters: Callable[[Callable[[str], None]], Requesters] = Requesters,
         probe: Probe | None = None,
-        admission: Admission | None = None,
-        queue: Queue | None = None,
+        admission: Callable[[Turns], Admission] | None = None,
+        ordering: Ordering | None = None,
         me: procs.Identity | None = None,
         cgroups: containment.Cgroups | None = None,
         quota_room: Callable[[str, float], bool] = always_room,
@@ -159,7 +178,6 @@ class Manager:
         self.gate = gate
         self.settings = settings
         self.clock = clock
-        self.admission: Admission = admission or AdmitAll()
         self.quota_room = quota_room  # may a key be granted now for its provider windows
         self.refused: dict[str, Refusal] = {}  # key -> why its head was last held back
         self.gate_errors: dict[str, str] = {}  # key -> the gate's last error for it, said once
@@ -181,7 +199,7 @@ class Manager:
             finished=self.finished,
             timers=timers or LoopTimers(),
             clock=clock,
-            queue=queue,
+            ordering=ordering,
         )
         self.endings = Endings(
             self.ledger,
@@ -205,10 +223,12 @@ class Manager:
             lambda item: self.requesters.unwatch(item.requester, item.id)
         )
         self.ledger.on_flushed.append(self.start_saved_grants)
-        self.queue = self.ledger.queue
+        self.queue: Queue = self.ledger.queue
         self.turns = self.ledger.turns
         self.reservations = self.ledger.reservations
         self.adoption = Adoption()  # what restore's adoption did (supervisor.turns.adopt)
+        # Last: the admission is given the manager whole (see the module's note on wiring).
+        self.admission: Admission = AdmitAll() if admission is None else admission(self)
 
     # -- requests --------------------------------------------------------------------------------
 

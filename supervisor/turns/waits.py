@@ -7,8 +7,9 @@ grants only the head of a key. Keys are independent: a full key blocks only its 
 the oldest waiter of any key.
 
 In memory only; the daemon persists what it must. Knows ordering, nothing of slots or processes.
-The ordering is replaceable: the manager takes any `Queue` in its constructor (a fairness across
-sessions, say, orders each key's waiters differently behind the same methods).
+The ordering is replaceable: the manager is given an `Ordering` and the ledger makes the queue with
+it (a fairness across sessions, say, orders each key's waiters differently behind the same
+methods); `Queue` is what the manager, the ledger and restore use of it.
 """
 
 from __future__ import annotations

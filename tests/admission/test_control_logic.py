@@ -1,5 +1,5 @@
 """Admission through the manager, without processes: the manager-logic harness (fake gate, guards,
-clock and timers) with a real KeyControl attached, as the daemon attaches it."""
+clock and timers) with a real KeyControl made by the manager, as the daemon has it made."""
 
 from __future__ import annotations
 
@@ -13,22 +13,32 @@ from fakes import RUN, Harness, no_process_left, scenario  # noqa: F401 (an auto
 from guardd.procs import Identity
 from supervisor.admission.control import START_SLACK, KeyControl
 from supervisor.config.admission import AdmissionSettings, PauseRule, Rate
-from supervisor.turns.manager import Manager, Settings
+from supervisor.turns.fairness import make_ordering
+from supervisor.turns.manager import Manager, Settings, Turns
 from supervisor.wire.args import parse_pause, parse_resume
 
 
-def attach(h: Harness, **settings) -> KeyControl:
+def with_keyctl(h: Harness, **settings) -> KeyControl:
     """Replace the harness's manager by one with admission, as supervisor.daemon.main makes it.
     The quota readers are off (their thread answers an ended turn a moment later, which a fake
     clock does not wait for): tests/admission/test_quota_readers.py has them."""
     settings.setdefault("quota_read", frozenset())
-    keyctl = KeyControl(
-        AdmissionSettings(**settings),
-        h.paths.root,
-        publish=lambda topic, body: h.published.append((topic, body)),
-        clock=h.clock,
-        timers=h.clock,
-    )
+    chosen = AdmissionSettings(**settings)
+    made: list[KeyControl] = []
+
+    def admission(turns: Turns) -> KeyControl:
+        made.append(
+            KeyControl(
+                chosen,
+                h.paths.root,
+                turns,
+                publish=lambda topic, body: h.published.append((topic, body)),
+                clock=h.clock,
+                timers=h.clock,
+            )
+        )
+        return made[0]
+
     h.manager = Manager(
         paths=h.paths,
         gate=h.gate,
@@ -40,19 +50,19 @@ def attach(h: Harness, **settings) -> KeyControl:
         requesters=type(h.requesters),
         probe=h.probe,
         me=Identity(os.getpid(), 1),
-        admission=keyctl,
-        queue=keyctl.make_queue(),
+        admission=admission,
+        ordering=make_ordering(chosen.fairness),
     )
+    (keyctl,) = made
     h.requesters = h.manager.requesters
     h.requesters.alive = h.alive
-    keyctl.attach(h.manager)
     keyctl.restore()
     return keyctl
 
 
 @scenario(caps={"codex": 1, "claude": 1})
 async def test_a_pause_holds_the_key_and_its_end_grants_the_waiters_in_order(h):
-    keyctl = attach(h)
+    keyctl = with_keyctl(h)
     keyctl.pause(parse_pause({"key": "codex", "for": 30, "reason": "429"}), by="control")
     for turn_id in ("t1", "t2"):
         h.turn(turn_id)
@@ -73,7 +83,7 @@ async def test_a_pause_holds_the_key_and_its_end_grants_the_waiters_in_order(h):
 
 @scenario(caps={"codex": 5})
 async def test_a_rate_admits_n_per_window_and_its_timer_admits_the_next(h):
-    keyctl = attach(h, rates={"codex": Rate(2, 10.0)})
+    keyctl = with_keyctl(h, rates={"codex": Rate(2, 10.0)})
     for i in range(4):
         h.turn(f"t{i}")
     assert [h.events(f"t{i}") == RUN for i in range(4)] == [True, True, False, False]
@@ -91,7 +101,7 @@ async def test_a_rate_admits_n_per_window_and_its_timer_admits_the_next(h):
 
 @scenario(caps={"codex": 1})
 async def test_a_turn_past_its_timeout_is_warned_then_stopped_with_reason_timeout(h):
-    attach(h, expiring_notice=5.0)
+    with_keyctl(h, expiring_notice=5.0)
     h.turn("t1", timeout=20)
     h.clock.advance(14.9)
     assert "expiring" not in h.events("t1")
@@ -106,7 +116,7 @@ async def test_a_turn_past_its_timeout_is_warned_then_stopped_with_reason_timeou
 
 @scenario(caps={"codex": 1})
 async def test_session_fairness_through_the_manager(h):
-    attach(h, fairness="session")
+    with_keyctl(h, fairness="session")
     h.turn("a1", holder={"session": "A"})
     h.turn("a2", holder={"session": "A"})
     h.turn("a3", holder={"session": "A"})
@@ -116,11 +126,11 @@ async def test_session_fairness_through_the_manager(h):
 
 @scenario(caps={"codex": 1})
 async def test_resume_by_hand_and_a_restart_keeps_the_pause(h):
-    keyctl = attach(h)
+    keyctl = with_keyctl(h)
     keyctl.pause(parse_pause({"key": "codex", "for": 600}), by="control")
     h.turn("t1")
     keyctl.close()
-    second = attach(h)  # the next supervisor on the same state directory
+    second = with_keyctl(h)  # the next supervisor on the same state directory
     assert second.policy.pauses.paused_until("codex", h.clock.now) == h.clock.now + 600
     assert second.resume(parse_resume({"key": "codex"}))["resumed"] == ["codex"]
 
@@ -129,7 +139,7 @@ async def test_resume_by_hand_and_a_restart_keeps_the_pause(h):
 async def test_a_waiting_turns_timeout_and_session_survive_a_restart(h):
     from supervisor.turns import restore
 
-    attach(h, fairness="session")
+    with_keyctl(h, fairness="session")
     h.turn("busy", holder={"session": "A"})
     h.turn("a2", holder={"session": "A"}, timeout=20)
     h.turn("b1", holder={"session": "B"}, timeout=30)
@@ -140,7 +150,7 @@ async def test_a_waiting_turns_timeout_and_session_survive_a_restart(h):
     h.starter.guards.clear()
     h.published.clear()
     h.clock.drop_timers()
-    attach(h, fairness="session", expiring_notice=5.0)
+    with_keyctl(h, fairness="session", expiring_notice=5.0)
     assert restore.restore(h.manager, saved, []) == []
     # Ranks are not saved: the rounds start again, in request order (A's turn that ran is gone).
     assert [w.id for w in h.manager.queue.all()] == ["a2", "b1"]
@@ -162,7 +172,7 @@ async def test_stderr_written_before_started_is_scanned_for_pause_on(h):
     and its record is written): a 429 in it pauses the key all the same, and the next waiter is
     not granted in between."""
     rule = PauseRule("codex", stderr=re.compile("429"), for_=30.0)
-    keyctl = attach(h, pause_on={"codex": rule})
+    keyctl = with_keyctl(h, pause_on={"codex": rule})
     h.starter.ready_later = True
     h.turn("hit")
     h.turn("next")
