@@ -188,6 +188,10 @@ def doctor(
         )
     if harness == "claude":
         lines.append(_claude_sandbox(settings or installer.default_target(harness)))
+    if harness == "codex":
+        from . import codex_sandbox
+
+        lines += codex_sandbox.status((settings or installer.default_target(harness)).parent)
     client.check_running()
     found = executable or shutil.which(harness)
     if not found:

@@ -69,8 +69,17 @@ def install(
     given_config = found.config_option or config_path(os.environ)
     config = Path(given_config).expanduser().absolute() if given_config else None
     sandbox = _sandbox_entries(found) if harness == "claude" else None
-    path = installer.install(harness, _target(settings), key, match, state_dir, config, sandbox)
+    target = _target(settings)
+    if harness == "codex":  # config.toml not TOML: refused before hooks.json is written
+        from ..agents import codex_sandbox
+
+        codex_sandbox.check((target or installer.default_target(harness)).parent)
+    path = installer.install(harness, target, key, match, state_dir, config, sandbox)
     click.echo(f"ccsup: {harness} hook written to {path}")
+    if harness == "codex":
+        words, sockets = _ccsup_and_sockets(found)
+        for line in codex_sandbox.install(path.parent, words, sockets):
+            click.echo(f"ccsup: {line}")
     if state_dir is not None or config is not None:
         click.echo(
             f"ccsup: the hook carries {state_dir or 'no state directory'} and {config or 'no config'}"
@@ -80,11 +89,17 @@ def install(
 
 
 def _sandbox_entries(found) -> dict:
-    """Claude Code's sandbox entries for this state directory (agents.install.sandbox_entries):
-    the words the hook's rewrite starts with, found as the hook finds them."""
+    """Claude Code's sandbox entries for this state directory (agents.install.sandbox_entries)."""
+    from ..agents import install as installer
+
+    return installer.sandbox_entries(*_ccsup_and_sockets(found))
+
+
+def _ccsup_and_sockets(found) -> tuple[list[str], list[str]]:
+    """The words the hook's rewrite starts with, found as the hook finds them, and the
+    supervisor's control and bus sockets."""
     import os
 
-    from ..agents import install as installer
     from ..agents.route import ccsup_words
     from ..paths import ipc_path
 
@@ -106,7 +121,7 @@ def _sandbox_entries(found) -> dict:
         for path in (ipc_path(e) for e in (endpoints.control, endpoints.bus_in, endpoints.bus_out))
         if path is not None
     ]
-    return installer.sandbox_entries(words, sockets)
+    return words, sockets
 
 
 @hook.command()
@@ -119,7 +134,16 @@ def uninstall(ctx: click.Context, harness: str, settings: str | None) -> None:
     from .where import where
 
     sandbox = _sandbox_entries(where(ctx)) if harness == "claude" else None
+    if harness == "codex":
+        from ..agents import codex_sandbox
+
+        codex_sandbox.check((_target(settings) or installer.default_target(harness)).parent)
     path, removed = installer.uninstall(harness, _target(settings), sandbox)
+    if harness == "codex":
+        if codex_sandbox.uninstall(path.parent):
+            click.echo(
+                f"ccsup: Codex's sandbox rule and permission entries removed from {path.parent}"
+            )
     click.echo(
         f"ccsup: {harness} hook removed from {path}"
         if removed

@@ -102,3 +102,136 @@ def test_opencode_gets_a_plugin_file_that_node_can_load_and_uninstall_removes_it
     other.write_text("// not ours")
     assert ccsup("hook", "uninstall", "opencode", "--settings", str(folder)).returncode == 0
     assert not plugin.exists() and other.exists()
+
+
+def _codex_env(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CODEX", "CCSUP_"))}
+    env["CCSUP_STATE_DIR"] = str(tmp_path / "state")
+    return env
+
+
+def _install_codex(folder, env) -> subprocess.CompletedProcess:
+    return ccsup("hook", "install", "codex", "--settings", str(folder / "hooks.json"), env=env)
+
+
+def _uninstall_codex(folder, env) -> subprocess.CompletedProcess:
+    return ccsup("hook", "uninstall", "codex", "--settings", str(folder / "hooks.json"), env=env)
+
+
+def _sockets(tmp_path) -> dict:
+    state = tmp_path / "state"
+    return {str(state / name): "allow" for name in ("control", "bus-in", "bus-out")}
+
+
+def test_codex_own_profile_gets_only_our_sockets_and_uninstall_restores_the_bytes(tmp_path):
+    import tomllib
+
+    folder = tmp_path / "codex"
+    folder.mkdir()
+    config = folder / "config.toml"
+    original = (
+        '# mine\nmodel = "o3"\ndefault_permissions = "mine"\n\n[permissions.mine]\n'
+        'extends = ":workspace"\n\n[permissions.mine.network.unix_sockets]\n'
+        '"/run/mine.sock" = "allow"\n'
+    )
+    config.write_text(original)
+    env = _codex_env(tmp_path)
+    for _ in range(2):  # installing again changes nothing more
+        done = _install_codex(folder, env)
+        assert done.returncode == 0, done.stderr
+        assert "added to your profile 'mine'" in done.stdout, done.stdout
+    data = tomllib.loads(config.read_text())
+    assert data["default_permissions"] == "mine" and data["model"] == "o3"
+    assert data["permissions"] == {
+        "mine": {
+            "extends": ":workspace",
+            "network": {"unix_sockets": {"/run/mine.sock": "allow", **_sockets(tmp_path)}},
+        }
+    }
+    rule = (folder / "rules" / "ccsup.rules").read_text()
+    assert '"-m", "supervisor", "--state-dir", ' in rule and '"run"], decision="allow")' in rule
+    removed = _uninstall_codex(folder, env)
+    assert removed.returncode == 0 and "removed" in removed.stdout, removed.stdout
+    assert config.read_text() == original
+    assert not (folder / "rules" / "ccsup.rules").exists()
+    assert not (folder / "ccsup-hook.json").exists()
+
+
+def test_codex_built_in_gets_a_profile_of_ours_that_extends_it_and_uninstall_restores(tmp_path):
+    import tomllib
+
+    env = _codex_env(tmp_path)
+    for built_in in (":workspace", ":read-only"):
+        folder = tmp_path / built_in[1:]
+        folder.mkdir()
+        config = folder / "config.toml"
+        original = f'default_permissions = "{built_in}"  # kept\n[tui]\ntheme = "dark"\n'
+        config.write_text(original)
+        done = _install_codex(folder, env)
+        assert done.returncode == 0, done.stderr
+        assert f"'ccsup' extends {built_in} with only our sockets" in done.stdout, done.stdout
+        data = tomllib.loads(config.read_text())
+        assert data["default_permissions"] == "ccsup" and data["tui"] == {"theme": "dark"}
+        assert data["permissions"] == {
+            "ccsup": {"extends": built_in, "network": {"unix_sockets": _sockets(tmp_path)}}
+        }
+        assert _uninstall_codex(folder, env).returncode == 0
+        assert config.read_text() == original
+
+
+def test_codex_config_edited_after_install_keeps_the_edit_and_loses_only_ours(tmp_path):
+    import tomllib
+
+    folder = tmp_path / "codex"
+    folder.mkdir()
+    config = folder / "config.toml"
+    config.write_text('default_permissions = ":workspace"\n')
+    env = _codex_env(tmp_path)
+    assert _install_codex(folder, env).returncode == 0
+    config.write_text('model = "o3"\n' + config.read_text())  # a top-level key of the user's
+    assert _uninstall_codex(folder, env).returncode == 0
+    assert tomllib.loads(config.read_text()) == {"default_permissions": ":workspace", "model": "o3"}
+
+
+def test_codex_unset_or_sandbox_mode_writes_no_profile_and_says_so(tmp_path):
+    env = _codex_env(tmp_path)
+    cases = {
+        "unset": ('model = "o3"\n', "default_permissions is unset"),
+        "mode": (
+            'default_permissions = ":workspace"\nsandbox_mode = "workspace-write"\n',
+            "Codex ignores permission profiles",
+        ),
+        "legacy": (
+            'default_permissions = ":workspace"\n[sandbox_workspace_write]\nnetwork_access = false\n',
+            "Codex ignores permission profiles",
+        ),
+        "profile": (
+            'default_permissions = ":workspace"\n[profiles.fast]\nsandbox_mode = "read-only"\n',
+            "Codex ignores permission profiles",
+        ),
+        "full": ('default_permissions = ":danger-full-access"\n', "no sandbox"),
+    }
+    for name, (text, said) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.toml").write_text(text)
+        done = _install_codex(folder, env)
+        assert done.returncode == 0 and said in done.stdout, (name, done.stdout)
+        assert (folder / "config.toml").read_text() == text, name
+        assert not (folder / "ccsup-hook.json").exists(), name
+        assert (folder / "rules" / "ccsup.rules").exists(), name
+        assert _uninstall_codex(folder, env).returncode == 0
+        assert (folder / "config.toml").read_text() == text, name
+        assert not (folder / "rules" / "ccsup.rules").exists(), name
+
+
+def test_codex_config_that_is_not_toml_is_refused_and_nothing_is_written(tmp_path):
+    folder = tmp_path / "codex"
+    folder.mkdir()
+    config = folder / "config.toml"
+    config.write_bytes(b"default_permissions = [oops\n")
+    env = _codex_env(tmp_path)
+    done = _install_codex(folder, env)
+    assert done.returncode == 2 and str(config) in done.stderr and "not TOML" in done.stderr
+    assert config.read_bytes() == b"default_permissions = [oops\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.toml"]
