@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 import tomllib
 from pathlib import Path
 
@@ -232,4 +234,11 @@ def status(folder: Path) -> list[str]:
     if name == PROFILE and data.get("default_permissions") == PROFILE:
         said = f"default_permissions is our profile {PROFILE!r}"
     lines.append(f"Codex permissions ({config}): {said}")
+    temp = Path(os.environ.get("TMPDIR") or "/tmp")
+    if sys.platform == "linux" and folder.absolute().is_relative_to(temp):
+        lines.append(
+            f"warning: {folder} is under the temporary folder {temp}: Codex then makes no "
+            "codex-linux-sandbox alias and its sandbox cannot start (bwrap: execvp "
+            "codex-linux-sandbox); set TMPDIR to a folder that does not hold it"
+        )
     return lines

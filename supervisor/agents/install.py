@@ -5,7 +5,8 @@ exactly what was written.
   HOOK, "timeout": 30}]}` in settings.json (`--settings`, else $CLAUDE_CONFIG_DIR/settings.json,
   else ~/.claude/settings.json).
 - Codex: the same group in hooks.json (`--settings`, else $CODEX_HOME/hooks.json, else
-  ~/.codex/hooks.json). Codex runs a hook only once it is trusted (`/hooks` in the CLI).
+  ~/.codex/hooks.json). Codex runs a hook only once it is trusted (`/hooks` in the CLI). What
+  Codex's sandbox needs, beside it: supervisor.agents.codex_sandbox.
 - OpenCode: a plugin file, ccsup.js, in `--settings` (a folder), else
   $XDG_CONFIG_HOME/opencode/plugins/ (default ~/.config/opencode/plugins/): its
   `tool.execute.before` asks the hook and sets `output.args.command` or throws the refusal.

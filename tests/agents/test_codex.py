@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 
@@ -128,10 +129,9 @@ def test_an_exec_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_e
 
 @pytest.mark.timeout(240)
 def test_a_plain_command_runs_capped_and_a_hostile_line_is_not_approved(codex, sandbox):
-    """Codex 0.171 refuses `approval_policy = "untrusted"` ("no longer supported"), and its
-    workspace-write sandbox cannot start here (`bwrap: execvp codex-linux-sandbox: No such file
-    or directory`), so this runs `on-request` with full access: Codex asks only when the model
-    asks to escalate. The plain hooked command runs as a turn; the line with a hostile part is
+    """Codex 0.171 refuses `approval_policy = "untrusted"` ("no longer supported"), so this runs
+    `on-request` with full access: Codex asks only when the model asks to escalate (its own
+    sandbox: test_in_codex_own_sandbox_a_hooked_command_runs_as_a_turn). The plain hooked command runs as a turn; the line with a hostile part is
     refused by the hook (Codex applies a rewrite only with "allow", so ccsup never rewrites it)
     with how to run the heavy part alone, and its marker is never made."""
     hooks = sandbox["home"] / ".codex" / "hooks.json"
@@ -344,3 +344,82 @@ def test_through_mcp_the_model_calls_run_then_wait(codex, sandbox):
     [turn] = db.query(sandbox["state_dir"])  # run once, waited on by id
     # Codex passes the server no CODEX_THREAD_ID: the label is its MCP client name
     assert turn["outcome"] == "ok" and turn["holder"]["harness"] == "codex-mcp-client", turn
+
+
+@pytest.mark.timeout(240)
+def test_in_codex_own_sandbox_a_hooked_command_runs_as_a_turn(codex, sandbox):
+    """Codex's sandbox (bubblewrap + seccomp) around the command, in the permission profile
+    `hook install` makes from `:workspace`. Codex refuses to make its `codex-linux-sandbox` alias
+    when CODEX_HOME is under the temporary folder ($TMPDIR, else /tmp), and bubblewrap then fails
+    to exec it: TMPDIR is a folder of the test's own. The hooked command reaches the supervisor
+    through the rule install writes; a plain command in the same session is still sandboxed: its
+    connect(2) to the same control socket is refused (Codex's seccomp filter refuses every connect
+    while the profile's network is off, the profile's unix_sockets entries notwithstanding)."""
+    config = sandbox["home"] / ".codex" / "config.toml"
+    plain = plain_make(sandbox["tmp"], "inbox", "echo turn=${CCSUP_TURN:-none}")
+    control = sandbox["state_dir"] / "control"
+    probe = (
+        "import socket; s = socket.socket(socket.AF_UNIX)\n"
+        f"try:\n    s.connect({str(control)!r}); print('connected')\n"
+        "except OSError as e:\n    print('refused', e)"
+    )
+    provider = ScriptedProvider(
+        [
+            ("exec_command", {"cmd": plain}),
+            ("exec_command", {"cmd": f"python3 -c {shlex.quote(probe)}"}),
+        ]
+    )
+    provider_config(sandbox["home"], provider)
+    config.write_text('default_permissions = ":workspace"\n' + config.read_text())
+    done = subprocess.run(
+        [*CCSUP, "hook", "install", "codex", "--settings", str(config.with_name("hooks.json"))],
+        env=sandbox["env"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0 and "'ccsup' extends :workspace" in done.stdout, done.stdout
+    tmpdir = sandbox["tmp"] / "tmpdir"
+    tmpdir.mkdir()
+    try:
+        ran = subprocess.run(
+            [str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-hook-trust", "go"],
+            cwd=sandbox["work"],
+            env={**sandbox["env"], "TMPDIR": str(tmpdir)},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+    finally:
+        provider.close()
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "could not create PATH aliases" not in ran.stderr, ran.stderr[-2000:]
+    assert len(provider.results) == 2, (provider.results, ran.stderr[-2000:])
+    first, second = provider.results
+    turn = re.search(r"turn=(\S+)", first)
+    assert turn and turn.group(1) != "none", first
+    assert db.show(sandbox["state_dir"], turn.group(1))["outcome"] == "ok"
+    assert control.exists() and "refused [Errno 1] Operation not permitted" in second, second
+    doctor = subprocess.run(
+        [
+            *CCSUP,
+            "hook",
+            "doctor",
+            "codex",
+            "--bin",
+            str(codex),
+            "--settings",
+            str(config.with_name("hooks.json")),
+            "--harness-arg=--dangerously-bypass-hook-trust",
+        ],
+        cwd=sandbox["work"],
+        env={**sandbox["env"], "TMPDIR": str(tmpdir)},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    said = doctor.stdout + doctor.stderr
+    assert doctor.returncode == 0 and "ok: the rewrite took effect" in said, said
+    assert "default_permissions is our profile 'ccsup'" in said and "ccsup.rules" in said, said
+    assert "under the temporary folder" not in said, said
