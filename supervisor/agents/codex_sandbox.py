@@ -22,7 +22,8 @@ is undone first, then made anew. Uninstall: the file as it was, byte for byte, w
 exactly what install wrote; else only our entries are taken out (the user's other keys kept; TOML
 comments and layout are then not kept). A config.toml that is not TOML: refused, naming it,
 nothing written. Stopped half-way: each file is replaced atomically; the record is written
-after config.toml and removed after it is restored, so a run again finds what to undo.
+before config.toml and removed after it is restored, so a run again finds what to undo (a record
+whose change never reached the file undoes nothing: it names only what install added).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pathlib import Path
 
 import tomli_w
 
-from ..errors import UsageError
+from ..errors import CcsupError, UsageError
+from . import mcp_install
 from .install import MARK, write_atomic
 
 PROFILE = "ccsup"
@@ -50,10 +52,33 @@ def _read(path: Path) -> tuple[bytes | None, dict]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None, {}
+    except OSError as e:
+        raise CcsupError(f"unable to read {path}: {e.strerror}") from None
     try:
         return raw, tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise UsageError(f"{path} is not TOML ({e}); nothing was written") from None
+
+
+def _mcp_block(raw: bytes | None) -> tuple[dict, str]:
+    """The file's keys without `ccsup mcp install`'s marked block, and that block's text: the
+    block is kept as it is (its markers are how `mcp uninstall` finds it) after our rewrite."""
+    text = raw.decode("utf-8") if raw is not None else ""
+    rest, found = mcp_install._without_block(text)
+    if not found:
+        return tomllib.loads(text), ""
+    lines = text.splitlines(keepends=True)
+    begin = next(i for i, line in enumerate(lines) if line.rstrip("\n") == mcp_install.BEGIN)
+    end = next(i for i in range(begin, len(lines)) if lines[i].rstrip("\n") == mcp_install.END)
+    return tomllib.loads(rest), "".join(lines[begin : end + 1])
+
+
+def _render(data: dict, block: str) -> bytes:
+    out = tomli_w.dumps(data)
+    if block:
+        out += ("\n" if out else "") + block
+    tomllib.loads(out)  # what we write is TOML, or nothing is written
+    return out.encode("utf-8")
 
 
 def _legacy(data: dict) -> bool:
@@ -142,7 +167,8 @@ def _undo(config: Path) -> bool:
         else:
             write_atomic(config, before.encode("utf-8"))
     elif raw is not None:
-        write_atomic(config, tomli_w.dumps(_remove_entries(data, record)).encode("utf-8"))
+        data, block = _mcp_block(raw)
+        write_atomic(config, _render(_remove_entries(data, record), block))
     record_path.unlink()
     return True
 
@@ -166,7 +192,8 @@ def install(folder: Path, words: list[str], sockets: list[str]) -> list[str]:
     config = folder / "config.toml"
     check(folder)
     _undo(config)
-    raw, data = _read(config)
+    raw, _ = _read(config)
+    data, block = _mcp_block(raw)
     rules = folder / RULES
     rules.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(rules, rules_text(words).encode("utf-8"))
@@ -195,13 +222,13 @@ def install(folder: Path, words: list[str], sockets: list[str]) -> list[str]:
         if path not in table:
             table[path] = "allow"
             record["added"].append(path)
-    after = tomli_w.dumps(data).encode("utf-8")
+    after = _render(data, block)
     record.update(
         before=raw.decode("utf-8") if raw is not None else None,
         after_sha256=hashlib.sha256(after).hexdigest(),
     )
-    write_atomic(config, after)
     write_atomic(config.with_name(RECORD), json.dumps(record, indent=2).encode("utf-8"))
+    write_atomic(config, after)
     return lines
 
 

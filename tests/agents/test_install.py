@@ -235,3 +235,40 @@ def test_codex_config_that_is_not_toml_is_refused_and_nothing_is_written(tmp_pat
     assert done.returncode == 2 and str(config) in done.stderr and "not TOML" in done.stderr
     assert config.read_bytes() == b"default_permissions = [oops\n"
     assert sorted(p.name for p in folder.iterdir()) == ["config.toml"]
+
+
+def test_codex_keeps_the_mcp_install_block_whatever_the_order(tmp_path):
+    """`ccsup mcp install codex` finds its table by two marker comments: a rewrite of config.toml
+    by `hook install` carries that block over as it is, both ways round."""
+    import tomllib
+
+    env = _codex_env(tmp_path)
+    folder = tmp_path / "codex"
+    folder.mkdir()
+    config = folder / "config.toml"
+    original = 'default_permissions = ":workspace"\n'
+    config.write_text(original)
+
+    def run_mcp(*args):
+        done = ccsup("mcp", *args, "--settings", str(config), env=env)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    assert _install_codex(folder, env).returncode == 0  # hook, then mcp, then hook out first
+    run_mcp("install", "codex")
+    assert _uninstall_codex(folder, env).returncode == 0
+    data = tomllib.loads(config.read_text())
+    assert data["default_permissions"] == ":workspace" and "permissions" not in data
+    assert "removed" in run_mcp("uninstall", "codex").stdout
+    assert tomllib.loads(config.read_text()) == {"default_permissions": ":workspace"}
+
+    config.write_text(original)  # mcp, then hook, then mcp out first
+    run_mcp("install", "codex")
+    with_mcp = config.read_text()
+    assert _install_codex(folder, env).returncode == 0
+    assert "removed" in run_mcp("uninstall", "codex").stdout
+    assert "mcp_servers" not in tomllib.loads(config.read_text())
+    assert tomllib.loads(config.read_text())["default_permissions"] == "ccsup"
+    assert _uninstall_codex(folder, env).returncode == 0
+    assert tomllib.loads(config.read_text()) == {"default_permissions": ":workspace"}
+    assert "mcp_servers" in tomllib.loads(with_mcp)
