@@ -41,10 +41,13 @@ and at every change (guardd.record.Rewriter: a spare beside it until the last wr
 killed outright leaves both, state "running" (or "stopping") and its groups: the supervisor's
 reaper ends those groups. A guard that runs again is a new process with a new identity and a new
 record; it never reads old ones. A guard that cannot end the work exits 125 and leaves state
-"stopping" with a reason. Where the guard is in all this is one `Phase`; the record's `state` is
-read from it (`_record_state`: both stopping phases write "stopping"). Once CMD has exited, what
-of its tree still runs is named in the record (`leftovers`, guardd.leftovers) before anything is
-signalled, in the same write as the exit.
+"stopping" with a reason. Where the guard is in all this is one `Phase`, changed only by
+`Guard._change(event)` through one table, `CHANGES` (s6's `actions[state][event]`): running ->
+terminating -> killing -> gone, gone from any of them once the work is all gone, and from running
+when CMD cannot start; a change the table does not have is a GuardFailure (exit 125), never a
+silent one. The record's `state` is read from the phase (`_record_state`: both stopping phases
+write "stopping"). Once CMD has exited, what of its tree still runs is named in the record
+(`leftovers`, guardd.leftovers) before anything is signalled, in the same write as the exit.
 """
 
 from __future__ import annotations
@@ -105,6 +108,33 @@ class Phase(enum.StrEnum):
 RUNNING, TERMINATING, KILLING, GONE = Phase.RUNNING, Phase.TERMINATING, Phase.KILLING, Phase.GONE
 
 
+# What happens to the guard, the events of CHANGES.
+STOP = "stop"  # a stop signal, the parent's end, not adopted, the deadline, CMD's exit leaving work
+GRACE_OVER = "grace_over"  # the grace after SIGTERM has run out
+ALL_GONE = "all_gone"  # CMD has exited and nothing of the work lives
+START_FAILED = "start_failed"  # CMD never started (guardd.child's failure)
+
+# (phase, event) -> the next phase; a pair not here is refused. Keyed by the phases' string values
+# (`_value_`: plain interned str whose hash is computed once, in C), not by the members: a lookup
+# in the forked guard goes through no enum machinery and writes nothing into the members' pages.
+CHANGES: dict[tuple[str, str], Phase] = {
+    ("running", STOP): TERMINATING,
+    ("running", ALL_GONE): GONE,
+    ("running", START_FAILED): GONE,
+    ("terminating", GRACE_OVER): KILLING,
+    ("terminating", ALL_GONE): GONE,
+    ("killing", ALL_GONE): GONE,
+}
+
+
+def next_phase(phase: Phase, event: str) -> Phase:
+    """Where `event` takes the guard from `phase` (CHANGES); GuardFailure when nowhere."""
+    found = CHANGES.get((phase._value_, event))
+    if found is None:
+        raise GuardFailure(f"unable to change phase {phase._value_} on {event}: not a change")
+    return found
+
+
 def _record_state(phase: Phase) -> str:
     """The record's `state`, which the supervisor reads: both stopping phases are "stopping" (and
     a guard that gave up stays so). Compared by identity, not looked up: an enum member's hash is
@@ -155,7 +185,7 @@ class Guard:
         self.leftovers_noted = False
         self.exited_at: float | None = None  # epoch: when CMD was reaped (the record's exited_at)
         self.exit_told = False  # the exited hint is sent once
-        self.phase = RUNNING  # -> TERMINATING -> KILLING, and GONE at the end
+        self.phase = RUNNING  # changed only by _change (CHANGES)
         self.reason: str | None = None
         self.has_children = True
         self.deadline = 0.0
@@ -407,7 +437,7 @@ class Guard:
         self.reason = failed.reason
         _say(failed.message)
         self.exit = Exit(failed.code, None)
-        self.phase = GONE
+        self._change(START_FAILED)
         self._write_record(last=True)
         return failed.code
 
@@ -482,7 +512,7 @@ class Guard:
                 if self._all_gone():
                     return self._finish()
                 if self.phase is TERMINATING and self.clock() >= self.deadline:
-                    self.phase = KILLING
+                    self._change(GRACE_OVER)
                     self._scan()  # scans were spaced: what started since the last one dies too
                     self._kill_all()
                     self.deadline = self.clock() + self._give_up_after
@@ -583,8 +613,8 @@ class Guard:
 
     def _begin_stop(self, reason: str) -> None:
         if self.phase is not RUNNING:
-            return
-        self.phase = TERMINATING
+            return  # stopping already: the first reason stays
+        self._change(STOP)
         self.reason = reason
         self._reap()
         self._scan()
@@ -656,10 +686,14 @@ class Guard:
             return False  # the kernel's own word: something of the turn still runs
         return not procs.live_groups(self._all_groups())
 
+    def _change(self, event: str) -> None:
+        """The one place the phase changes (CHANGES); a change not there raises GuardFailure."""
+        self.phase = next_phase(self.phase, event)
+
     def _finish(self) -> int:
         if self.logs is not None:
             self.logs.drain()  # what the last descendants wrote
-        self.phase = GONE
+        self._change(ALL_GONE)
         self._write_record(last=True)
         self._close_hints()
         self._close_channel()
