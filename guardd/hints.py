@@ -21,7 +21,8 @@ sends only after the handshake nothing is dropped for want of a subscription. Wh
 (subscriptions, commands) is read and discarded so it never fills a buffer.
 
 Rejected: a CURVE tcp endpoint (the guard is given no keys; the handshake fails and hints are
-dropped with one line on stderr); other transports (pgm, ws...) go to pyzmq when it can be
+dropped with one line on stderr; an `ipc://` peer that closes in the handshake has gone, as a
+supervisor killed outright does, since the supervisor never gives a guard a CURVE ipc bus); other transports (pgm, ws...) go to pyzmq when it can be
 imported, else are dropped with one line on stderr.
 
 Failures lose hints, never the turn: nothing blocks (a `tcp://` endpoint by host name is resolved
@@ -311,6 +312,9 @@ class Publisher:
         except ConnectionResetError:
             data = b""
         if self.state == _HANDSHAKE:
+            if not data and self.endpoint.startswith("ipc://"):
+                self._lose()  # gone (a supervisor killed): no ipc bus of ours is CURVE
+                return
             if not data:
                 # libzmq closes at once, its greeting unsent, on a mechanism it does not accept.
                 raise ProtocolError(

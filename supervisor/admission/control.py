@@ -560,6 +560,10 @@ class KeyControl:
         if granted_at is not None:  # the rate window counts from when the work started
             self.policy.starts.restamp(turn.slot_key, granted_at, now + START_SLACK)
             self._dirty = True  # saved with the next grant's save, or at close
+            held = self.policy.why(turn.slot_key)
+            if held is not None and held.reason is WaitReason.RATE:
+                # its head's hold moved with the window: `ps` says the new end, as `keys` does
+                self.policy.hold(turn.slot_key, now)
         deadline = self.limits.deadline(turn.slot_key, turn.timeout, started_at or now)
         if deadline is not None:
 

@@ -99,6 +99,24 @@ async def test_a_rate_admits_n_per_window_and_its_timer_admits_the_next(h):
     assert next_allowed == pytest.approx(opens + START_SLACK + 10)
 
 
+@scenario(caps={"codex": 5})
+async def test_a_rate_held_head_waits_for_the_window_its_grants_started_moved(h):
+    """The window counts from each grant's start: a start after the head was refused moves the
+    head's hold, and what `ps` says of the head and of its key stay the same moment."""
+    keyctl = with_keyctl(h, rates={"codex": Rate(2, 10.0)})
+    h.starter.ready_later = True  # granted now, started when the test says
+    for i in range(3):
+        h.turn(f"t{i}")
+    assert h.manager.refused["codex"].reason == "rate"
+    h.clock.advance(1.0)
+    for i in range(2):
+        h.starter.guards[f"t{i}"].ready()
+    opens = h.clock.now + 10 + START_SLACK
+    why = keyctl.waits_why("codex", 1, h.manager.refused["codex"])
+    assert why is not None and why["until"] == pytest.approx(opens)
+    assert keyctl.keys_view(["codex"], h.manager.refused)[0]["next_grant"] == why["until"]
+
+
 @scenario(caps={"codex": 1})
 async def test_a_turn_past_its_timeout_is_warned_then_stopped_with_reason_timeout(h):
     with_keyctl(h, expiring_notice=5.0)
