@@ -31,7 +31,7 @@ ends it once the guard's own wait is over (supervisor.slots.record.awaits_adopti
 cannot be spoken to is never killed blindly; its own dead-man ends its work after adopt_within);
 a guard whose record is of a newer version (a later release's) reads unreadable and is left while
 it lives (supervisor.slots.record.newer_guard_alive); the turn's story ends as a lost one
-(`supervisor_restarted`) once its slot is free. The release before adoption (7b3474a) left only
+(`supervisor_restarted`) once its slot is free. A release without adoption left only
 this: its guards end their turns with their supervisor (tests/system/test_upgrade.py). Not adopted:
 an entry of an older build (no channel: its guard ended its work with its supervisor), a record
 that is corrupt, of a newer version or of another guard (pid reuse), a guard that does not answer
