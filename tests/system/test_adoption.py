@@ -427,13 +427,16 @@ def test_a_supervisor_killed_right_after_each_started_loses_no_turn_under_load(d
     """`started` is published only once the guard runs CMD and its record names its channel
     (GuardProcess.when_ready): a supervisor SIGKILLed the moment it has published it (by itself:
     tests/helpers/killed_at.py started), 20 times under two CPU hogs, leaves every turn to be
-    adopted and to run to its own end with its own status (before: about 1 in 3 ended
-    `parent_gone`, its command never run)."""
+    adopted and to run to its own end with its own status (none ends `parent_gone`, its command
+    never run)."""
     import sys
 
     from conftest import HELPERS
 
-    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2)]
+    # Two CPU hogs, less what already runs beside this test (the suite's other workers, or the
+    # hogs of a run under load): the load is what matters here, not whose it is.
+    busy = min(2, int(os.getloadavg()[0]))
+    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(2 - busy)]
     try:
         d = daemon(caps="codex = 2", adopt_within="30s", start=False)
         d.program = [str(HELPERS / "killed_at.py"), "started", str(state_dir / "killed")]
