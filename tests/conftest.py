@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -313,6 +314,20 @@ class RunningDaemon:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+@pytest.fixture
+def cleanup():
+    """A list to put what a test starts in (a Popen, or a guardd.procs.Identity): each is
+    SIGKILLed by its pid (an identity's through a pidfd) at the end."""
+    started: list = []
+    yield started
+    for thing in started:
+        if isinstance(thing, subprocess.Popen):
+            thing.kill()
+            thing.wait()
+        elif procs.process_running(thing):
+            procs.signal_process(thing, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -68,18 +68,6 @@ def _read(path):
         return None
 
 
-@pytest.fixture
-def cleanup():
-    started: list = []
-    yield started
-    for thing in started:
-        if isinstance(thing, subprocess.Popen):
-            thing.kill()
-            thing.wait()
-        elif procs.process_running(thing):
-            procs.signal_process(thing, signal.SIGKILL)
-
-
 @pytest.mark.timeout(60)
 def test_unadopted_work_runs_adopt_within_then_ends_with_its_setsid_grandchild(tmp_path, cleanup):
     parent, guard, grandchild = start_parent(tmp_path)

@@ -82,18 +82,6 @@ def record_of(tmp_path: Path, guard: procs.Identity) -> dict | None:
         return None
 
 
-@pytest.fixture
-def cleanup():
-    started: list = []
-    yield started
-    for thing in started:
-        if isinstance(thing, subprocess.Popen):
-            thing.kill()
-            thing.wait()
-        elif procs.process_running(thing):
-            procs.signal_process(thing, signal.SIGKILL)
-
-
 def orphaned_turn(tmp_path: Path, how: str, cleanup: list) -> tuple[procs.Identity, dict]:
     """A turn whose stand-in supervisor read "1 one" back and was then SIGKILLed (its zygote
     too, through the zygote): the guard and CMD, waiting to be adopted. Returns the guard's
