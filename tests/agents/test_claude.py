@@ -10,17 +10,23 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
-import time
 
 import pytest
 from conftest import PYTHON, wait_until
+from harness_sandbox import (
+    CCSUP,
+    AtOnce,
+    make_sandbox,
+    mcp_answer,
+    mcp_env,
+    run_all,
+    then_wait,
+)
+from harness_sandbox import install_hook as install
 from npm_harness import PINNED, harness_bin, plain_make, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
-
-CCSUP = [PYTHON, "-m", "supervisor"]
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +36,10 @@ def claude():
 
 @pytest.fixture
 def sandbox(daemon, state_dir, tmp_path):
-    """A supervisor (cap 1), a HOME of the test's own with the hook installed, and the env."""
-    d = daemon(caps="default = 1")
-    home = tmp_path / "home"
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "CLAUDE", "CCSUP_"))
-    }
-    env.update(
-        CCSUP_TEST_RUN=os.environ["CCSUP_TEST_RUN"],
-        HOME=str(home),
-        CCSUP_STATE_DIR=str(state_dir),
-        CCSUP_CONFIG=str(d.config),
-        CCSUP_HOOK_LOG=str(tmp_path / "hook.log"),
+    """A supervisor (cap 1), a HOME of the test's own, and the env."""
+    box = make_sandbox(daemon, state_dir, tmp_path, strip=("ANTHROPIC", "CLAUDE"))
+    box["settings"] = box["home"] / ".claude" / "settings.json"
+    box["env"].update(
         ANTHROPIC_API_KEY="sk-ant-scripted",
         DISABLE_TELEMETRY="1",
         DISABLE_AUTOUPDATER="1",
@@ -51,19 +47,11 @@ def sandbox(daemon, state_dir, tmp_path):
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         ENABLE_TOOL_SEARCH="false",  # MCP tools offered as they are, not deferred behind a search
     )
-    return {"env": env, "home": home, "work": work, "state_dir": state_dir, "tmp": tmp_path}
+    return box
 
 
 def install_hook(sandbox) -> None:
-    settings = sandbox["home"] / ".claude" / "settings.json"
-    done = subprocess.run(
-        [*CCSUP, "hook", "install", "claude", "--settings", str(settings)],
-        env=sandbox["env"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr
+    install("claude", sandbox["settings"], sandbox["env"])
 
 
 def run_claude(claude, sandbox, provider, *extra, prompt="run it") -> subprocess.Popen:
@@ -181,7 +169,7 @@ def test_with_the_sandbox_on_a_hooked_command_runs_as_a_turn(claude, sandbox):
     if not (shutil.which("bwrap") and shutil.which("socat")):
         pytest.skip("Claude Code's Linux sandbox needs bubblewrap and socat: not installed here")
     install_hook(sandbox)
-    settings = sandbox["home"] / ".claude" / "settings.json"
+    settings = sandbox["settings"]
     data = json.loads(settings.read_text())
     data.setdefault("sandbox", {}).update(
         enabled=True, failIfUnavailable=True, allowUnsandboxedCommands=False
@@ -205,45 +193,25 @@ def test_with_the_sandbox_on_a_hooked_command_runs_as_a_turn(claude, sandbox):
     assert outside.exists()
 
 
-def first_json(text: str) -> dict:
-    """The JSON answer at the start of a tool result (Claude Code appends its own reminders)."""
-    return json.JSONDecoder().raw_decode(text.strip())[0]
-
-
 def test_three_sessions_on_a_cap_1_key_never_run_two_commands_at_once(claude, sandbox):
     install_hook(sandbox)
-    running = sandbox["tmp"] / "running"
-    running.mkdir()
-    command = plain_make(
-        sandbox["tmp"],
-        "build",
-        f"touch {running}/$$; sleep 1; ls {running} | wc -l > {running}.$$; rm {running}/$$; echo ran",
+    at_once = AtOnce(sandbox["tmp"])
+    provider = ScriptedProvider(
+        [
+            ("Bash", {"command": at_once.command, "description": "build"}),
+            then_wait("Bash", "command", description="wait"),
+        ]
     )
-
-    def then_wait(results):
-        found = re.search(r"queued as ([0-9a-f]+).*?Run: (.*?) \(it waits", results[-1], re.S)
-        return ("Bash", {"command": found.group(2), "description": "wait"}) if found else None
-
-    provider = ScriptedProvider([("Bash", {"command": command, "description": "build"}), then_wait])
-    most = [0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            most[0] = max(most[0], len(os.listdir(running)))
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
     try:
-        procs = [run_claude(claude, sandbox, provider) for _ in range(3)]
-        results = [finish(p, 150) for p in procs]
+        with at_once:
+            procs = [run_claude(claude, sandbox, provider) for _ in range(3)]
+            outs = run_all(procs, 150)
     finally:
-        stop.set()
-        sampler.join()
         provider.close()
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
+    results = [json.loads(out) for out, _ in outs]
     log = sandbox["tmp"] / "hook.log"
-    assert most[0] == 1, (provider.results, log.read_text() if log.exists() else "")
+    assert at_once.most == 1, (provider.results, log.read_text() if log.exists() else "")
     turns = db.query(sandbox["state_dir"])
     assert len(turns) == 3, (provider.results, log.read_text() if log.exists() else "")
     assert {t["outcome"] for t in turns} == {"ok"}
@@ -255,7 +223,6 @@ def test_three_sessions_on_a_cap_1_key_never_run_two_commands_at_once(claude, sa
 
 def test_through_mcp_the_model_calls_run_then_wait(claude, sandbox):
     config = sandbox["tmp"] / "mcp.json"
-    mcp_env = {k: sandbox["env"][k] for k in ("CCSUP_STATE_DIR", "CCSUP_CONFIG", "CCSUP_TEST_RUN")}
     config.write_text(
         json.dumps(
             {
@@ -263,7 +230,7 @@ def test_through_mcp_the_model_calls_run_then_wait(claude, sandbox):
                     "ccsup": {
                         "command": PYTHON,
                         "args": ["-m", "supervisor", "mcp"],
-                        "env": {**mcp_env, "CCSUP_MCP_BOUND": "1"},
+                        "env": mcp_env(sandbox["env"]),
                     }
                 }
             }
@@ -271,7 +238,7 @@ def test_through_mcp_the_model_calls_run_then_wait(claude, sandbox):
     )
 
     def wait_for(results):
-        return ("mcp__ccsup__wait", {"id": first_json(results[-1])["id"]})
+        return ("mcp__ccsup__wait", {"id": mcp_answer(results[-1])["id"]})
 
     provider = ScriptedProvider(
         [("mcp__ccsup__run", {"command": "sleep 2; echo via-mcp"}), wait_for, wait_for, wait_for]
@@ -292,9 +259,9 @@ def test_through_mcp_the_model_calls_run_then_wait(claude, sandbox):
         provider.close()
     offered = [sorted(t.get("name") for t in r.get("tools") or []) for r in provider.requests]
     assert provider.results, offered
-    first = first_json(provider.results[0])
+    first = mcp_answer(provider.results[0])
     assert first["state"] in ("running", "queued") and "call `wait`" in first["next"]
-    ended = [first_json(r) for r in provider.results[1:] if '"ended"' in r]
+    ended = [mcp_answer(r) for r in provider.results[1:] if '"ended"' in r]
     assert ended and ended[0]["stdout_tail"] == "via-mcp\n" and ended[0]["id"] == first["id"]
     assert len(db.query(sandbox["state_dir"])) == 1  # run once, waited on by id
 
@@ -305,7 +272,7 @@ def test_versions_are_the_pinned_ones(claude):
 
 
 def doctor(claude, sandbox) -> subprocess.CompletedProcess:
-    settings = sandbox["home"] / ".claude" / "settings.json"
+    settings = sandbox["settings"]
     return subprocess.run(
         [*CCSUP, "hook", "doctor", "claude", "--bin", str(claude), "--settings", str(settings)],
         cwd=sandbox["work"],
@@ -327,7 +294,7 @@ def test_the_doctor_says_the_rewrite_took_effect_and_fails_loudly_when_it_is_dro
     assert "ok: the rewrite took effect: the canary ran as turn " in ok.stdout
     assert PINNED["claude"][1] in ok.stdout
     # A build that drops the rewrite: the hook allows the call but its command runs as it was.
-    settings = sandbox["home"] / ".claude" / "settings.json"
+    settings = sandbox["settings"]
     data = json.loads(settings.read_text())
     allow = '{"hookSpecificOutput":{"hookEventName":"PreToolUse","permissionDecision":"allow"}}'
     data["hooks"]["PreToolUse"][0]["hooks"][0]["command"] = f"echo '{allow}' #ccsup-hook"

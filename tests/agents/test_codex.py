@@ -9,17 +9,27 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 
 import pytest
 from conftest import PYTHON, wait_until
+from harness_sandbox import (
+    CCSUP,
+    QUEUED,
+    AtOnce,
+    install_hook,
+    make_sandbox,
+    mcp_answer,
+    mcp_env,
+    run_all,
+    then_wait,
+)
 from npm_harness import PINNED, harness_bin, plain_make, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
-
-CCSUP = [PYTHON, "-m", "supervisor"]
 
 
 @pytest.fixture(scope="module")
@@ -29,22 +39,11 @@ def codex():
 
 @pytest.fixture
 def sandbox(daemon, state_dir, tmp_path):
-    d = daemon(caps="default = 1")
-    home = tmp_path / "home"
-    (home / ".codex").mkdir(parents=True)
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "CODEX", "CCSUP_"))}
-    env.update(
-        CCSUP_TEST_RUN=os.environ["CCSUP_TEST_RUN"],
-        HOME=str(home),
-        CODEX_HOME=str(home / ".codex"),
-        CCSUP_STATE_DIR=str(state_dir),
-        CCSUP_CONFIG=str(d.config),
-        CCSUP_HOOK_LOG=str(tmp_path / "hook.log"),
-        SCRIPTED_KEY="sk-scripted",
-    )
-    return {"env": env, "home": home, "work": work, "state_dir": state_dir, "tmp": tmp_path}
+    box = make_sandbox(daemon, state_dir, tmp_path, strip=("OPENAI", "CODEX"))
+    (box["home"] / ".codex").mkdir()
+    box["hooks"] = box["home"] / ".codex" / "hooks.json"
+    box["env"].update(CODEX_HOME=str(box["home"] / ".codex"), SCRIPTED_KEY="sk-scripted")
+    return box
 
 
 def provider_config(home, provider: ScriptedProvider) -> None:
@@ -78,21 +77,7 @@ def run_codex(codex, sandbox) -> subprocess.CompletedProcess:
 def test_an_exec_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_ends_with_it(
     codex, sandbox
 ):
-    done = subprocess.run(
-        [
-            *CCSUP,
-            "hook",
-            "install",
-            "codex",
-            "--settings",
-            str(sandbox["home"] / ".codex" / "hooks.json"),
-        ],
-        env=sandbox["env"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr
+    install_hook("codex", sandbox["hooks"], sandbox["env"])
     pidfile = sandbox["tmp"] / "daemon.pid"
     command = plain_make(
         sandbox["tmp"],
@@ -134,14 +119,8 @@ def test_a_plain_command_runs_capped_and_a_hostile_line_is_not_approved(codex, s
     sandbox: test_in_codex_own_sandbox_a_hooked_command_runs_as_a_turn). The plain hooked command runs as a turn; the line with a hostile part is
     refused by the hook (Codex applies a rewrite only with "allow", so ccsup never rewrites it)
     with how to run the heavy part alone, and its marker is never made."""
-    hooks = sandbox["home"] / ".codex" / "hooks.json"
-    subprocess.run(
-        [*CCSUP, "hook", "install", "codex", "--settings", str(hooks)],
-        env=sandbox["env"],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
+    hooks = sandbox["hooks"]
+    install_hook("codex", hooks, sandbox["env"])
     marker = sandbox["tmp"] / "PWNED"
     plain = plain_make(sandbox["tmp"], "plain", "echo turn=${CCSUP_TURN:-none}")
     provider = ScriptedProvider(
@@ -188,14 +167,8 @@ def test_versions_are_the_pinned_ones(codex):
 
 
 def test_the_doctor_says_the_rewrite_took_effect_in_codex(codex, sandbox):
-    hooks = sandbox["home"] / ".codex" / "hooks.json"
-    subprocess.run(
-        [*CCSUP, "hook", "install", "codex", "--settings", str(hooks)],
-        env=sandbox["env"],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
+    hooks = sandbox["hooks"]
+    install_hook("codex", hooks, sandbox["env"])
 
     def doctor(*extra):
         args = [*CCSUP, "hook", "doctor", "codex", "--bin", str(codex), "--settings", str(hooks)]
@@ -220,39 +193,32 @@ def test_the_doctor_says_the_rewrite_took_effect_in_codex(codex, sandbox):
 
 
 def test_three_codex_sessions_on_a_cap_1_key_never_run_two_commands_at_once(codex, sandbox):
-    import threading
-    import time
-
-    hooks = sandbox["home"] / ".codex" / "hooks.json"
-    subprocess.run(
-        [*CCSUP, "hook", "install", "codex", "--settings", str(hooks)],
-        env=sandbox["env"],
-        check=True,
-        capture_output=True,
-        timeout=30,
+    """Also the case of a user whose ccsup lives only in a virtualenv: Codex's PATH holds no
+    `ccsup`, and a queued session's `wait` line (the one the hook printed, naming the venv's
+    Python) still runs and prints the command's output. Codex 0.171.0 runs an exec_command as
+    `/bin/bash -c <cmd>`, not as a login shell (a scripted exec_command printing
+    /proc/$$/cmdline and `shopt login_shell` saw `/bin/bash -c …` and `login_shell off`, with
+    and without `login: true` in the call), so no profile script can add ccsup to it either."""
+    install_hook("codex", sandbox["hooks"], sandbox["env"])
+    path = os.pathsep.join(
+        d
+        for d in sandbox["env"]["PATH"].split(os.pathsep)
+        if not shutil.which("ccsup", path=d or ".")
     )
-    running = sandbox["tmp"] / "running"
-    running.mkdir()
-    command = plain_make(
-        sandbox["tmp"], "build", f"touch {running}/$$; sleep 1; rm {running}/$$; echo ran"
+    env = {**sandbox["env"], "PATH": path}
+    assert shutil.which("ccsup", path=path) is None
+    at_once = AtOnce(sandbox["tmp"])
+    waited: dict[str, str] = {}  # a queued session's first answer -> what its wait line printed
+
+    def after_wait(results):
+        if QUEUED.search(results[0]):
+            waited[results[0]] = results[1]
+        return None  # then the model says it is done
+
+    provider = ScriptedProvider(
+        [("exec_command", {"cmd": at_once.command}), then_wait("exec_command", "cmd"), after_wait]
     )
-
-    def then_wait(results):
-        found = re.search(r"queued as ([0-9a-f]+).*?Run: (.*?) \(it waits", results[-1], re.S)
-        return ("exec_command", {"cmd": found.group(2)}) if found else None
-
-    provider = ScriptedProvider([("exec_command", {"cmd": command}), then_wait])
     provider_config(sandbox["home"], provider)
-    most = [0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            most[0] = max(most[0], len(os.listdir(running)))
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
     args = [
         str(codex),
         "exec",
@@ -263,25 +229,24 @@ def test_three_codex_sessions_on_a_cap_1_key_never_run_two_commands_at_once(code
         "run it",
     ]
     try:
-        procs = [
-            subprocess.Popen(
-                args,
-                cwd=sandbox["work"],
-                env=sandbox["env"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(3)
-        ]
-        outs = [p.communicate(timeout=150) for p in procs]
+        with at_once:
+            procs = [
+                subprocess.Popen(
+                    args,
+                    cwd=sandbox["work"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(3)
+            ]
+            outs = run_all(procs, 150)
     finally:
-        stop.set()
-        sampler.join()
         provider.close()
     assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
-    assert most[0] == 1, provider.results
+    assert at_once.most == 1, provider.results
     turns = wait_until(
         lambda: len(db.query(sandbox["state_dir"])) == 3 and db.query(sandbox["state_dir"]),
         15,
@@ -297,23 +262,20 @@ def test_three_codex_sessions_on_a_cap_1_key_never_run_two_commands_at_once(code
         in r
         for r in provider.results
     )
-
-
-def _answer(output: str) -> dict:
-    """The JSON answer of an MCP call as Codex gives it to the model (after its own header)."""
-    return json.JSONDecoder().raw_decode(output[output.index("{") :])[0]
+    # each queued session ran the wait line it was given (no ccsup on its PATH): it printed the
+    # command's output and its status
+    queued = [r for r in provider.results if QUEUED.search(r)]
+    assert queued and len(waited) == len(queued), (queued, waited)
+    assert all("exited with code 0" in w and "Output:\nran" in w for w in waited.values()), waited
 
 
 @pytest.mark.timeout(240)
 def test_through_mcp_the_model_calls_run_then_wait(codex, sandbox):
-    mcp_env = {k: sandbox["env"][k] for k in ("CCSUP_STATE_DIR", "CCSUP_CONFIG", "CCSUP_TEST_RUN")}
-    env_lines = "".join(
-        f"{k} = {json.dumps(v)}\n" for k, v in {**mcp_env, "CCSUP_MCP_BOUND": "1"}.items()
-    )
+    env_lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in mcp_env(sandbox["env"]).items())
     provider = ScriptedProvider([])
 
     def wait_for(results):
-        return ("mcp__ccsup__wait", {"id": _answer(results[0])["id"]})
+        return ("mcp__ccsup__wait", {"id": mcp_answer(results[0])["id"]})
 
     provider.steps = [
         ("mcp__ccsup__run", {"command": "sleep 2; echo via-mcp"}),
@@ -337,9 +299,9 @@ def test_through_mcp_the_model_calls_run_then_wait(codex, sandbox):
     assert ran.returncode == 0, ran.stderr[-2000:]
     offered = [[t.get("name") for t in r.get("tools") or []] for r in provider.requests]
     assert provider.results, offered
-    first = _answer(provider.results[0])
+    first = mcp_answer(provider.results[0])
     assert first["state"] in ("running", "queued") and "call `wait`" in first["next"]
-    ended = [_answer(r) for r in provider.results[1:] if '"ended"' in r]
+    ended = [mcp_answer(r) for r in provider.results[1:] if '"ended"' in r]
     assert ended and ended[0]["stdout_tail"] == "via-mcp\n" and ended[0]["id"] == first["id"]
     [turn] = db.query(sandbox["state_dir"])  # run once, waited on by id
     # Codex passes the server no CODEX_THREAD_ID: the label is its MCP client name
