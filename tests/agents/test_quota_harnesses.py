@@ -6,10 +6,11 @@ harness run of one model request."""
 
 from __future__ import annotations
 
-import json
 import time
 
+import harness_sandbox
 import pytest
+from harness_sandbox import opencode_config
 from npm_harness import harness_bin
 
 from supervisor.agents.scripted import ScriptedProvider
@@ -133,36 +134,13 @@ def codex_home(tmp_path, provider) -> dict[str, str | None]:
 
 
 def opencode_env(tmp_path, provider) -> dict[str, str | None]:
-    from npm_harness import cache_dir
-
-    config = tmp_path / "home" / ".config"
-    (config / "opencode").mkdir(parents=True, exist_ok=True)
-    (config / "opencode" / "opencode.json").write_text(
-        json.dumps(
-            {
-                "provider": {
-                    "scripted": {
-                        "npm": "@ai-sdk/openai-compatible",
-                        "name": "scripted",
-                        "options": {"baseURL": f"{provider.url}/v1", "apiKey": "sk-scripted"},
-                        "models": {"m": {"name": "m", "tool_call": True}},
-                    }
-                },
-                "model": "scripted/m",
-                "autoupdate": False,
-                "share": "disabled",
-            }
-        )
-    )
+    home = tmp_path / "home"
+    opencode_config(home / ".config", provider)
     return {
-        "HOME": str(tmp_path / "home"),
+        "HOME": str(home),
         "PWD": str(tmp_path),
-        "XDG_CONFIG_HOME": str(config),
-        "XDG_DATA_HOME": str(tmp_path / "home" / "data"),
-        "XDG_CACHE_HOME": str(cache_dir().parent / "opencode-cache"),
-        "OPENCODE_DISABLE_MODELS_FETCH": "1",
-        "OPENCODE_DISABLE_AUTOUPDATE": "1",
-        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "XDG_DATA_HOME": str(home / "data"),
+        **harness_sandbox.opencode_env(home, tmp_path),
     }
 
 

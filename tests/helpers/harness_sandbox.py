@@ -4,13 +4,15 @@ own, the environment with the user's provider keys taken out), the hook installe
 installs it, OpenCode's provider config and the environment that starts it cheaply, the scripted
 `wait` step of a queued session, and the sampler that counts the commands running at once.
 
-OpenCode's start is most of an OpenCode test's CPU (a Bun binary: about 8 CPU-seconds a session
-here). Two switches cut it by about 40% without touching what a test sees of the hook or MCP:
-`OPENCODE_MODELS_PATH` names an empty models catalogue (OpenCode otherwise parses its bundled
-models.dev snapshot at every start; the tests' provider is declared in full in opencode.json), and
-`BUN_JSC_useDFGJIT=0` keeps JavaScriptCore's optimising tier off (a short run pays for compiling
-code it never runs long enough to gain from). Nothing here is kept between tests: every path is
-under the test's tmp_path.
+OpenCode's start is most of an OpenCode test's CPU (a Bun binary). In a fresh HOME whose config
+folder holds a plugin (the hook's), OpenCode installs @opencode-ai/plugin there from npm at every
+start: about 10 CPU-seconds of a 15 CPU-second session. `seed_opencode_config` puts a cached
+install there first, and OpenCode installs nothing. Two switches cut the rest by about 40% without
+touching what a test sees of the hook or MCP: `OPENCODE_MODELS_PATH` names an empty models
+catalogue (OpenCode otherwise parses its bundled models.dev snapshot at every start; the tests'
+provider is declared in full in opencode.json), and `BUN_JSC_useDFGJIT=0` keeps JavaScriptCore's
+optimising tier off (a short run pays for compiling code it never runs long enough to gain from).
+A test's own files are all under its tmp_path; the cached install is only read.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 from conftest import PYTHON
-from npm_harness import plain_make
+from npm_harness import opencode_plugin_deps, plain_make
 
 from supervisor.agents.scripted import ScriptedProvider, Step
 
@@ -76,18 +79,38 @@ def mcp_answer(output: str) -> dict:
     return json.JSONDecoder().raw_decode(output[output.index("{") :])[0]
 
 
+# The two switches that make OpenCode's start cheap (above).
+OPENCODE_CHEAP = {"OPENCODE_MODELS_PATH": str(MODELS), "BUN_JSC_useDFGJIT": "0"}
+
+
 def opencode_env(home: Path, tmp_path: Path) -> dict[str, str]:
-    """OpenCode's part of a test's env: its config under `home`, its cache under the test's tmp,
-    no network fetches or updates, and the two switches that make its start cheap (above)."""
+    """OpenCode's part of a test's env: its config under `home` (its plugin's dependencies already
+    there: `seed_opencode_config`), its cache under the test's tmp, no network fetches or updates,
+    and the two switches that make its start cheap."""
+    seed_opencode_config(home / ".config" / "opencode")
     return {
         "XDG_CONFIG_HOME": str(home / ".config"),
         "XDG_CACHE_HOME": str(tmp_path / "opencode-cache"),
-        "OPENCODE_MODELS_PATH": str(MODELS),
         "OPENCODE_DISABLE_MODELS_FETCH": "1",
         "OPENCODE_DISABLE_AUTOUPDATE": "1",
         "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-        "BUN_JSC_useDFGJIT": "0",
+        **OPENCODE_CHEAP,
     }
+
+
+def seed_opencode_config(folder: Path) -> None:
+    """Puts into OpenCode's config folder what OpenCode would install there itself once it holds
+    a plugin (npm_harness.opencode_plugin_deps): hard links to the cached copy, so a test pays
+    neither the install nor a 64 MB copy. OpenCode only reads them (a test's run leaves the cached
+    files unchanged); a copy where hard links cannot be made."""
+    folder.mkdir(parents=True, exist_ok=True)
+    deps = opencode_plugin_deps()
+    for name in ("package.json", "package-lock.json", "node_modules"):
+        linked = subprocess.run(["cp", "-al", str(deps / name), str(folder / name)], check=False)
+        if linked.returncode != 0:
+            shutil.rmtree(folder / name, ignore_errors=True)
+            (folder / name).unlink(missing_ok=True)
+            subprocess.run(["cp", "-a", str(deps / name), str(folder / name)], check=True)
 
 
 def opencode_config(config: Path, provider: ScriptedProvider, **more: Any) -> Path:

@@ -10,6 +10,7 @@ reaches a real model provider.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -36,8 +37,6 @@ def installed_version(name: str) -> str | None:
     manifest = cache_dir() / "node_modules" / package / "package.json"
     if not manifest.exists():
         return None
-    import json
-
     return json.loads(manifest.read_text()).get("version")
 
 
@@ -75,6 +74,46 @@ def _install(npm: str, name: str) -> None:
         )
         if done.returncode != 0 or not path.exists():
             pytest.skip(f"unable to install {package}@{version} from npm: {done.stderr[-500:]}")
+
+
+def opencode_plugin_deps() -> Path:
+    """What OpenCode installs into a config folder that holds a plugin, installed once into the
+    cache: package.json naming @opencode-ai/plugin at OpenCode's pinned version, its lock file and
+    node_modules (64 MB). OpenCode in a fresh HOME installs it from npm at every start (about 10
+    CPU-seconds, and the network); with these in the folder it installs nothing. Skips the test,
+    saying why, when npm or the install fails."""
+    version = PINNED["opencode"][1]
+    folder = cache_dir().parent / "opencode-config" / version
+    if _plugin_version(folder) != version:
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.skip(f"npm is not installed: cannot install @opencode-ai/plugin@{version}")
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(cache_dir().parent / "opencode-config" / ".install.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another test process installing: wait for it
+            if _plugin_version(folder) != version:
+                (folder / "package.json").write_text(
+                    json.dumps({"dependencies": {"@opencode-ai/plugin": version}}, indent=2) + "\n"
+                )
+                done = subprocess.run(
+                    [npm, "install", "--no-audit", "--no-fund", "--prefix", str(folder)],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
+                if done.returncode != 0 or _plugin_version(folder) != version:
+                    pytest.skip(
+                        f"unable to install @opencode-ai/plugin@{version}: {done.stderr[-500:]}"
+                    )
+    return folder
+
+
+def _plugin_version(folder: Path) -> str | None:
+    manifest = folder / "node_modules" / "@opencode-ai" / "plugin" / "package.json"
+    try:
+        return json.loads(manifest.read_text()).get("version")
+    except (OSError, ValueError):
+        return None
 
 
 def process_gone(pid: int) -> bool:
