@@ -137,8 +137,9 @@ def next_phase(phase: Phase, event: str) -> Phase:
 
 def _record_state(phase: Phase) -> str:
     """The record's `state`, which the supervisor reads: both stopping phases are "stopping" (and
-    a guard that gave up stays so). Compared by identity, not looked up: an enum member's hash is
-    Python code (Enum.__hash__), which a forked guard would pay for in pages it writes."""
+    a guard that gave up stays so). Compared by identity: the cheapest test there is. No enum code
+    would run either way (a StrEnum member hashes and compares as a str: `Phase.__hash__` is
+    `str.__hash__`, `Phase.__eq__` is `str.__eq__`, both in C), but `is` needs neither."""
     if phase is RUNNING:
         return "running"
     return "gone" if phase is GONE else "stopping"

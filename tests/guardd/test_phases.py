@@ -108,3 +108,11 @@ def test_only_change_assigns_the_phase():
                 if isinstance(target, ast.Attribute) and target.attr == "phase":
                     writers.add(getattr(method, "name", "?"))
     assert writers == {"__init__", "_change"}
+
+
+def test_a_phase_hashes_and_compares_as_a_str():
+    """What `_record_state`'s docstring says: a StrEnum member runs no enum code when hashed or
+    compared (str's own slots, in C)."""
+    assert Phase.__hash__ is str.__hash__
+    assert Phase.__eq__ is str.__eq__
+    assert {"running": 1}[RUNNING] == 1
