@@ -5,7 +5,7 @@ event loop (`loop`), how it hooks into the daemon (`wiring`), and the etcd clien
 gateway (`etcd`, `transport`).
 
 Knows etcd and its own keys; asks the slot gate for the local slot. Imports slots, guards (a
-guard's spec, to give a cluster turn's guard its deadline file), wire, config and the ground
-floor; never turns' internals, admission, history or the CLI. Loaded only with a `[cluster]`
-table.
+guard's spec, to give a cluster turn's guard its deadline file), turns (only `manager.Turns`, what
+its listener asks of the manager, and `states.State`), wire, config and the ground floor; never
+turns' internals, admission, history or the CLI. Loaded only with a `[cluster]` table.
 """

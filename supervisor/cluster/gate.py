@@ -3,11 +3,12 @@
 What it knows: this machine's turns of cluster keys (`entries`: one etcd key per waiting or held
 turn, `<prefix>/q/<key>/<machine>/<turn>`), the cluster cap of each key, which turns may be
 granted, and what to do when the lease is renewed, lost or past its deadline (fence: stop every
-held turn). What it does not know: local slots, guards, turn states (the manager asks it
-`try_take` before a grant and tells it `release` after a confirmed gone; it tells the manager
-`stop_turn` and `wake`); the lease's keep-alive and deadline (supervisor.cluster.lease); the watch
-and the key layout's parsing (supervisor.cluster.watch); the views (supervisor.cluster.view);
-threads and the pool (supervisor.cluster.loop).
+held turn). What it does not know: local slots, guards, turn states, the manager (the manager asks
+it `try_take` before a grant and tells it `release` after a confirmed gone; it tells its
+`listeners` `stop_turn` and `wake`, the daemon's being supervisor.cluster.wiring's
+`ManagerListener`); the lease's keep-alive and deadline (supervisor.cluster.lease); the watch and
+the key layout's parsing (supervisor.cluster.watch); the views (supervisor.cluster.view); threads
+and the pool (supervisor.cluster.loop).
 
 Design note.
 - A turn of a cluster key joins the cluster queue when it is queued here: its key is put under
@@ -44,7 +45,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..config.cluster import ClusterSettings
 from .caps import ClusterCaps
@@ -83,6 +84,16 @@ class _Entry:
     since: float = field(default_factory=time.time)
 
 
+class Listener(Protocol):
+    """What the gate tells the turns it gates (on the event loop)."""
+
+    def wake(self) -> None:
+        """A place came free, or the lease is back: grant again."""
+
+    def stop_turn(self, turn: str, reason: str) -> None:
+        """A held turn must stop (fenced, or its key vanished): `reason` starts with cluster_."""
+
+
 class ClusterGate:
     """See the module docstring. Every public method runs on the event loop."""
 
@@ -93,15 +104,14 @@ class ClusterGate:
         deadline_file: Path,
         grace: float,
         publish: Callable[[str, dict], None],
-        wake: Callable[[], None],
-        stop_turn: Callable[[str, str], None],
         client: EtcdClient | None = None,
     ):
         self.settings = settings
         self.name = settings.name
         self.publish = publish
-        self.wake = wake
-        self.stop_turn = stop_turn
+        # Told of wakes and stops, as the ledger's observers are of events: none until one
+        # subscribes (the gate grants nothing before start(), so nothing is missed).
+        self.listeners: list[Listener] = []
         self.client = client or EtcdClient(settings.etcd_settings())
         self.bridge = LoopBridge()
         self.keeper = LeaseKeeper(
@@ -278,7 +288,15 @@ class ClusterGate:
             )
             log.warning("cluster: fenced (%s); stopping %d turn(s)", reason, len(stopping))
         for turn in stopping:
-            self.stop_turn(turn, f"cluster_{reason}")
+            self._stop_turn(turn, f"cluster_{reason}")
+
+    def _wake(self) -> None:
+        for listener in self.listeners:
+            listener.wake()
+
+    def _stop_turn(self, turn: str, reason: str) -> None:
+        for listener in self.listeners:
+            listener.stop_turn(turn, reason)
 
     # --- keys -------------------------------------------------------------------------------
 
@@ -409,7 +427,7 @@ class ClusterGate:
                 else:
                     entry.state = "waiting"  # a lowered cap
             if woke:
-                self.wake()
+                self._wake()
 
     def _on_our_key_deleted(self, qkey: str) -> None:
         entry = self._by_qkey.get(qkey)
@@ -425,7 +443,7 @@ class ClusterGate:
             if not entry.stopped:
                 entry.stopped = True
                 log.warning("cluster: the key of turn %s vanished; stopping it", turn)
-                self.stop_turn(turn, "cluster_key_lost")
+                self._stop_turn(turn, "cluster_key_lost")
             self.keeper.nudge()  # most likely the lease is gone: ask etcd now
             return
         entry.state, entry.revision = "joining", 0  # waiting: join again (at the back)
@@ -438,7 +456,7 @@ class ClusterGate:
             self.bridge.spawn(self._after_new_lease())
         elif not was_connected:
             self.bridge.spawn(self._after_reconnect())
-        self.wake()
+        self._wake()
 
     def lease_unreachable(self) -> None:
         self.watch.interrupt()  # it may hang on a dead connection: opened again once renewed

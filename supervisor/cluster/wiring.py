@@ -2,8 +2,9 @@
 
 What it knows: the manager's seams — the Gate it takes slots from (`try_acquire`, and a slot's
 `release` after a confirmed gone), the publish callable its events go through, the guard starter
-it is given, `cancel` and `grant_waiters`. What it does not know: etcd (supervisor.cluster.gate) or
-the turn table (supervisor.turns.manager).
+it is given — and what the gate asks of the manager, through the manager's `Turns`
+(supervisor.turns.manager: `grant_waiters`, `cancel`, the ledger's turns). What it does not know:
+etcd (supervisor.cluster.gate) or how the manager grants.
 
 - `ClusteredGate` wraps the machine's SlotGate: for a cluster key the cluster slot is asked first
   (no local slot is held while waiting on the cluster), then the local slot; the slot it returns
@@ -12,7 +13,14 @@ the turn table (supervisor.turns.manager).
   `publish` (so cluster order is request order, not the order turns reached their key's local
   head); a turn that stops waiting (`cancelled`, `rejected`) leaves it.
 - A guard of a cluster turn gets `CCSUP_GUARD_DEADLINE_FILE` (guardd's --deadline-file default).
-- The gate's `stop_turn` becomes `manager.cancel(id, reason)`; its `wake`, `grant_waiters`.
+- The gate's `stop_turn` becomes `cancel(id, reason)`; its `wake`, `grant_waiters`
+  (`ManagerListener`).
+
+Wired in one direction: the `ClusterWiring` is made before the manager (the manager is made from
+its gate, `publish` and `start_guard` wrappers); the daemon then subscribes a `ManagerListener`,
+made with the manager, to the gate's `listeners` (as the admission follows the ledger's
+observers), and nothing is set on either side afterwards. `start()` then begins the gate's lease:
+the gate wakes and stops nothing before it.
 
 State: none of its own.
 """
@@ -31,6 +39,8 @@ from ..errors import CcsupError
 from ..guards.handle import GuardSpec
 from ..slots.gate import Slot, SlotGate, SlotView
 from ..slots.views import KeyTally
+from ..turns.manager import Turns
+from ..turns.states import State
 from ..wire.protocol import ProtocolError
 
 if TYPE_CHECKING:  # supervisor.cluster.gate loads the etcd client: only with [cluster]
@@ -133,14 +143,8 @@ class ClusterWiring:
         self.settings = settings
         self.deadline_file = state_dir / "cluster" / "deadline.json"
         self._publish = publish
-        self._manager: Any = None
         self.gate = ClusterGate(
-            settings,
-            deadline_file=self.deadline_file,
-            grace=grace,
-            publish=publish,
-            wake=self._wake,
-            stop_turn=self._stop_turn,
+            settings, deadline_file=self.deadline_file, grace=grace, publish=publish
         )
 
     # --- what the daemon gives the manager ----------------------------------------------------
@@ -178,8 +182,8 @@ class ClusterWiring:
 
         return start_guard
 
-    def attach(self, manager: Any) -> None:
-        self._manager = manager
+    def start(self) -> None:
+        """Begin the gate's lease (on the event loop, once its listeners are subscribed)."""
         self.gate.start()
 
     async def close(self) -> None:
@@ -221,24 +225,25 @@ class ClusterWiring:
         except CcsupError as e:
             return {"error": e.message}
 
-    # --- what the gate asks of the manager ----------------------------------------------------
 
-    def _wake(self) -> None:
-        if self._manager is not None:
-            self._manager.grant_waiters()
+class ManagerListener:
+    """The manager as the cluster gate's listener (supervisor.cluster.gate.Listener): a wake
+    grants the waiters again, a stop cancels the turn. Made with the manager, whole."""
 
-    def _stop_turn(self, turn_id: str, reason: str) -> None:
-        manager = self._manager
-        if manager is None:
-            return
+    def __init__(self, turns: Turns):
+        self.turns = turns
+
+    def wake(self) -> None:
+        self.turns.grant_waiters()
+
+    def stop_turn(self, turn_id: str, reason: str) -> None:
         try:
-            manager.cancel(turn_id, reason=reason)
+            self.turns.cancel(turn_id, reason=reason)
         except (ProtocolError, CcsupError) as e:  # a turn that ended meanwhile
             log.info("cluster: stopping turn %s: %s", turn_id, e)
             return
         # A turn granted but whose guard is not started yet ignores a cancel: ask again shortly
         # (its guard, if it starts, reads a deadline already past and stops on its own anyway).
-        item = manager.turns.get(turn_id) if hasattr(manager, "turns") else None
-        state = getattr(getattr(item, "state", None), "value", None)
-        if state == "granted":
-            asyncio.get_running_loop().call_later(0.05, self._stop_turn, turn_id, reason)
+        item = self.turns.ledger.turns.get(turn_id)
+        if item is not None and item.state is State.GRANTED:
+            asyncio.get_running_loop().call_later(0.05, self.stop_turn, turn_id, reason)

@@ -46,7 +46,7 @@ from ..admission.quota import ReadingError, Window, window_from_json
 from ..admission.room import PEAKS, MachineRoom
 from ..admission.room import REFRESH as ROOM_REFRESH
 from ..caps import SlotState, cap_sources
-from ..cluster.wiring import ClusterWiring, cluster_wiring
+from ..cluster.wiring import ClusterWiring, ManagerListener, cluster_wiring
 from ..config import EMBEDDED_SOURCE, Config, last_start, load
 from ..config.metrics import metrics_address
 from ..errors import CcsupError
@@ -132,6 +132,8 @@ class Daemon:
             quota_room=lambda key, now: self.keyctl.quota_room(key),
             cgroups=self.cgroups,
         )
+        if cluster:  # the cluster gate's wakes and stops go to the manager (ManagerListener)
+            cluster.gate.listeners.append(ManagerListener(self.manager))
         self._stop = asyncio.Event()
         self.handing_over = False  # `ccsup restart`: exit without ending a turn (_hand_over)
         self._reaping: asyncio.Task | None = None
@@ -190,7 +192,7 @@ class Daemon:
         self.server.bind()
         cluster = self.cluster
         if cluster:
-            cluster.attach(self.manager)
+            cluster.start()
             self._share_quota(cluster)
         self.history.start()
         self.server.publish(

@@ -493,3 +493,18 @@ def test_a_window_read_on_one_machine_holds_the_key_on_the_other(cluster):
     released(b, "freed", timeout=30)
     wait_until(lambda: cluster.client.get(f"{cluster.prefix}/quota/codex/7d") is None,
                what="the 7d window deleted")  # fmt: skip
+
+
+def test_a_running_turn_whose_cluster_key_vanishes_is_stopped_by_its_supervisor(cluster):
+    """The gate's stop reaches the manager (supervisor.cluster.wiring.ManagerListener): a running
+    turn's key deleted by hand, its lease alive (no deadline would end it), is stopped at once
+    with reason cluster_key_lost and its work ends."""
+    a = cluster.machine("a", cap=1)
+    log = a.follow()
+    a.turn("a1", -1)  # runs until ended
+    cluster.queued(a, "a1")
+    wait_until(lambda: len(cluster.begins()) == 1, what="a1 running")
+    assert cluster.client.delete(f"{cluster.prefix}/q/codex/a/a1") == 1
+    assert log.wait_for("turn.a1.stopping", timeout=10)["reason"] == "cluster_key_lost"
+    released(a, "a1")  # its work confirmed gone
+    assert a.cluster_status()["connected"]  # the lease lives on: only the turn was stopped

@@ -1,6 +1,6 @@
 """The cluster gate (supervisor.cluster.gate) against a real 3-member etcd: gates with different names
-are different machines. The manager is replaced by the callbacks the gate makes (wake,
-stop_turn, publish), recorded with their time on CLOCK_BOOTTIME."""
+are different machines. The manager is replaced by a listener of the gate (wake, stop_turn) and a
+publish, each call recorded with its time on CLOCK_BOOTTIME."""
 
 from __future__ import annotations
 
@@ -35,12 +35,14 @@ class Machine:
             deadline_file=self.deadline_file,
             grace=GRACE,
             publish=lambda topic, body: self.events.append((topic, body, deadman.boottime())),
-            wake=self._wake,
-            stop_turn=lambda turn, why: self.stopped.setdefault(turn, (why, deadman.boottime())),
         )
+        self.gate.listeners.append(self)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         self.wakes += 1
+
+    def stop_turn(self, turn: str, why: str) -> None:
+        self.stopped.setdefault(turn, (why, deadman.boottime()))
 
     def topics(self) -> list[str]:
         return [t for t, _, _ in self.events]
