@@ -159,6 +159,20 @@ def leftovers() -> list[procs.Identity]:
     return found
 
 
+# What a fixture wider than one test owns (a module's browser: its process group, and the
+# processes its start made outside that group): not a test's leftovers; that fixture ends them by
+# pid when its scope ends.
+SHARED_GROUPS: set[int] = set()
+SHARED: set[procs.Identity] = set()
+
+
+def _shared(ident: procs.Identity) -> bool:
+    if ident in SHARED:
+        return True
+    stat = procs.read_stat(ident.pid)
+    return stat is not None and stat.pgid in SHARED_GROUPS
+
+
 def _ancestors() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1:
@@ -177,7 +191,7 @@ def no_process_left():
     ancestors = _ancestors()
 
     def survivors() -> list[procs.Identity]:
-        return [i for i in leftovers() if i.pid not in ancestors]
+        return [i for i in leftovers() if i.pid not in ancestors and not _shared(i)]
 
     try:
         wait_until(lambda: not survivors(), 2.0, 0.02)

@@ -1,7 +1,8 @@
 """The live page in a real browser: Debian's chromium, headless, driven by Playwright over CDP.
 
-Each test starts a supervisor, `ccsup web` and a chromium of its own (a fresh profile, its own
-process group, ended by pid at the end), and checks what a person would see. The browser is
+Each test starts a supervisor and `ccsup web`, opens pages in a chromium that the module's tests
+share on their worker (a fresh profile, its own process group, ended by pid at the module's end;
+a context of each test's own), and checks what a person would see. The browser is
 Debian's /usr/bin/chromium (Playwright downloads none); without it or without the playwright
 package the tests skip, saying which is missing.
 
@@ -26,7 +27,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, wait_until
+from conftest import PYTHON, SHARED, SHARED_GROUPS, leftovers, wait_until
 
 from guardd import procs
 
@@ -123,9 +124,11 @@ def web(state_dir):
         w.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser():
-    """A headless chromium of this test's own, connected over CDP; its process group is ended."""
+    """A headless chromium for this module's tests on one worker (each test opens a context of
+    its own: page_of), connected over CDP; its process group is ended. One start a module, not
+    one a test: a chromium's start is seconds of CPU."""
     profile = tempfile.mkdtemp(prefix="ccsup-chromium-")
     # Its temporary files (a singleton directory that a SIGKILLed chromium leaves in /tmp) go
     # inside the profile, which is removed below.
@@ -139,6 +142,9 @@ def browser():
         start_new_session=True,
         env={**os.environ, "TMPDIR": str(tmp)},
     )
+    SHARED_GROUPS.add(proc.pid)  # its group outlives each test, not the module
+    before = set(leftovers())
+    made: set[procs.Identity] = set()
     port_file = Path(profile, "DevToolsActivePort")
     try:
         port = wait_until(
@@ -148,6 +154,8 @@ def browser():
         )
         with sync_playwright() as pw:
             b = pw.chromium.connect_over_cdp(f"http://127.0.0.1:{port}")
+            made = set(leftovers()) - before  # Playwright's driver, chromium's crash handlers
+            SHARED.update(made)
             try:
                 yield b
             finally:
@@ -156,9 +164,27 @@ def browser():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        SHARED_GROUPS.discard(proc.pid)
+        for ident in made:
+            procs.signal_process(ident, signal.SIGKILL)  # gone already, or now
+        SHARED.difference_update(made)
         import shutil
 
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _contexts_closed(request):
+    """The pages a test opened in the module's browser are closed at its end (they poll)."""
+    if "browser" not in request.fixturenames:
+        yield
+        return
+    browser = request.getfixturevalue("browser")
+    before = list(browser.contexts)  # the browser's default one
+    yield
+    for context in browser.contexts:
+        if context not in before:
+            context.close()
 
 
 def page_of(browser, url: str):
