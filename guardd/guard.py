@@ -116,7 +116,7 @@ START_FAILED = "start_failed"  # CMD never started (guardd.child's failure)
 
 # (phase, event) -> the next phase; a pair not here is refused. Keyed by the phases' string values
 # (`_value_`: plain interned str whose hash is computed once, in C), not by the members: a lookup
-# in the forked guard goes through no enum machinery and writes nothing into the members' pages.
+# in the forked guard goes through no enum machinery (only reference counts are touched).
 CHANGES: dict[tuple[str, str], Phase] = {
     ("running", STOP): TERMINATING,
     ("running", ALL_GONE): GONE,
