@@ -19,7 +19,9 @@ from harness_sandbox import (
     make_sandbox,
     mcp_answer,
     mcp_env,
+    ran_then_waited,
     run_all,
+    setsid_daemon,
     then_wait,
 )
 from harness_sandbox import install_hook as install
@@ -90,14 +92,7 @@ def test_a_bash_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_en
     claude, sandbox
 ):
     install_hook(sandbox)
-    pidfile = sandbox["tmp"] / "daemon.pid"
-    command = plain_make(
-        sandbox["tmp"],
-        "daemon",
-        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
-        "</dev/null >/dev/null 2>&1 & "
-        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD",
-    )
+    command, pidfile = setsid_daemon(sandbox["tmp"])
     provider = ScriptedProvider([("Bash", {"command": command, "description": "tests"})])
     daemon_pid = None
     try:
@@ -258,11 +253,7 @@ def test_through_mcp_the_model_calls_run_then_wait(claude, sandbox):
     finally:
         provider.close()
     offered = [sorted(t.get("name") for t in r.get("tools") or []) for r in provider.requests]
-    assert provider.results, offered
-    first = mcp_answer(provider.results[0])
-    assert first["state"] in ("running", "queued") and "call `wait`" in first["next"]
-    ended = [mcp_answer(r) for r in provider.results[1:] if '"ended"' in r]
-    assert ended and ended[0]["stdout_tail"] == "via-mcp\n" and ended[0]["id"] == first["id"]
+    ran_then_waited(provider, offered)
     assert len(db.query(sandbox["state_dir"])) == 1  # run once, waited on by id
 
 

@@ -23,7 +23,9 @@ from harness_sandbox import (
     make_sandbox,
     mcp_answer,
     mcp_env,
+    ran_then_waited,
     run_all,
+    setsid_daemon,
     then_wait,
 )
 from npm_harness import PINNED, harness_bin, plain_make, process_gone
@@ -54,17 +56,24 @@ def provider_config(home, provider: ScriptedProvider) -> None:
     )
 
 
-def run_codex(codex, sandbox) -> subprocess.CompletedProcess:
+def codex_exec(codex, *extra: str) -> list[str]:
+    """`codex exec` with full access, trusting the installed hook, `extra` options before the
+    prompt."""
+    return [
+        str(codex),
+        "exec",
+        "--skip-git-repo-check",
+        "--dangerously-bypass-hook-trust",
+        *extra,
+        "-s",
+        "danger-full-access",
+        "run it",
+    ]
+
+
+def run_codex(codex, sandbox, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            str(codex),
-            "exec",
-            "--skip-git-repo-check",
-            "--dangerously-bypass-hook-trust",
-            "-s",
-            "danger-full-access",
-            "run it",
-        ],
+        codex_exec(codex, *extra),
         cwd=sandbox["work"],
         env=sandbox["env"],
         stdin=subprocess.DEVNULL,
@@ -78,14 +87,7 @@ def test_an_exec_command_runs_as_a_turn_with_the_session_and_its_setsid_daemon_e
     codex, sandbox
 ):
     install_hook("codex", sandbox["hooks"], sandbox["env"])
-    pidfile = sandbox["tmp"] / "daemon.pid"
-    command = plain_make(
-        sandbox["tmp"],
-        "daemon",
-        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
-        "</dev/null >/dev/null 2>&1 & "
-        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD",
-    )
+    command, pidfile = setsid_daemon(sandbox["tmp"])
     provider = ScriptedProvider([("exec_command", {"cmd": command})])
     provider_config(sandbox["home"], provider)
     daemon_pid = None
@@ -131,25 +133,7 @@ def test_a_plain_command_runs_capped_and_a_hostile_line_is_not_approved(codex, s
     )
     provider_config(sandbox["home"], provider)
     try:
-        ran = subprocess.run(
-            [
-                str(codex),
-                "exec",
-                "--skip-git-repo-check",
-                "--dangerously-bypass-hook-trust",
-                "-c",
-                'approval_policy="on-request"',
-                "-s",
-                "danger-full-access",
-                "run it",
-            ],
-            cwd=sandbox["work"],
-            env=sandbox["env"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        ran = run_codex(codex, sandbox, "-c", 'approval_policy="on-request"')
     finally:
         provider.close()
     said = "\n".join(line for line in ran.stderr.splitlines() if "<unknown>" not in line)
@@ -219,20 +203,11 @@ def test_three_codex_sessions_on_a_cap_1_key_never_run_two_commands_at_once(code
         [("exec_command", {"cmd": at_once.command}), then_wait("exec_command", "cmd"), after_wait]
     )
     provider_config(sandbox["home"], provider)
-    args = [
-        str(codex),
-        "exec",
-        "--skip-git-repo-check",
-        "--dangerously-bypass-hook-trust",
-        "-s",
-        "danger-full-access",
-        "run it",
-    ]
     try:
         with at_once:
             procs = [
                 subprocess.Popen(
-                    args,
+                    codex_exec(codex),
                     cwd=sandbox["work"],
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -298,11 +273,7 @@ def test_through_mcp_the_model_calls_run_then_wait(codex, sandbox):
         provider.close()
     assert ran.returncode == 0, ran.stderr[-2000:]
     offered = [[t.get("name") for t in r.get("tools") or []] for r in provider.requests]
-    assert provider.results, offered
-    first = mcp_answer(provider.results[0])
-    assert first["state"] in ("running", "queued") and "call `wait`" in first["next"]
-    ended = [mcp_answer(r) for r in provider.results[1:] if '"ended"' in r]
-    assert ended and ended[0]["stdout_tail"] == "via-mcp\n" and ended[0]["id"] == first["id"]
+    ran_then_waited(provider, offered)
     [turn] = db.query(sandbox["state_dir"])  # run once, waited on by id
     # Codex passes the server no CODEX_THREAD_ID: the label is its MCP client name
     assert turn["outcome"] == "ok" and turn["holder"]["harness"] == "codex-mcp-client", turn

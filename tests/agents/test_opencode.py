@@ -22,10 +22,12 @@ from harness_sandbox import (
     mcp_env,
     opencode_config,
     opencode_env,
+    ran_then_waited,
     run_all,
+    setsid_daemon,
     then_wait,
 )
-from npm_harness import PINNED, harness_bin, plain_make, process_gone
+from npm_harness import PINNED, harness_bin, process_gone
 
 from supervisor.agents.scripted import ScriptedProvider
 from supervisor.history import db
@@ -48,32 +50,29 @@ def sandbox(daemon, state_dir, tmp_path):
     return box
 
 
-@pytest.mark.timeout(240)  # OpenCode installs @opencode-ai/plugin (npm) for the config plugin
+def run_opencode(opencode, sandbox) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(opencode), "run", "run it", "--model", "scripted/m"],
+        cwd=sandbox["work"],
+        env=sandbox["env"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+
+
+@pytest.mark.timeout(240)
 def test_a_bash_call_runs_as_a_turn_with_the_session_and_its_setsid_daemon_ends_with_it(
     opencode, sandbox
 ):
     install_hook("opencode", sandbox["plugins"], sandbox["env"])
-    pidfile = sandbox["tmp"] / "daemon.pid"
-    command = plain_make(
-        sandbox["tmp"],
-        "daemon",
-        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
-        "</dev/null >/dev/null 2>&1 & "
-        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD",
-    )
+    command, pidfile = setsid_daemon(sandbox["tmp"])
     provider = ScriptedProvider([("bash", {"command": command, "description": "tests"})])
     opencode_config(sandbox["config"], provider)
     daemon_pid = None
     try:
-        ran = subprocess.run(
-            [str(opencode), "run", "run it", "--model", "scripted/m"],
-            cwd=sandbox["work"],
-            env=sandbox["env"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
+        ran = run_opencode(opencode, sandbox)
         assert ran.returncode == 0, ran.stderr[-2000:]
         daemon_pid = int(pidfile.read_text())
         [seen] = provider.results
@@ -205,15 +204,7 @@ def test_through_mcp_the_model_calls_run_then_wait(opencode, sandbox):
     }
     opencode_config(sandbox["config"], provider, mcp={"ccsup": server})
     try:
-        ran = subprocess.run(
-            [str(opencode), "run", "run it", "--model", "scripted/m"],
-            cwd=sandbox["work"],
-            env=sandbox["env"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
+        ran = run_opencode(opencode, sandbox)
     finally:
         provider.close()
     assert ran.returncode == 0, ran.stderr[-2000:]
@@ -221,10 +212,6 @@ def test_through_mcp_the_model_calls_run_then_wait(opencode, sandbox):
         sorted((t.get("function") or {}).get("name") for t in r.get("tools") or [])
         for r in provider.requests
     ]
-    assert provider.results, offered
-    first = mcp_answer(provider.results[0])
-    assert first["state"] in ("running", "queued") and "call `wait`" in first["next"]
-    ended = [mcp_answer(r) for r in provider.results[1:] if '"ended"' in r]
-    assert ended and ended[0]["stdout_tail"] == "via-mcp\n" and ended[0]["id"] == first["id"]
+    ran_then_waited(provider, offered)
     [turn] = db.query(sandbox["state_dir"])  # run once, waited on by id
     assert turn["outcome"] == "ok", turn

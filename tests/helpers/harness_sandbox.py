@@ -83,6 +83,18 @@ def mcp_answer(output: str) -> dict:
 OPENCODE_CHEAP = {"OPENCODE_MODELS_PATH": str(MODELS), "BUN_JSC_useDFGJIT": "0"}
 
 
+def ran_then_waited(provider: ScriptedProvider, offered: object) -> dict:
+    """The model's MCP `run` answered "running" or "queued" with the advice to call `wait`, and
+    a later `wait` by the same id answered the end with the command's output (`via-mcp`); `offered`
+    (the tools each request offered) is what a failure shows. Returns run's answer."""
+    assert provider.results, offered
+    first = mcp_answer(provider.results[0])
+    assert first["state"] in ("running", "queued") and "call `wait`" in first["next"]
+    ended = [mcp_answer(r) for r in provider.results[1:] if '"ended"' in r]
+    assert ended and ended[0]["stdout_tail"] == "via-mcp\n" and ended[0]["id"] == first["id"]
+    return first
+
+
 def opencode_env(home: Path, tmp_path: Path) -> dict[str, str]:
     """OpenCode's part of a test's env: its config under `home` (its plugin's dependencies already
     there: `seed_opencode_config`), its cache under the test's tmp, no network fetches or updates,
@@ -138,6 +150,20 @@ def opencode_config(config: Path, provider: ScriptedProvider, **more: Any) -> Pa
         )
     )
     return path
+
+
+def setsid_daemon(tmp: Path) -> tuple[str, Path]:
+    """A plain hooked command that starts a daemon which leaves its session (setsid) and ignores
+    SIGTERM, writes its pid to the returned file, then prints `turn=<CCSUP_TURN> in <cwd>`."""
+    pidfile = tmp / "daemon.pid"
+    command = plain_make(
+        tmp,
+        "daemon",
+        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 1; done' "
+        "</dev/null >/dev/null 2>&1 & "
+        f"while [ ! -s {pidfile} ]; do sleep 0.05; done; echo turn=${{CCSUP_TURN:-none}} in $PWD",
+    )
+    return command, pidfile
 
 
 QUEUED = re.compile(r"queued as ([0-9a-f]+).*?Run: (.*?) \(it waits", re.S)
