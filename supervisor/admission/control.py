@@ -32,6 +32,10 @@ the next save or `close`), so a supervisor killed in between forgets at most tha
 or a few ms of restamp. `restore` takes the file back at start. Runtime deadlines are not saved: a restarted
 supervisor does not run the old turns (their guards end with it).
 Knows timers, events and the file; nothing of slots or sockets.
+
+Size: past 600 lines and still one concept, admission as the running supervisor applies it: each
+hold (pauses, rates, quota windows, runtime limits, pause_on, the room) is a module of its own in
+supervisor.admission, and what stays here is how their timers, events and file meet the manager.
 """
 
 from __future__ import annotations

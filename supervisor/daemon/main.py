@@ -25,6 +25,10 @@ never keeps another from running (a duty that stopped at its first exception wou
 reaps and confirmed ends undone until a restart).
 Stopping half-way (SIGKILL): the guards see their parent gone and end their work; the next start
 reaps whatever is left.
+
+Size: past 600 lines and still one concept, the daemon's wiring and the life around it (the
+order of start-up, signals, the periodic duties, shutdown); the request table, the instance lock,
+systemd and the log file are modules of their own.
 """
 
 from __future__ import annotations

@@ -35,6 +35,10 @@ State: the logs are append-only and survive restarts; a turn id is never run twi
 never mixed. Nothing here is persisted otherwise: a restarted supervisor finds guards by records
 and starts a zygote of its own. Bytes queued for a stdin that the pipe had not taken yet
 (`stdin_pending`) are ours alone, and die with us.
+
+Size: past 600 lines and still one concept, a guard as the supervisor holds it (its start pipe,
+output pipes, stdin or pty, pidfd and exit), for the guard it started and the one it adopted,
+which share every step but the first.
 """
 
 from __future__ import annotations

@@ -45,6 +45,10 @@ manager as `Turns`: the ledger, the settings, `grant_waiters` and `cancel`) at t
 construction, so a policy that follows the ledger's events and asks for grants or cancels at run
 time has all of it when it is made, and nothing is set on either side afterwards. The wait queue's
 order (`ordering=`, supervisor.turns.fairness) is the ledger's to apply.
+
+Size: past 600 lines and still one concept, the decisions on requests and grants; each
+collaborator named above is a module of its own, and what stays here is the order they are asked
+in.
 """
 
 from __future__ import annotations

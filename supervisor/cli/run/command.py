@@ -19,6 +19,9 @@ with --notices.
 Output to pipes (a harness, a script): both streams in the order the command wrote them, as its
 guard's reads timed them (MergedOutput: the logs and their .idx files, about 50 ms behind); to a
 terminal, each stream as its events come.
+
+Size: past 600 lines and still one concept, one `ccsup run` from its request to its exit; its
+terminal, stdin, exit codes and waiting line are the modules beside it in supervisor.cli.run.
 """
 
 from __future__ import annotations
