@@ -538,9 +538,18 @@ def test_an_adopted_turn_has_a_badge_in_the_running_list(daemon, state_dir, web,
     w = web(d.config)
     with d.client() as client:
         adopted = hold(client, "codex", "s1", "alpha")
-        wait_until(lambda: (slot_of(client, adopted) or {}).get("pid"), what="it runs")
-    d.kill()
     guards = state_dir / "guards"
+
+    def runs() -> bool:  # its command runs (granted but not started, it would be held instead)
+        for path in guards.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                record = json.loads(path.read_text())
+                if record.get("turn") == adopted and record.get("own_group"):
+                    return True
+        return False
+
+    wait_until(runs, what="it runs")
+    d.kill()
 
     def waiting() -> bool:
         for path in guards.glob("*.json"):
