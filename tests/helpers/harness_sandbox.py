@@ -114,9 +114,12 @@ def seed_opencode_config(folder: Path) -> None:
     """Puts into OpenCode's config folder what OpenCode would install there itself once it holds
     a plugin (npm_harness.opencode_plugin_deps): hard links to the cached copy, so a test pays
     neither the install nor a 64 MB copy. OpenCode only reads them (a test's run leaves the cached
-    files unchanged); a copy where hard links cannot be made."""
+    files unchanged); a copy where hard links cannot be made; nothing when npm could not install
+    them (OpenCode then installs them itself, as for a user)."""
     folder.mkdir(parents=True, exist_ok=True)
     deps = opencode_plugin_deps()
+    if deps is None:
+        return
     for name in ("package.json", "package-lock.json", "node_modules"):
         linked = subprocess.run(["cp", "-al", str(deps / name), str(folder / name)], check=False)
         if linked.returncode != 0:

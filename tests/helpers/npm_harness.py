@@ -76,18 +76,18 @@ def _install(npm: str, name: str) -> None:
             pytest.skip(f"unable to install {package}@{version} from npm: {done.stderr[-500:]}")
 
 
-def opencode_plugin_deps() -> Path:
+def opencode_plugin_deps() -> Path | None:
     """What OpenCode installs into a config folder that holds a plugin, installed once into the
     cache: package.json naming @opencode-ai/plugin at OpenCode's pinned version, its lock file and
     node_modules (64 MB). OpenCode in a fresh HOME installs it from npm at every start (about 10
-    CPU-seconds, and the network); with these in the folder it installs nothing. Skips the test,
-    saying why, when npm or the install fails."""
+    CPU-seconds, and the network); with these in the folder it installs nothing. None when npm or
+    the install fails: OpenCode then does as it would for a user."""
     version = PINNED["opencode"][1]
     folder = cache_dir().parent / "opencode-config" / version
     if _plugin_version(folder) != version:
         npm = shutil.which("npm")
         if npm is None:
-            pytest.skip(f"npm is not installed: cannot install @opencode-ai/plugin@{version}")
+            return None
         folder.mkdir(parents=True, exist_ok=True)
         with open(cache_dir().parent / "opencode-config" / ".install.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another test process installing: wait for it
@@ -102,9 +102,7 @@ def opencode_plugin_deps() -> Path:
                     timeout=600,
                 )
                 if done.returncode != 0 or _plugin_version(folder) != version:
-                    pytest.skip(
-                        f"unable to install @opencode-ai/plugin@{version}: {done.stderr[-500:]}"
-                    )
+                    return None
     return folder
 
 
