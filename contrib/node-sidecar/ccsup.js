@@ -32,7 +32,7 @@
 // bytes and `TurnOutput` reassembles a turn's streams exactly; `send` takes a Buffer as well as
 // text (a Buffer that is not UTF-8 is sent as `data_b64`).
 //
-// Restarts (issue 24: a running turn outlives its supervisor for `[guard] adopt_within`). Every
+// Restarts (a running turn outlives its supervisor for `[guard] adopt_within`). Every
 // supervisor event carries `epoch`, one per supervisor run: an event of a new epoch starts every
 // count again from the first event seen of that run (no gap is reported for what the new
 // supervisor published before this client reached it). The client watches the supervisor that
@@ -45,7 +45,8 @@
 // meanwhile: those get an inferred terminal event (as after a seq gap; their exit status is in
 // the history, `ccsup show --json ID`); a turn of ours that `ps` shows held (`held_until`: granted
 // before the crash, its guard never started) is requested again, the same request by its id, and
-// runs there. Output goes on at its byte offsets: `TurnOutput` with a
+// runs there; so is one of ours that no supervisor answered and `ps` does not know (its request
+// died with its supervisor: `turn()` waits through the gap instead of rejecting). Output goes on at its byte offsets: `TurnOutput` with a
 // `fill` from `readLog` takes what was published while nobody listened from the log, and skips
 // bytes it already gave. When no supervisor answered in time, every followed turn's iterator (and
 // `done()`) throws a CcsupError with code "supervisor_lost".
@@ -120,6 +121,7 @@ export class Turn {
     this.events = []; // every event seen so far: {topic, kind, body}
     this.terminal = null;
     this.granted = false;
+    this.answered = false; // an event of the supervisor's came for it
     this.lastSeq = null; // the last turn_seq seen (0: every event of the turn is still to come)
     this.rebased = false; // a new supervisor run: its next turn_seq is a new baseline, not a gap
     this.failed = null; // the CcsupError that ended the following (supervisor_lost)
@@ -139,7 +141,10 @@ export class Turn {
     if (this.terminal) return; // nothing follows a terminal event
     if (event.kind === "granted") this.granted = true;
     if (TERMINAL.has(event.kind)) this.terminal = event;
-    if (!event.topic.startsWith("ccsup.")) this._resolveFirst(event);
+    if (!event.topic.startsWith("ccsup.")) {
+      this.answered = true; // the supervisor has its request (or it was requested elsewhere)
+      this._resolveFirst(event);
+    }
     this.events.push(event);
     const waiter = this._waiters.shift();
     if (waiter) waiter.resolve(event);
@@ -366,6 +371,16 @@ export class Sidecar {
       if (held.has(turn.id) && turn._asked && !turn.terminal) await this.call("turn", turn._asked);
     }
     const present = new Set([...ps.slots.map((s) => s.turn), ...ps.waits.map((w) => w.id)]);
+    // Asked by us, never answered, and unknown here: the request died with its supervisor. The
+    // same request again, by its id (an id that ran to its end is answered with that end).
+    for (const turn of turns) {
+      if (turn.answered || turn.terminal || !turn._asked || present.has(turn.id)) continue;
+      const answer = await this.call("turn", turn._asked);
+      present.add(turn.id);
+      if (TERMINAL.has(answer.state)) {
+        turn._push({ topic: `turn.${turn.id}.${answer.state}`, kind: answer.state, body: { id: turn.id, inferred: true } });
+      }
+    }
     const ended = turns.filter((t) => !t.terminal && !present.has(t.id));
     if (!ended.length) return;
     // Events published before ps answered may still be on their way: a hello answered now comes
@@ -495,10 +510,18 @@ export class Sidecar {
       throw e;
     }
     while (!answered) {
+      if (!this._away && Date.now() > deadline) this._checkSupervisor(); // gone, not yet seen?
+      if (this._away) {
+        // The supervisor died before it answered: the ride-through asks again by the id once
+        // one answers (`_catchUp`), or fails the turn (supervisor_lost).
+        await Promise.race([turn._firstEvent, turn._ended.catch(() => {})]);
+        if (turn.failed) throw turn.failed;
+        break;
+      }
       await this._pub.send(frames);
       await Promise.race([turn._firstEvent, sleep(interval)]);
       if (answered) break;
-      if (Date.now() > deadline) {
+      if (Date.now() > deadline && !this._away) {
         this._forget(turn.id);
         throw new CcsupError(`no event answered request.${kind} ${JSON.stringify(body.id)} on ${this.stateDir}`);
       }

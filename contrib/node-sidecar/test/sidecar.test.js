@@ -258,7 +258,7 @@ test("output and stdin are exact bytes: split characters, invalid bytes, NULs", 
   assert.throws(() => strict.feed({ topic: "turn.x.stdout", kind: "stdout", body: { offset: 3, data: "a" } }), /lost on the bus/);
 });
 
-// -- admission: pause and resume (issue 12) ---------------------------------------------------
+// -- admission: pause and resume --------------------------------------------------------------
 
 test("pause and resume a key through the control socket", { timeout: 30000 }, async () => {
   const keyEvents = [];
@@ -311,7 +311,7 @@ test("a turn with a timeout is warned, then stopped with reason timeout", { time
   assert.equal(kinds.at(-1), "released");
 });
 
-// Issue 24, item 5: a followed turn rides through its supervisor's SIGKILL and a start 1 s later.
+// A followed turn rides through its supervisor's SIGKILL and a start 1 s later.
 // 5 s of counter, killed at its 10th line: the new supervisor adopts it while it still runs.
 const COUNTER = "for i in $(seq 1 100); do echo $i; sleep 0.05; done";
 
@@ -429,5 +429,46 @@ test("a turn granted whose guard had not started at a SIGKILL is requested again
     client.close();
     own.stop();
     rmSync(dirname(marks), { recursive: true, force: true });
+  }
+});
+
+test("a turn request that died unanswered with its supervisor is sent again by its id and runs", { timeout: 90000 }, async () => {
+  const own = startDaemon("solo = 1", 'adopt_within = "30s"');
+  const client = await Sidecar.connect({ stateDir: own.stateDir, timeout: 2000 });
+  try {
+    const id = newId();
+    await client.follow(id).live; // subscribed first: all the supervisor misses is the request
+    const pid = own.pid();
+    process.kill(pid, "SIGSTOP"); // it reads nothing more: the request dies with it, unanswered
+    const asked = client.turn({ key: "solo", argv: ["sh", "-c", "seq 1 300; exit 4"], id, stdin: "null" });
+    await new Promise((resolve) => setTimeout(resolve, 100)); // published (or not: lost alike)
+    process.kill(pid, "SIGKILL");
+    await waitFor(() => {
+      try {
+        process.kill(pid, 0);
+        return false;
+      } catch {
+        return true;
+      }
+    }, 20000, "the supervisor gone");
+    await new Promise((resolve) => setTimeout(resolve, 2500)); // the gap: longer than the timeout
+    own.start();
+    const turn = await asked; // not rejected: it waited through the gap
+    const output = new TurnOutput(turn.id, { fill: (s, a, b) => client.readLog(turn.id, s, a, b) });
+    const chunks = [];
+    const kinds = [];
+    for await (const event of turn) {
+      kinds.push(event.kind);
+      const got = output.feed(event);
+      if (got?.stream === "stdout") chunks.push(got.bytes);
+    }
+    assert.equal(Buffer.concat(chunks).toString(), Array.from({ length: 300 }, (_, i) => `${i + 1}\n`).join(""));
+    assert.equal(turn.events.find((e) => e.kind === "exited").body.code, 4);
+    assert.deepEqual(kinds.filter((k) => ["started", "exited", "gone", "released"].includes(k)), ["started", "exited", "gone", "released"]);
+    const first = kinds.findIndex((k) => LIFECYCLE.has(k));
+    assert.ok(kinds.indexOf("supervisor_back") < first, kinds.join(" ")); // answered by the second
+  } finally {
+    client.close();
+    own.stop();
   }
 });
