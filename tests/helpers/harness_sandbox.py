@@ -112,20 +112,22 @@ def opencode_env(home: Path, tmp_path: Path) -> dict[str, str]:
 
 def seed_opencode_config(folder: Path) -> None:
     """Puts into OpenCode's config folder what OpenCode would install there itself once it holds
-    a plugin (npm_harness.opencode_plugin_deps): hard links to the cached copy, so a test pays
-    neither the install nor a 64 MB copy. OpenCode only reads them (a test's run leaves the cached
-    files unchanged); a copy where hard links cannot be made; nothing when npm could not install
-    them (OpenCode then installs them itself, as for a user)."""
+    a plugin (npm_harness.opencode_plugin_deps): copies of its two small JSON files (a file that
+    is rewritten in place stays the test's own) and hard links to the cached node_modules, so a
+    test pays neither the install nor a 64 MB copy (OpenCode only reads them: a test's run leaves
+    the cached files unchanged; a copy where hard links cannot be made). Nothing when npm could
+    not install them: OpenCode then installs them itself, as for a user."""
     folder.mkdir(parents=True, exist_ok=True)
     deps = opencode_plugin_deps()
     if deps is None:
         return
-    for name in ("package.json", "package-lock.json", "node_modules"):
-        linked = subprocess.run(["cp", "-al", str(deps / name), str(folder / name)], check=False)
-        if linked.returncode != 0:
-            shutil.rmtree(folder / name, ignore_errors=True)
-            (folder / name).unlink(missing_ok=True)
-            subprocess.run(["cp", "-a", str(deps / name), str(folder / name)], check=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copyfile(deps / name, folder / name)
+    modules = folder / "node_modules"
+    linked = subprocess.run(["cp", "-al", str(deps / "node_modules"), str(modules)], check=False)
+    if linked.returncode != 0:
+        shutil.rmtree(modules, ignore_errors=True)
+        shutil.copytree(deps / "node_modules", modules, symlinks=True)
 
 
 def opencode_config(config: Path, provider: ScriptedProvider, **more: Any) -> Path:
