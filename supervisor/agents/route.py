@@ -46,7 +46,7 @@ def shell() -> str:
 
 def ccsup_words() -> list[str]:
     """How to run this ccsup on this supervisor, whatever PATH or the shell's environment holds
-    (Codex runs commands in a login shell): its own Python by absolute path, its package, and the
+    (a login shell's profile may reset PATH): its own Python by absolute path, its package, and the
     state directory and config file the hook uses, both absolute."""
     _full_site()
     from supervisor import config as cfg
