@@ -38,6 +38,7 @@ from .. import __version__
 from ..caps import key_problem
 from ..errors import CcsupError, UnknownTurn, UsageError
 from ..paths import TURN_ID
+from ..wire import protocol
 from ..wire.args import MAX_TIMEOUT
 from . import turns
 from .harnesses import WRAP_SESSION_ENV
@@ -284,7 +285,7 @@ def build(settings: Settings) -> MCPServer:
                 timeout=timeout,
                 id=turn_id,
                 cwd=where,
-                env=turns.passed_env(),
+                env=protocol.passed_env(),
                 holder=holder,
             ),
         )

@@ -190,8 +190,8 @@ def route(harness: str, call: Call, key: str | None, when_down: str, found: Matc
 def _route(harness: str, call: Call, key: str | None, when_down: str, found: Match) -> str | None:
     _full_site()
     from supervisor import config as cfg
-    from supervisor.agents.turns import passed_env
     from supervisor.client.control import Client
+    from supervisor.wire.protocol import passed_env
 
     config = cfg.load(None, os.environ)
     state_dir = cfg.resolve_state_dir(None, os.environ, config)

@@ -22,7 +22,6 @@ State: none of its own; following a turn changes nothing, so a retry (a reconnec
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -59,21 +58,6 @@ class TurnView(TypedDict, total=False):
     stdout_log: str
     stderr_log: str
     session: str | None
-
-
-def passed_env() -> dict[str, str]:
-    """This process's environment as a turn's `env` (the agent's: PATH, virtualenvs, keys), less
-    what JSON cannot carry exactly (names or values that are not UTF-8)."""
-    env = {}
-    for name, value in os.environ.items():
-        try:
-            name.encode()
-            value.encode()
-        except UnicodeEncodeError:
-            continue
-        if name and "=" not in name:
-            env[name] = value
-    return env
 
 
 def _story(client: Client, turn_id: str) -> dict[str, Any] | None:

@@ -13,7 +13,8 @@ Bus: a message is two frames, a topic and a JSON body carrying "v", "ts" and the
 with the same bodies as the control commands' args plus a client-made "id".
 
 This module knows the envelope: the commands, topics and error codes, the version, frame sizes,
-the id grammar, and the bodies of events and of output (`data` / `data_b64`, both ways). Every
+the id grammar, the bodies of events and of output (`data` / `data_b64`, both ways), and what of
+a client's environment a turn's `env` can carry (`passed_env`). Every
 frame that arrives is checked here and becomes either a Request (its `args` still a plain object)
 or a ProtocolError with a code from ERROR_CODES and a message that names the field. Frames over
 MAX_FRAME bytes are refused before they are parsed. What each command's args mean, and their
@@ -25,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -332,3 +334,18 @@ def check_id(value: Any, name: str = "id") -> str:
     if not isinstance(value, str) or not TURN_ID.match(value):
         raise bad_request(f"'{name}' must be 1 to 128 letters, digits, '_' or '-'")
     return value
+
+
+def passed_env() -> dict[str, str]:
+    """This process's environment as a turn's `env` (the agent's: PATH, virtualenvs, keys), less
+    what JSON cannot carry exactly (names or values that are not UTF-8)."""
+    env = {}
+    for name, value in os.environ.items():
+        try:
+            name.encode()
+            value.encode()
+        except UnicodeEncodeError:
+            continue
+        if name and "=" not in name:
+            env[name] = value
+    return env

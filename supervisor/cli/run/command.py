@@ -227,7 +227,7 @@ def run(
     if harness:
         holder["harness"] = harness
     if pass_env:
-        from ...agents.turns import passed_env
+        from ...wire.protocol import passed_env
 
         env = {**passed_env(), **env}
     turn_id = uuid.uuid4().hex
