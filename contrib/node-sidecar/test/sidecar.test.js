@@ -400,6 +400,21 @@ test("with no supervisor back in time a followed turn fails with supervisor_lost
   }
 });
 
+/** Every event of `turn` (their kinds) and its stdout, exact (what was published while nobody
+ * listened is read from the log); `onEvent` sees each event as it comes. */
+async function readTurn(client, turn, onEvent = async () => {}) {
+  const output = new TurnOutput(turn.id, { fill: (s, a, b) => client.readLog(turn.id, s, a, b) });
+  const chunks = [];
+  const kinds = [];
+  for await (const event of turn) {
+    kinds.push(event.kind);
+    const got = output.feed(event);
+    if (got?.stream === "stdout") chunks.push(got.bytes);
+    await onEvent(event);
+  }
+  return { printed: Buffer.concat(chunks).toString(), kinds };
+}
+
 test("a turn granted whose guard had not started at a SIGKILL is requested again and runs", { timeout: 90000 }, async () => {
   // tests/helpers/killed_at.py granted: the supervisor SIGKILLs itself the moment it has published
   // a turn's `granted` (not `blocker`'s), before that turn's guard is asked for.
@@ -410,17 +425,10 @@ test("a turn granted whose guard had not started at a SIGKILL is requested again
   try {
     await client.turn({ key: "solo", argv: ["sh", "-c", "read x"], id: "blocker" });
     const turn = await client.turn({ key: "solo", argv: ["sh", "-c", "seq 1 500; exit 3"], id: "again", stdin: "null" });
-    const output = new TurnOutput(turn.id, { fill: (s, a, b) => client.readLog(turn.id, s, a, b) });
-    const chunks = [];
-    const kinds = [];
-    for await (const event of turn) {
-      kinds.push(event.kind);
-      const got = output.feed(event);
-      if (got?.stream === "stdout") chunks.push(got.bytes);
+    const { printed, kinds } = await readTurn(client, turn, async (event) => {
       if (event.kind === "queued") await client.call("cancel", { id: "blocker" }); // `again` is granted: the supervisor dies
       if (event.kind === "supervisor_gone") own.start(); // (marks name `again` now: it lives)
-    }
-    const printed = Buffer.concat(chunks).toString();
+    });
     assert.equal(printed, Array.from({ length: 500 }, (_, i) => `${i + 1}\n`).join(""));
     assert.equal(turn.events.find((e) => e.kind === "exited").body.code, 3);
     assert.deepEqual(kinds.filter((k) => ["started", "exited", "gone", "released"].includes(k)), ["started", "exited", "gone", "released"]);
@@ -454,15 +462,8 @@ test("a turn request that died unanswered with its supervisor is sent again by i
     await new Promise((resolve) => setTimeout(resolve, 2500)); // the gap: longer than the timeout
     own.start();
     const turn = await asked; // not rejected: it waited through the gap
-    const output = new TurnOutput(turn.id, { fill: (s, a, b) => client.readLog(turn.id, s, a, b) });
-    const chunks = [];
-    const kinds = [];
-    for await (const event of turn) {
-      kinds.push(event.kind);
-      const got = output.feed(event);
-      if (got?.stream === "stdout") chunks.push(got.bytes);
-    }
-    assert.equal(Buffer.concat(chunks).toString(), Array.from({ length: 300 }, (_, i) => `${i + 1}\n`).join(""));
+    const { printed, kinds } = await readTurn(client, turn);
+    assert.equal(printed, Array.from({ length: 300 }, (_, i) => `${i + 1}\n`).join(""));
     assert.equal(turn.events.find((e) => e.kind === "exited").body.code, 4);
     assert.deepEqual(kinds.filter((k) => ["started", "exited", "gone", "released"].includes(k)), ["started", "exited", "gone", "released"]);
     const first = kinds.findIndex((k) => LIFECYCLE.has(k));
