@@ -386,8 +386,10 @@ class SlotGate(SlotReader):
     ) -> Slot | None:
         """Take back the slot a dead holder left to a turn that is being adopted
         (supervisor.turns.adopt): its lock, when free, and its record, when it still names that
-        turn and that guard; the record then names the new holder. None when the slot is not that
-        turn's orphan any more (held, released, rewritten, unreadable): nothing is taken then.
+        turn and that guard, or that turn's cgroup alone (its holder died before it wrote the
+        guard in: the adopter writes it, `record_work`); the record then names the new holder.
+        None when the slot is not that turn's orphan any more (held, released, rewritten,
+        unreadable): nothing is taken then.
 
         The slot read as orphaned until now (lock free, work alive): counted against the cap and
         never handed out, so no grant can have taken it in between."""
@@ -409,7 +411,7 @@ class SlotGate(SlotReader):
             record is None
             or work is None
             or record.get("turn") != turn
-            or work.get("guard") != guard.to_json()
+            or work.get("guard") not in (guard.to_json(), None)
         ):
             os.close(fd)
             return None

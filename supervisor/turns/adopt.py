@@ -6,8 +6,10 @@ running and contained for up to T once the supervisor it watches is gone, writin
 itself, and waits on its channel (guardd.channel). At start, before anything is served or granted
 (supervisor.turns.restore), each `running` entry of queue.json is looked at:
 - its slot must read orphaned (lock free, work alive) and name that turn; its guard (pid + start,
-  from the slot record) must still be that very process, and its record (guardd.record) must
-  name the same guard and turn, be of version 1, say `running`, and name a channel of version 1;
+  from the slot record, or, when the slot names only the turn's cgroup because its supervisor
+  died between the guard's start and writing it in, from the guard's own record naming the turn)
+  must still be that very process, and its record (guardd.record) must name the same guard and
+  turn, be of version 1, say `running`, and name a channel of version 1;
 - the guard is asked over its channel to watch us from now on (our pidfd goes with the request),
   and only then is the slot's lock taken back (SlotGate.adopt: the record must still name that
   turn and guard; it then names us as holder). The slot read as orphaned the whole time: counted
@@ -49,6 +51,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from guardd import channel, procs
@@ -140,7 +143,7 @@ def adopt_running(
                 left.append(entry)  # its slot is free (its work is gone) or held: as before
                 continue
             try:
-                asked.append(_ask(entry, found))
+                asked.append(_ask(entry, found, manager.paths.guards))
             except _NotAdopted as e:
                 not_adopted(entry, e)
         for one in asked:
@@ -162,15 +165,38 @@ class _NotAdopted(Exception):
         self.problem = problem
 
 
-def _guard_of(view: SlotView) -> tuple[procs.Identity, str]:
+def _guard_of(view: SlotView, guards: Path, turn_id: str) -> tuple[procs.Identity, str, bool]:
+    """The turn's guard and its record's path, and whether the slot record named them (False:
+    found by its own record, see _unnamed_guard)."""
     work = (view.record or {}).get("work") or {}
     guard, path = work.get("guard"), work.get("record")
+    if guard is None and path is None:
+        ident, found = _unnamed_guard(guards, turn_id)
+        return ident, found, False
     if not isinstance(guard, dict) or not isinstance(path, str):
-        raise _NotAdopted(None)  # a slot whose guard had not started: nothing to adopt
+        raise _NotAdopted(f"its slot record names no guard ({guard!r})")
     try:
-        return procs.Identity(int(guard["pid"]), int(guard["start"])), path
+        return procs.Identity(int(guard["pid"]), int(guard["start"])), path, True
     except (KeyError, TypeError, ValueError):
         raise _NotAdopted(f"its slot record names no guard ({guard!r})") from None
+
+
+def _unnamed_guard(guards: Path, turn_id: str) -> tuple[procs.Identity, str]:
+    """The live guard of a turn whose slot record names only its cgroup: its supervisor died
+    between the guard's start and writing it into the slot (the guard runs CMD from its start).
+    The guard's own record names the turn; its file name, the guard (`<pid>-<start>.json`)."""
+    for path in guards.glob("*.json"):
+        pid, _, start = path.stem.partition("-")
+        if not (pid.isdigit() and start.isdigit()):
+            continue
+        ident = procs.Identity(int(pid), int(start))
+        try:
+            record = read_json(path)
+        except (OSError, RecordError):
+            continue
+        if record.get("turn") == turn_id and procs.process_running(ident):
+            return ident, str(path)
+    raise _NotAdopted(None)  # its guard had not started, or is gone: nothing to adopt
 
 
 def _waiting_record(ident: procs.Identity, path: str, turn_id: str) -> dict[str, Any]:
@@ -206,12 +232,14 @@ class _Asked:
     holder: Any
     argv: list[str]
     ident: procs.Identity
+    record_path: str
+    named: bool  # the slot record names the guard (else it is written there once adopted)
     record: dict[str, Any]
     pidfd: int
     adopting: channel.Adopting
 
 
-def _ask(entry: dict[str, Any], view: SlotView) -> _Asked:
+def _ask(entry: dict[str, Any], view: SlotView, guards: Path) -> _Asked:
     """Check the entry, its guard and its record (see the module's note), and ask the guard."""
     try:
         turn_id, key = check_id(entry["id"]), parse_key(entry["key"])
@@ -222,7 +250,7 @@ def _ask(entry: dict[str, Any], view: SlotView) -> _Asked:
             raise ValueError("'argv' is not a list of strings")
     except (KeyError, TypeError, ValueError, ProtocolError) as e:
         raise _NotAdopted(f"its entry is malformed: {e}") from None
-    ident, record_path = _guard_of(view)
+    ident, record_path, named = _guard_of(view, guards, turn_id)
     if not procs.process_running(ident):
         raise _NotAdopted(None)  # gone meanwhile: its slot frees as a lost turn's
     record = _waiting_record(ident, record_path, turn_id)
@@ -238,7 +266,10 @@ def _ask(entry: dict[str, Any], view: SlotView) -> _Asked:
     except OSError as e:
         os.close(pidfd)
         raise _NotAdopted(f"its guard did not answer on its channel: {e}") from None
-    return _Asked(entry, view, turn_id, key, member, holder, argv, ident, record, pidfd, adopting)
+    return _Asked(
+        entry, view, turn_id, key, member, holder, argv, ident, record_path, named, record, pidfd,
+        adopting,
+    )  # fmt: skip
 
 
 def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
@@ -284,6 +315,14 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
             )
         except (OSError, CcsupError) as e:  # it stays orphaned, counted, while the work lives
             log.error("turn %s: unable to take its machine slot back: %s", turn_id, e)
+    cwd = entry.get("cwd") if isinstance(entry.get("cwd"), str) else None
+    cgroup = record.get("cgroup") if isinstance(record.get("cgroup"), str) else None
+    if not asked.named:  # the slot names it now, as a start would have
+        try:
+            command = {"argv": asked.argv, "cwd": cwd}
+            slot.record_work(ident, asked.record_path, [], cgroup, command=command)
+        except (OSError, CcsupError) as e:  # it reads as before: a cgroup alone, still counted
+            log.error("turn %s: unable to name its guard in its slot: %s", turn_id, e)
     waited = answer.get("waited_s")
     gap = float(waited) if isinstance(waited, int | float) else 0.0
     started_at = record.get("started_at")
@@ -291,7 +330,7 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
         turn_id,
         key,
         asked.argv,
-        entry.get("cwd") if isinstance(entry.get("cwd"), str) else None,
+        cwd,
         {},
         holder,
         requested_at=_number(entry.get("requested_at"), time.time()),
@@ -306,7 +345,6 @@ def _take(manager: Manager, asked: _Asked, machine: SlotView | None) -> None:
     ledger.add(turn)
     for event in (Event.QUEUED, Event.GRANTED, Event.STARTED):
         ledger.apply(turn, event, replay=True)
-    cgroup = record.get("cgroup") if isinstance(record.get("cgroup"), str) else None
     started = _number(started_at, turn.adopted_at)
     manager.endings.running(turn, cgroup, started_at=started)
     guard = AdoptedGuardProcess(

@@ -422,6 +422,36 @@ def test_a_command_that_ended_by_itself_after_the_restart_unadopted_ends_with_it
     assert (story["exit_code"], story["reason"]) == (7, None), story
 
 
+@pytest.mark.timeout(120)
+def test_a_supervisor_killed_before_it_named_the_guard_in_the_slot_adopts_the_turn(
+    daemon, state_dir
+):
+    """The guard runs CMD from its start; its supervisor writes it into the slot a moment later
+    (the slot names only the turn's cgroup until then). Killed in between
+    (tests/helpers/killed_in_record_work.py), the next supervisor finds the guard by its own
+    record and adopts the turn: it runs to its own end, its output whole (a slot naming no guard
+    was taken for work to end, and its cgroup was killed: exit 137)."""
+    from conftest import HELPERS
+
+    d = daemon(caps="codex = 1", adopt_within="30s", start=False)
+    d.program = [str(HELPERS / "killed_in_record_work.py"), str(state_dir / "killed")]
+    d.start()
+    go = state_dir / "go"
+    with d.client() as client:
+        cmd = f"echo up; while [ ! -e {go} ]; do sleep 0.02; done; echo down; exit 7"
+        client.turn("codex", ["sh", "-c", cmd], id="w1")
+    assert d.proc.wait(60) == -signal.SIGKILL  # in record_work, CMD running
+    d.start()
+    with d.client() as client:
+        assert client.status()["adopted"] == 1
+        slot = client.ps()["slots"][0]
+        assert (slot["state"], slot["turn"]) == ("held", "w1"), slot
+    go.write_text("")
+    story = wait_until(lambda: (s := _story(state_dir, "w1")).get("state") == "released" and s, 60)
+    assert (story["exit_code"], story["reason"]) == (7, None), story
+    assert _log(state_dir, "w1") == b"up\ndown\n"
+
+
 @pytest.mark.timeout(300)
 def test_a_supervisor_killed_right_after_each_started_loses_no_turn_under_load(daemon, state_dir):
     """`started` is published only once the guard runs CMD and its record names its channel
