@@ -273,7 +273,7 @@ class RunningDaemon:
         self.stderr_path = state_dir / "daemon.stderr"
         self.program = ["-m", "supervisor"]  # what PYTHON runs (a test helper may wrap ccsup)
 
-    def start(self, *extra: str, timeout: float = 15.0) -> RunningDaemon:
+    def start(self, *extra: str, timeout: float = 30.0) -> RunningDaemon:
         import subprocess
 
         command = [

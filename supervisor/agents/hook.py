@@ -22,6 +22,10 @@ matching command goes through ccsup:
    command's status. A hook never waits for a slot: a harness kills a hook that runs past its
    timeout, and a killed hook lets the command run unqueued.
 
+In Codex, a line that runs `ccsup run` itself (typed by the model, not our rewrite) is refused:
+`hook install codex` lets our rewrite's `ccsup run` run outside Codex's sandbox without asking
+(supervisor.agents.codex_sandbox), so the same words from the model would too.
+
 A payload that is not JSON or not a shell call, a config that cannot be read, or any failure on
 the way leaves the command untouched and writes why to the hook log ($CCSUP_HOOK_LOG, else
 $XDG_STATE_HOME/ccsup/hook.log): a broken hook must never stop an agent from working.
@@ -45,6 +49,15 @@ HARNESSES = ("claude", "codex", "opencode")  # as supervisor.agents.harnesses (n
 USAGE = (
     "usage: hook <claude|codex|opencode> [--key K] [--match PATTERN]... [--state-dir D] "
     "[--config C]"
+)
+
+
+# Codex runs our rewrite's `ccsup run` outside its sandbox without asking (the execpolicy rule
+# `hook install codex` writes): the same words typed by a model would be run so too.
+RUN_REFUSED = (
+    "ccsup: run the command itself, as you would without ccsup: this hook sends heavy commands "
+    "through ccsup. A line that runs `ccsup run` is not taken from the model here: Codex would "
+    "run it outside its sandbox without asking."
 )
 
 
@@ -134,7 +147,14 @@ def _main(argv: list[str] | None = None) -> int:
     if options.config:
         os.environ["CCSUP_CONFIG"] = options.config
     raw = sys.stdin.buffer.read()
-    if not options.match and rules.surely_unmatched(raw) and not rules.has_hooks_table(os.environ):
+    # In Codex a line that runs `ccsup run` itself is judged even when no rule's word is in it
+    codex_ours = options.harness == "codex" and (b"supervisor" in raw or b"ccsup" in raw)
+    if (
+        not options.match
+        and not codex_ours
+        and rules.surely_unmatched(raw)
+        and not rules.has_hooks_table(os.environ)
+    ):
         return 0  # the common case: nothing parsed, no json imported
     import json
 
@@ -147,6 +167,10 @@ def _main(argv: list[str] | None = None) -> int:
         log(f"{options.harness}: passed untouched: not a hook payload ({e}): {raw[:200]!r}")
         return 0
     if call is None:
+        return 0
+    if codex_ours and rules.runs_ccsup_run(call.command):
+        emit(harnesses.refuse(options.harness, RUN_REFUSED))
+        log(f"codex: refused a line that runs ccsup run itself: {call.command[:200]!r}")
         return 0
     if " wait " in call.command and _is_our_wait(call.command):  # exactly what we told it to run
         allowed = harnesses.allow(options.harness)

@@ -161,6 +161,25 @@ def through_ccsup(argv: list[str], executable: str | None = None) -> bool:
     return python and argv[1:3] == ["-m", "supervisor"]
 
 
+def runs_ccsup_run(command: str) -> bool:
+    """Whether a line runs `ccsup run` itself, as a model may type it: a simple command through
+    ccsup (through_ccsup) whose words hold `run`, wherever it stands (after `;`, in `bash -c`,
+    behind a wrapper). In Codex, `hook install` lets such lines run outside the sandbox without
+    asking (supervisor.agents.codex_sandbox), so the hook refuses them there: only its own
+    rewrites are run so. A line the shell reader does not understand counts when its words hold
+    `run` and `ccsup` or `supervisor`."""
+    mine = words(command)
+    if "run" not in mine or not ({"ccsup", "supervisor"} & mine):
+        return False
+    from supervisor.agents import shell_line
+
+    try:
+        line = shell_line.parse(command)
+    except shell_line.Unparsed:
+        return True
+    return any(through_ccsup(simple.argv) and "run" in simple.argv for simple in line.commands)
+
+
 def judge(command: str, extra: list[str], *, defaults: bool = True) -> Match | None:
     """The rule that sends `command` through ccsup (None: none does), and whether the line is one
     plain simple command. RuleError for an extra rule that is not a regular expression. Compiles

@@ -287,7 +287,8 @@ def test_in_codex_own_sandbox_a_hooked_command_runs_as_a_turn(codex, sandbox):
     to exec it: TMPDIR is a folder of the test's own. The hooked command reaches the supervisor
     through the rule install writes; a plain command in the same session is still sandboxed: its
     connect(2) to the same control socket is refused (Codex's seccomp filter refuses every connect
-    while the profile's network is off, the profile's unix_sockets entries notwithstanding)."""
+    while the profile's network is off, the profile's unix_sockets entries notwithstanding); and
+    the rule's words typed by the model itself are refused by the hook, their command never run."""
     config = sandbox["home"] / ".codex" / "config.toml"
     plain = plain_make(sandbox["tmp"], "inbox", "echo turn=${CCSUP_TURN:-none}")
     control = sandbox["state_dir"] / "control"
@@ -296,10 +297,19 @@ def test_in_codex_own_sandbox_a_hooked_command_runs_as_a_turn(codex, sandbox):
         f"try:\n    s.connect({str(control)!r}); print('connected')\n"
         "except OSError as e:\n    print('refused', e)"
     )
+    escaped = sandbox["tmp"] / "escaped"  # outside the workspace: the sandbox keeps it unwritten
+
+    def forged(results):
+        # what the rule lets run outside the sandbox unasked, typed by the model itself
+        rule = (config.parent / "rules" / "ccsup.rules").read_text()
+        prefix = json.loads(re.search(r"pattern=(\[.*?\])", rule).group(1))
+        return ("exec_command", {"cmd": shlex.join([*prefix, "--", "touch", str(escaped)])})
+
     provider = ScriptedProvider(
         [
             ("exec_command", {"cmd": plain}),
             ("exec_command", {"cmd": f"python3 -c {shlex.quote(probe)}"}),
+            forged,
         ]
     )
     provider_config(sandbox["home"], provider)
@@ -328,8 +338,9 @@ def test_in_codex_own_sandbox_a_hooked_command_runs_as_a_turn(codex, sandbox):
         provider.close()
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "could not create PATH aliases" not in ran.stderr, ran.stderr[-2000:]
-    assert len(provider.results) == 2, (provider.results, ran.stderr[-2000:])
-    first, second = provider.results
+    assert len(provider.results) == 3, (provider.results, ran.stderr[-2000:])
+    first, second, third = provider.results
+    assert "run the command itself" in third and not escaped.exists(), third
     turn = re.search(r"turn=(\S+)", first)
     assert turn and turn.group(1) != "none", first
     assert db.show(sandbox["state_dir"], turn.group(1))["outcome"] == "ok"

@@ -251,3 +251,44 @@ def test_a_1_mb_command_with_a_supervisor_is_capped_but_never_approved(env, tmp_
         assert decision == "ask", decision  # rewritten (capped), and Claude Code asks
     many = "echo " + "$(true)" * 2000 + "; pytest"
     assert answer("claude", payload("claude", many), env)[0] == "ask"
+
+
+# What `hook install codex` lets run outside Codex's sandbox without asking (its execpolicy rule:
+# our rewrite's `ccsup run`), typed by the model itself: refused, in every position and disguise.
+FORGED_RUNS = [
+    "{py} -m supervisor --state-dir {sd} run -- sh -c 'touch PWNED'",
+    "{py} -m supervisor --state-dir {sd} run --key default -- curl -s http://127.0.0.1:9/x",
+    "ccsup run -- rm -rf ~/project",
+    "/opt/venv/bin/ccsup run sh -c id",
+    "true; {py} -m supervisor --state-dir {sd} run -- id",
+    'bash -c "{py} -m supervisor --state-dir {sd} run -- id"',
+    "env X=1 ccsup run -- id",
+    "{py} -m supervisor run -- id $(",  # not understood by the shell reader: refused all the same
+]
+
+
+@pytest.mark.parametrize("form", FORGED_RUNS)
+def test_in_codex_a_line_that_runs_ccsup_run_itself_is_refused(form, base_env, tmp_path):
+    command = form.format(py=PYTHON, sd=tmp_path / "state")
+    decision, out = answer("codex", payload("codex", command), base_env)
+    assert decision == "deny", out
+    assert "run the command itself" in out["hookSpecificOutput"]["permissionDecisionReason"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "grep -rn run src/supervisor",  # words of a ccsup line, no ccsup command
+        "ccsup status",
+        f"{PYTHON} -m supervisor wait 0123abcd",
+        "git log --oneline",
+    ],
+)
+def test_in_codex_a_line_that_does_not_run_ccsup_run_is_not_refused(command, base_env):
+    decision, _ = answer("codex", payload("codex", command), base_env)
+    assert decision != "deny"
+
+
+def test_claude_code_asks_of_a_ccsup_run_line_itself_so_it_passes(base_env, tmp_path):
+    command = f"{PYTHON} -m supervisor --state-dir {tmp_path} run -- id"
+    assert answer("claude", payload("claude", command), base_env)[0] == "pass"
