@@ -237,6 +237,34 @@ def record_path(record_dir: str | os.PathLike, guard):
     return Path(record_file(record_dir, guard))
 
 
+def live_guard_of_turn(record_dir: str | os.PathLike, turn: object):
+    """(identity, record path) of a running guard whose record in record_dir names `turn`, a
+    record of a newer version's too (its caller reads it again and tells); None. For a slot whose
+    record names the turn's cgroup alone: its supervisor died between the guard's start and
+    naming it there. The guard is its file's name, `<pid>-<start>.json`."""
+    from guardd.procs import Identity, process_running
+
+    if not isinstance(turn, str):
+        return None
+    try:
+        names = os.listdir(record_dir)
+    except OSError:
+        return None
+    for name in names:
+        pid, _, start = name.removesuffix(".json").partition("-")
+        if not (name.endswith(".json") and pid.isdigit() and start.isdigit()):
+            continue
+        path = os.path.join(os.fspath(record_dir), name)
+        try:
+            named = read_json(path, max_version=1 << 30).get("turn")
+        except (OSError, RecordError):
+            continue
+        ident = Identity(int(pid), int(start))
+        if named == turn and process_running(ident):
+            return ident, path
+    return None
+
+
 # A turn's processes carry CCSUP_TURN=<turn> (the turn may read it) and CCSUP_SCOPE=<scope> in their
 # environment, the scope naming the guard record directory (so the state directory) as
 # "<st_dev>:<st_ino>": an escapee is ended only by the supervisor of its own state directory, never

@@ -17,7 +17,7 @@ from collections.abc import Callable, Container
 from typing import TypedDict
 
 from guardd.procs import file_key, held_locks
-from guardd.record import RecordError, record_dir_scope
+from guardd.record import RecordError, live_guard_of_turn, record_dir_scope
 
 from ..caps import MACHINE_KEY, Caps, check_key, key_problem
 from ..errors import CcsupError, os_failure
@@ -355,6 +355,13 @@ class SlotReader:
         try:
             record = read_slot_record(path)
             work = live_work(record)
+            if record is not None and work is not None and work.get("guard") is None:
+                # Its cgroup alone: its holder died before naming the guard; the guard's own
+                # record names the turn, and it is judged as a named one would be.
+                guards = os.path.join(os.path.dirname(self.root), "guards")
+                found = live_guard_of_turn(guards, record.get("turn"))
+                if found is not None:
+                    work = {**work, "guard": found[0].to_json(), "record": found[1]}
             if record is None or work is None or awaits_adoption(work, path):
                 return None  # free, or its guard waits to be adopted and ends it itself
             if newer_guard_alive(work, path):

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from guardd import channel, procs
-from guardd.record import RecordError, read_json
+from guardd.record import RecordError, live_guard_of_turn, read_json
 
 from ..caps import MACHINE_KEY, SlotState
 from ..errors import CcsupError
@@ -184,19 +184,12 @@ def _guard_of(view: SlotView, guards: Path, turn_id: str) -> tuple[procs.Identit
 def _unnamed_guard(guards: Path, turn_id: str) -> tuple[procs.Identity, str]:
     """The live guard of a turn whose slot record names only its cgroup: its supervisor died
     between the guard's start and writing it into the slot (the guard runs CMD from its start).
-    The guard's own record names the turn; its file name, the guard (`<pid>-<start>.json`)."""
-    for path in guards.glob("*.json"):
-        pid, _, start = path.stem.partition("-")
-        if not (pid.isdigit() and start.isdigit()):
-            continue
-        ident = procs.Identity(int(pid), int(start))
-        try:
-            record = read_json(path)
-        except (OSError, RecordError):
-            continue
-        if record.get("turn") == turn_id and procs.process_running(ident):
-            return ident, str(path)
-    raise _NotAdopted(None)  # its guard had not started, or is gone: nothing to adopt
+    The guard's own record names the turn (guardd.record.live_guard_of_turn)."""
+    found = live_guard_of_turn(guards, turn_id)
+    if found is None:
+        raise _NotAdopted(None)  # its guard had not started, or is gone: nothing to adopt
+    ident, path = found
+    return ident, path
 
 
 def _waiting_record(ident: procs.Identity, path: str, turn_id: str) -> dict[str, Any]:

@@ -265,23 +265,43 @@ def test_a_turn_whose_timeout_ran_out_during_the_gap_is_stopped_with_reason_time
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("slot_names", ["the guard", "the cgroup alone"])
 def test_a_guard_that_cannot_be_spoken_to_is_not_adopted_nor_killed_blindly(
-    daemon, state_dir, event_log
+    daemon, state_dir, event_log, slot_names
 ):
-    d = daemon(caps="codex = 1", adopt_within="3s", grace="300ms")
+    """`the cgroup alone`: the supervisor was killed before it named the guard in the slot
+    (tests/helpers/killed_in_record_work.py); the guard is found by its own record, and its work
+    is not ended blindly either (its cgroup was killed: CMD died with 137)."""
+    from conftest import HELPERS
+
+    d = daemon(caps="codex = 1", adopt_within="3s", grace="300ms", start=False)
+    if slot_names == "the cgroup alone":
+        (state_dir / "killed").write_text("n1\n")  # v1 alone is killed for
+        d.program = [str(HELPERS / "killed_in_record_work.py"), str(state_dir / "killed")]
+    d.start()
+    started = event_log(d)
     with d.client() as client:
         client.turn("codex", ["sh", "-c", "echo up; sleep 60"], id="v1")
+    if slot_names == "the guard":
+        started.wait_for("turn.v1.started")  # named in the slot first
+        d.kill()
+    else:
+        assert d.proc.wait(60) == -signal.SIGKILL  # in record_work, CMD running
+    started.close()
     wait_until(lambda: _log(state_dir, "v1") == b"up\n", 20)
-    record = _guards(state_dir)["v1"]
+    record = wait_until(
+        lambda: (r := _guards(state_dir).get("v1") or {}).get("waiting_since") and r,
+        10,
+        what="waiting",
+    )
     guard = procs.Identity(record["guard"]["pid"], record["guard"]["start"])
-    d.kill()
-    wait_until(lambda: _guards(state_dir)["v1"].get("waiting_since"), 10, what="waiting")
     os.kill(guard.pid, signal.SIGSTOP)  # its channel answers nothing now
     try:
         d.start()
         with d.client() as client:
             status = client.status()
             assert status["adopted"] == 0 and status["waiting_adoption"] == 1, status
+            assert client.call("reap")["reaped"] == []
             client.turn("codex", ["sh", "-c", "echo next"], id="n1")
             # still counted: orphaned, or held again for the lost turn once the restarted
             # supervisor has taken its slot back (which comes first depends on the machine's load)
@@ -332,9 +352,14 @@ def test_a_guard_of_a_newer_version_is_counted_left_to_finish_and_reaped_once_it
     from guardd.record import write_json
 
     d = daemon(caps="codex = 1", adopt_within="3s", grace="300ms")
+    started = event_log(d)
     with d.client() as client:
         client.turn("codex", ["sh", "-c", "echo up; sleep 60"], id="v2")
     wait_until(lambda: _log(state_dir, "v2") == b"up\n", 20)
+    # the supervisor has named the guard in the slot (before `started`): a slot naming the
+    # turn's cgroup alone is another case (test_a_supervisor_killed_before_it_named_...)
+    started.wait_for("turn.v2.started")
+    started.close()
     record = _guards(state_dir)["v2"]
     guard = procs.Identity(record["guard"]["pid"], record["guard"]["start"])
     path = state_dir / "guards" / f"{guard.pid}-{guard.start}.json"
