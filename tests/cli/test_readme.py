@@ -24,7 +24,7 @@ def test_readme_starts_with_run_and_test_commands_and_ci_runs_the_test_one():
     assert len(commands) == 2, commands
     run, test = commands
     assert run.endswith("ccsup start")
-    # the whole suite, four tests at a time (pytest-xdist; `-n 0` runs one at a time)
+    # the whole suite, six tests at a time (pytest-xdist; `-n 0` runs one at a time)
     assert test.endswith("pytest -n 6")
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test in ci
