@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 
 import pytest
 from cli_daemon import CCSUP, ccsup, cli_daemon_fixture  # noqa: F401 (the cli_daemon fixture)
 from conftest import wait_until
 from tmux_pane import Pane
+
+from supervisor.client import Client
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -22,10 +23,8 @@ def test_a_waiting_run_keeps_one_line_current_until_it_starts(cli_daemon, tmp_pa
     go = tmp_path / "go"
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env |= {"CCSUP_STATE_DIR": str(state_dir), "CCSUP_CONFIG": str(state_dir / "ccsup.toml")}
-    holder = subprocess.Popen(
-        [*CCSUP, "run", "--key", "t", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    with Client(state_dir) as client:  # no requester to watch: it holds the slot until `go`
+        client.turn("t", ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"], id="holder")
     wait_until(
         lambda: '"held"' in ccsup("ps", "--json", state_dir=state_dir).stdout, what="a held slot"
     )
@@ -56,7 +55,6 @@ def test_a_waiting_run_keeps_one_line_current_until_it_starts(cli_daemon, tmp_pa
     finally:
         go.touch()
         pane.close()
-        holder.wait(timeout=20)
 
 
 def test_a_background_run_never_rewrites_the_line_the_user_types_on(cli_daemon, tmp_path):
@@ -68,10 +66,8 @@ def test_a_background_run_never_rewrites_the_line_the_user_types_on(cli_daemon, 
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env |= {"CCSUP_STATE_DIR": str(state_dir), "CCSUP_CONFIG": str(state_dir / "ccsup.toml")}
     env |= {"HISTFILE": "/dev/null"}
-    holder = subprocess.Popen(
-        [*CCSUP, "run", "--key", "t", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    with Client(state_dir) as client:  # no requester to watch: it holds the slot until `go`
+        client.turn("t", ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"], id="holder")
     wait_until(
         lambda: '"held"' in ccsup("ps", "--json", state_dir=state_dir).stdout, what="a held slot"
     )
@@ -100,7 +96,6 @@ def test_a_background_run_never_rewrites_the_line_the_user_types_on(cli_daemon, 
     finally:
         go.touch()
         pane.close()
-        holder.wait(timeout=20)
 
 
 def _waited(state_dir) -> float:

@@ -285,7 +285,15 @@ def test_two_of_three_members_stopped_fences_then_grants_resume(cluster_alone):
     for member in stopped:
         cluster.etcd.start_member(member)
     released(b, "b1", timeout=30)
-    assert cluster.begins()[-1][0] == "b1" and cluster.most_running() == 2
+    last = "b1"
+    exited = b.log.find("turn.b1.exited")
+    if exited and str(exited[-1].get("reason", "")).startswith("cluster_"):
+        # granted as quorum came back, and fenced again before its command began: members that
+        # were just started, on a loaded machine, can lose a lease once more. Grants go on.
+        b.turn("b2", 0.1)
+        released(b, "b2", timeout=30)
+        last = "b2"
+    assert cluster.begins()[-1][0] == last and cluster.most_running() == 2
 
 
 def test_a_partition_between_a_supervisor_and_etcd_is_a_lost_lease(cluster):
