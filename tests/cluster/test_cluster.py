@@ -293,7 +293,11 @@ def test_two_of_three_members_stopped_fences_then_grants_resume(cluster_alone):
         b.turn("b2", 0.1)
         released(b, "b2", timeout=30)
         last = "b2"
-    assert cluster.begins()[-1][0] == last and cluster.most_running() == 2
+    assert cluster.begins()[-1][0] == last and cluster.most_running() == 2, (
+        cluster.begins(),
+        exited,
+        b.log.topics("turn.b"),
+    )
 
 
 def test_a_partition_between_a_supervisor_and_etcd_is_a_lost_lease(cluster):
