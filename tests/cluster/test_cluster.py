@@ -287,9 +287,10 @@ def test_two_of_three_members_stopped_fences_then_grants_resume(cluster_alone):
     released(b, "b1", timeout=30)
     last = "b1"
     exited = b.log.find("turn.b1.exited")
-    if exited and str(exited[-1].get("reason", "")).startswith("cluster_"):
-        # granted as quorum came back, and fenced again before its command began: members that
-        # were just started, on a loaded machine, can lose a lease once more. Grants go on.
+    if exited and exited[-1].get("reason") and "b1" not in [t for t, _, _ in cluster.begins()]:
+        # granted as quorum came back, and stopped before its command began (its lease lost once
+        # more, or its deadline passed: members just started, on a loaded machine; seen beside
+        # two hogs). Grants go on.
         b.turn("b2", 0.1)
         released(b, "b2", timeout=30)
         last = "b2"
