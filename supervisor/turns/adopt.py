@@ -166,30 +166,23 @@ class _NotAdopted(Exception):
 
 
 def _guard_of(view: SlotView, guards: Path, turn_id: str) -> tuple[procs.Identity, str, bool]:
-    """The turn's guard and its record's path, and whether the slot record named them (False:
-    found by its own record, see _unnamed_guard)."""
+    """The turn's guard and its record's path, and whether the slot record named them. A slot
+    naming only the turn's cgroup (its supervisor died between the guard's start and writing it
+    in; the guard runs CMD from its start): the guard is found by its own record naming the turn
+    (guardd.record.live_guard_of_turn)."""
     work = (view.record or {}).get("work") or {}
     guard, path = work.get("guard"), work.get("record")
     if guard is None and path is None:
-        ident, found = _unnamed_guard(guards, turn_id)
-        return ident, found, False
+        found = live_guard_of_turn(guards, turn_id)
+        if found is None:
+            raise _NotAdopted(None)  # its guard had not started, or is gone: nothing to adopt
+        return found[0], found[1], False
     if not isinstance(guard, dict) or not isinstance(path, str):
         raise _NotAdopted(f"its slot record names no guard ({guard!r})")
     try:
         return procs.Identity(int(guard["pid"]), int(guard["start"])), path, True
     except (KeyError, TypeError, ValueError):
         raise _NotAdopted(f"its slot record names no guard ({guard!r})") from None
-
-
-def _unnamed_guard(guards: Path, turn_id: str) -> tuple[procs.Identity, str]:
-    """The live guard of a turn whose slot record names only its cgroup: its supervisor died
-    between the guard's start and writing it into the slot (the guard runs CMD from its start).
-    The guard's own record names the turn (guardd.record.live_guard_of_turn)."""
-    found = live_guard_of_turn(guards, turn_id)
-    if found is None:
-        raise _NotAdopted(None)  # its guard had not started, or is gone: nothing to adopt
-    ident, path = found
-    return ident, path
 
 
 def _waiting_record(ident: procs.Identity, path: str, turn_id: str) -> dict[str, Any]:
